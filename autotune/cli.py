@@ -1,0 +1,191 @@
+"""The ``autotune`` command line: parse flags, build settings, call the library, print.
+
+This is the only place that catches :class:`AutotuneError`: it prints the message on one
+line (the traceback too with ``--debug``) and exits with code 2. Heavy libraries (torch,
+deepspeed, ray) are imported inside the commands, never at import of this module.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+
+from autotune.errors import AutotuneError
+from autotune.settings import RunSettings, parse_duration, parse_size
+
+app = typer.Typer(
+    name="autotune",
+    help="Find the fastest DeepSpeed configuration that fits your GPU memory, by search.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+console = Console(highlight=False, soft_wrap=True)
+error_console = Console(stderr=True, highlight=False)
+
+DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
+StorageOption = Annotated[
+    str, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL Optuna takes).")
+]
+StudyOption = Annotated[
+    str | None, typer.Option("--study", help="Study name (default: the only study, if one).")
+]
+
+
+@app.callback()
+def _root(
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks of errors.")
+    ] = False,
+) -> None:
+    """Find the fastest DeepSpeed configuration that fits your GPU memory, by search."""
+
+
+@app.command()
+def run(
+    workload: Annotated[
+        str | None,
+        typer.Option(help="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function."),
+    ] = None,
+    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
+        "default"
+    ),
+    gpus: Annotated[int, typer.Option(help="Devices the study may use (CPU ranks without GPUs).")] = 1,
+    gpus_per_trial: Annotated[
+        int | None, typer.Option(help="Devices one probe uses (default: all of --gpus).")
+    ] = None,
+    vram: Annotated[
+        str, typer.Option(help="Memory limit per device, e.g. 80GiB, or 'auto' (device memory).")
+    ] = "auto",
+    global_batch: Annotated[
+        int | None, typer.Option(help="Samples per optimizer step (default: the workload's).")
+    ] = None,
+    budget: Annotated[str, typer.Option(help="Wall-clock budget: 90s, 30m, 2h, 1h30m.")] = "30m",
+    max_trials: Annotated[
+        int | None, typer.Option(help="Stop after this many new candidates are probed.")
+    ] = None,
+    study: Annotated[
+        str | None, typer.Option(help="Study name (default: the workload's name).")
+    ] = None,
+    storage: StorageOption = DEFAULT_STORAGE,
+    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
+    executor: Annotated[
+        str, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
+    ] = "ray",
+    probe_timeout: Annotated[
+        str, typer.Option(help="Hard limit of one probe, e.g. 5m.")
+    ] = "5m",
+    trials_dir: Annotated[
+        Path, typer.Option(help="Folder for per-trial logs and the exported config.")
+    ] = Path("trials"),
+    inject_fault: Annotated[
+        str,
+        typer.Option(hidden=True, help="Testing only: make every probe fail this way."),
+    ] = "none",
+) -> None:
+    """Search the space for the fastest configuration that fits, by real probes."""
+    from autotune.tuner import Tuner, plan_run
+
+    if workload is None:
+        raise AutotuneError("--workload is required, e.g. --workload gpt-tiny")
+    if executor not in ("ray", "local"):
+        raise AutotuneError(f"--executor {executor}: choose 'ray' or 'local'")
+    if inject_fault not in ("none", "oom", "error", "crash", "hang"):
+        raise AutotuneError(f"--inject-fault {inject_fault}: none, oom, error, crash or hang")
+    settings = RunSettings.build(
+        workload=workload,
+        space=space,
+        gpus=gpus,
+        gpus_per_trial=gpus_per_trial,
+        vram_limit_bytes=None if vram == "auto" else parse_size(vram, flag="--vram"),
+        global_batch=global_batch,
+        budget_s=parse_duration(budget, flag="--budget"),
+        max_trials=max_trials,
+        study_name=study,
+        storage_url=storage,
+        seed=seed,
+        executor=executor,
+        probe_timeout_s=parse_duration(probe_timeout, flag="--probe-timeout"),
+        trials_dir=trials_dir,
+    )
+    plan = plan_run(settings)
+    console.print(plan.hardware.describe(settings.gpus))
+    console.print(
+        f"workload {plan.workload.describe()}; global batch {plan.config.global_batch}, "
+        f"{plan.config.gpus_per_trial} rank(s) per probe, memory limit "
+        f"{_gib(plan.config.vram_limit_bytes)} per rank"
+    )
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    tuner = Tuner(plan, log=console.print, fault=inject_fault)
+    summary = tuner.run()
+    console.print(
+        f"stopped: {summary.stop_reason or 'done'}; {summary.probes} probe(s) in "
+        f"{summary.elapsed_s:.0f} s ({summary.duplicates} duplicate proposal(s) skipped)"
+    )
+    if summary.export_path:
+        console.print(
+            f"best: trial {summary.best_trial} {summary.best_label}: "
+            f"{summary.best_samples_per_s:.1f} samples/s, {summary.best_tokens_per_s:.0f} "
+            f"tokens/s, peak {_gib(summary.best_peak_bytes)} of "
+            f"{_gib(summary.vram_limit_bytes)} per rank"
+        )
+        console.print(f"exported: {summary.export_path}")
+    if summary.stop_reason == "interrupted":
+        raise typer.Exit(130)
+
+
+@app.command()
+def status(study: StudyOption = None, storage: StorageOption = DEFAULT_STORAGE) -> None:
+    """Show a study's trials: candidate, status, samples/s, peak memory against the limit."""
+    from autotune.report import trials_table
+    from autotune.study import load_existing_study
+
+    loaded = load_existing_study(storage, study)
+    console.print(trials_table(loaded))
+
+
+def _gib(size_bytes: int) -> str:
+    from autotune.settings import format_bytes
+
+    return format_bytes(size_bytes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: one line per error, exit code 2; tracebacks only with --debug."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=args, prog_name="autotune", standalone_mode=False)
+    except AutotuneError as exc:
+        if debug:
+            raise
+        error_console.print(f"autotune: error: {exc}", soft_wrap=True, markup=False)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.Abort:
+        error_console.print("autotune: aborted", markup=False)
+        return 130
+    except click.ClickException as exc:
+        if debug:
+            raise
+        hint = " (see autotune --help)" if isinstance(exc, click.UsageError) else ""
+        message = exc.format_message().replace("\n", " ")
+        error_console.print(f"autotune: error: {message}{hint}", soft_wrap=True, markup=False)
+        return 2
+    except KeyboardInterrupt:
+        error_console.print("autotune: interrupted", markup=False)
+        return 130
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Peak tensor memory of a CPU rank, where no allocator statistics exist.
+
+CUDA has ``torch.cuda.max_memory_allocated``; the CPU allocator keeps no such counter. A
+:class:`TensorMemoryTracker` is a ``TorchDispatchMode`` that sees every tensor an operator
+creates, counts the bytes of each distinct storage once, and subtracts them when the storage
+is freed (a ``weakref.finalize`` on the storage; PyTorch keeps one Python object per live
+storage). This is the same notion of memory as ``torch.distributed._tools.mem_tracker``:
+bytes of live tensor storages, which is what a GPU allocator would have to hold. Kernel
+workspaces that never surface as tensors are not seen.
+
+The tracker can enforce a limit: crossing it raises ``torch.OutOfMemoryError``, like the
+CUDA caching allocator does under ``torch.cuda.set_per_process_memory_fraction``.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class TensorMemoryTracker(TorchDispatchMode):
+    """Live and peak bytes of the CPU tensor storages created while the mode is active."""
+
+    def __init__(self, *, limit_bytes: int | None = None, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.limit_bytes = limit_bytes
+        self.device_type = device_type
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._sizes: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for value in tree_flatten(out)[0]:
+            if isinstance(value, torch.Tensor) and value.device.type == self.device_type:
+                self._track(value)
+        return out
+
+    def _track(self, tensor: torch.Tensor) -> None:
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
+            return
+        key = storage._cdata
+        nbytes = storage.nbytes()
+        with self._lock:
+            known = self._sizes.get(key)
+            if known == nbytes:
+                return
+            # A storage seen before with another size was resized in place (resize_/set_).
+            self._sizes[key] = nbytes
+            self.live_bytes += nbytes - (known or 0)
+            over_limit = self.limit_bytes is not None and self.live_bytes > self.limit_bytes
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        if known is None:
+            weakref.finalize(storage, self._release, key)
+        if over_limit:
+            raise torch.OutOfMemoryError(
+                f"rank tensor memory {self.live_bytes} bytes exceeds the limit of "
+                f"{self.limit_bytes} bytes (autotune CPU memory limit)"
+            )
+
+    def _release(self, key: int) -> None:
+        with self._lock:
+            self.live_bytes -= self._sizes.pop(key, 0)
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak_bytes = self.live_bytes

@@ -1,0 +1,208 @@
+"""One probe rank: ``python -m autotune.probe --spec spec.json`` under torchrun.
+
+Each rank builds the workload, calls ``deepspeed.initialize`` with the candidate's config,
+runs warm-up steps (where, on CPU, tensor memory is traced and the limit enforced), then
+times optimizer steps, and writes a :class:`~autotune.protocol.RankReport` to
+``rank-<r>.json`` next to the spec. A failure is data: the rank reports ``oom`` or
+``error`` and exits without tearing down collectives (torchrun stops its peers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import platform
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.protocol import ProbeSpec, RankReport
+
+OOM_MARKERS = ("out of memory", "outofmemoryerror")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or an OOM another layer wrapped into a RuntimeError."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(marker in text for marker in OOM_MARKERS)
+
+
+def _host_peak_bytes() -> int:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _versions() -> dict[str, str]:
+    import deepspeed
+    import torch
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    versions["deepspeed"] = deepspeed.__version__
+    with contextlib.suppress(ImportError):
+        import transformers
+
+        versions["transformers"] = transformers.__version__
+    return versions
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    with contextlib.suppress(ImportError):
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(logging.WARNING)
+
+
+def _inject(fault: str, rank: int, world_size: int) -> None:
+    """Faults for tests of the tuner (named as such in ProbeSpec.fault)."""
+    if fault == "none" or rank != world_size - 1:
+        return
+    import torch
+
+    if fault == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory (injected fault for testing)")
+    if fault == "error":
+        raise RuntimeError("injected fault for testing: a rank raised")
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        while True:  # the peers block in their next collective until the probe timeout
+            time.sleep(3600)
+
+
+def run_rank(spec: ProbeSpec, report: RankReport, started: float) -> Any:
+    """Build, initialise, warm up, time. Fills ``report``; returns the engine."""
+    import deepspeed
+    import torch
+
+    _quiet_libraries()
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = spec.accelerator == "cuda"
+    if cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        # The caching allocator raises OutOfMemoryError at the limit, as a smaller GPU would.
+        fraction = min(1.0, spec.vram_limit_bytes / spec.device_memory_bytes)
+        torch.cuda.set_per_process_memory_fraction(fraction, device)
+        tracker: Any = contextlib.nullcontext()
+    else:
+        from autotune.memtrack import TensorMemoryTracker
+
+        device = torch.device("cpu")
+        tracker = TensorMemoryTracker(limit_bytes=spec.vram_limit_bytes)
+
+    deepspeed.init_distributed()
+    report.versions = _versions()
+    from autotune.workloads import get_workload
+
+    candidate = spec.candidate
+    with tracker:
+        workload = get_workload(spec.workload)
+        model = workload.build_model()
+        if candidate.activation_checkpointing:
+            workload.enable_activation_checkpointing(model)
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=spec.ds_config,
+        )
+        report.init_s = time.perf_counter() - started
+        batch = workload.make_batch(candidate.micro_batch_size, device)
+        _inject(spec.fault, rank, world_size)
+        warmup_started = time.perf_counter()
+        for _ in range(spec.warmup_steps):
+            _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
+        report.warmup_s = time.perf_counter() - warmup_started
+
+    for _ in range(spec.timed_steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        step_started = time.perf_counter()
+        _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
+        if cuda:
+            torch.cuda.synchronize(device)
+        report.step_times_s.append(time.perf_counter() - step_started)
+
+    if cuda:
+        report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
+        report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device))
+    else:
+        report.peak_allocated_bytes = tracker.peak_bytes
+    return engine
+
+
+def _optimizer_step(engine: Any, workload: Any, batch: Any, accumulation_steps: int) -> None:
+    # DeepSpeed wants step() after every backward; it steps the optimizer at the boundary.
+    for _ in range(accumulation_steps):
+        loss = workload.loss(engine, batch)
+        engine.backward(loss)
+        engine.step()
+
+
+def _write_report(report: RankReport, directory: Path) -> None:
+    path = directory / f"rank-{report.rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(report.model_dump_json(indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser(prog="python -m autotune.probe", description=__doc__)
+    parser.add_argument("--spec", required=True, type=Path, help="ProbeSpec JSON file.")
+    args = parser.parse_args(argv)
+    spec = ProbeSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
+    rank = int(os.environ.get("RANK", "0"))
+    report = RankReport(rank=rank, status="ok")
+    try:
+        engine = run_rank(spec, report, started)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+        report.status = "oom" if is_oom(exc) else "error"
+        report.error = _first_line(exc)
+        report.host_peak_bytes = _host_peak_bytes()
+        if report.status == "error":
+            import traceback
+
+            traceback.print_exc()
+        _write_report(report, args.spec.parent)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Peers may be blocked in a collective: skip interpreter teardown (which would
+        # abort in gloo/NCCL destructors) and let torchrun stop the other ranks.
+        os._exit(1)
+    report.host_peak_bytes = _host_peak_bytes()
+    _write_report(report, args.spec.parent)
+    _teardown(engine)
+    return 0
+
+
+def _teardown(engine: Any) -> None:
+    """Leave the process group together, so no rank aborts in a destructor at exit."""
+    import torch.distributed as dist
+
+    del engine
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The data that crosses process boundaries: driver -> probe ranks -> driver.
+
+:class:`ProbeSpec` is what a probe is asked to do; every rank writes one
+:class:`RankReport`; the executor folds them into one :class:`ProbeResult`. These are
+plain data (pydantic, JSON on disk and over Ray): no exception ever crosses them.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.candidate import Candidate
+
+ProbeStatus = Literal["ok", "oom", "error", "timeout"]
+RankStatus = Literal["ok", "oom", "error"]
+# Faults a probe can be told to inject, for tests of the tuner's failure handling; a CUDA
+# OOM cannot be produced on a CPU machine, so "oom" raises torch.OutOfMemoryError itself.
+Fault = Literal["none", "oom", "error", "crash", "hang"]
+
+
+class ProbeSpec(BaseModel):
+    """One probe: which workload, which DeepSpeed config, how long, under which limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload: str = Field(description="Workload reference, as given to --workload.")
+    candidate: Candidate = Field(description="The candidate being probed.")
+    ds_config: dict[str, Any] = Field(description="Full DeepSpeed config to initialise with.")
+    accelerator: Literal["cuda", "cpu"] = Field(description="Device kind of the ranks.")
+    vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
+    device_memory_bytes: int = Field(description="Physical memory of one device.")
+    warmup_steps: int = Field(default=2, description="Untimed optimizer steps.")
+    timed_steps: int = Field(default=5, description="Timed optimizer steps.")
+    tokens_per_sample: int = Field(default=1, description="For tokens/s.")
+    fault: Fault = Field(default="none", description="Injected fault, for tests only.")
+
+
+class RankReport(BaseModel):
+    """What one rank measured; written to ``rank-<r>.json`` before the rank exits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int
+    status: RankStatus
+    error: str = ""
+    step_times_s: list[float] = Field(default_factory=list)
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    host_peak_bytes: int = 0
+    init_s: float = 0.0
+    warmup_s: float = 0.0
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+class ProbeResult(BaseModel):
+    """The outcome of one probe, as the tuner records it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: ProbeStatus
+    error: str = Field(default="", description="First line of the failure, if any.")
+    samples_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
+    samples_per_s_min: float = Field(default=0.0, description="Slowest timed step.")
+    samples_per_s_max: float = Field(default=0.0, description="Fastest timed step.")
+    tokens_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
+    step_time_s: float = Field(default=0.0, description="Median optimizer-step time.")
+    step_times_s: list[float] = Field(
+        default_factory=list, description="Each timed step, slowest rank."
+    )
+    peak_bytes_per_rank: list[int] = Field(
+        default_factory=list, description="Peak allocated (CUDA) or tracked (CPU) tensor bytes."
+    )
+    reserved_bytes_per_rank: list[int] = Field(
+        default_factory=list, description="Peak reserved by the CUDA caching allocator."
+    )
+    host_peak_bytes_per_rank: list[int] = Field(
+        default_factory=list, description="Peak resident host memory of each rank process."
+    )
+    wall_s: float = Field(default=0.0, description="Launch to exit of the probe.")
+    init_s: float = Field(default=0.0, description="Imports to end of deepspeed.initialize.")
+    timed_s: float = Field(default=0.0, description="Time inside the timed steps.")
+    exit_code: int | None = Field(default=None, description="torchrun's exit code.")
+    log_tail: str = Field(default="", description="Last lines of the probe's log.")
+    versions: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def peak_bytes(self) -> int:
+        """What the device had to provide: the worst rank's allocated or reserved peak."""
+        return max([*self.peak_bytes_per_rank, *self.reserved_bytes_per_rank, 0])
+
+    @property
+    def spread(self) -> float:
+        """Relative spread of throughput over timed steps: (max - min) / median."""
+        if self.samples_per_s <= 0:
+            return 0.0
+        return (self.samples_per_s_max - self.samples_per_s_min) / self.samples_per_s
+
+
+def aggregate(
+    spec: ProbeSpec,
+    reports: list[RankReport],
+    *,
+    world_size: int,
+    exit_code: int | None,
+    timed_out: bool,
+    wall_s: float,
+    log_tail: str,
+) -> ProbeResult:
+    """Fold the ranks' reports into one result; the worst rank decides the status."""
+    reports = sorted(reports, key=lambda r: r.rank)
+    common: dict[str, Any] = {
+        "peak_bytes_per_rank": [r.peak_allocated_bytes for r in reports],
+        "reserved_bytes_per_rank": [r.peak_reserved_bytes for r in reports],
+        "host_peak_bytes_per_rank": [r.host_peak_bytes for r in reports],
+        "wall_s": wall_s,
+        "init_s": max((r.init_s for r in reports), default=0.0),
+        "exit_code": exit_code,
+        "log_tail": log_tail,
+        "versions": reports[0].versions if reports else {},
+    }
+    oom = [r for r in reports if r.status == "oom"]
+    errors = [r for r in reports if r.status == "error"]
+    if oom:
+        return ProbeResult(status="oom", error=f"rank {oom[0].rank}: {oom[0].error}", **common)
+    if timed_out:
+        return ProbeResult(
+            status="timeout",
+            error=f"probe did not finish within its timeout ({wall_s:.0f} s); killed",
+            **common,
+        )
+    if errors:
+        return ProbeResult(
+            status="error", error=f"rank {errors[0].rank}: {errors[0].error}", **common
+        )
+    if len(reports) < world_size or exit_code not in (0, None):
+        missing = sorted(set(range(world_size)) - {r.rank for r in reports})
+        cause = torchrun_root_cause(log_tail) or _last_line(log_tail)
+        return ProbeResult(
+            status="error",
+            error=(
+                f"probe exited with code {exit_code}"
+                + (f"; rank(s) {missing} wrote no report" if missing else "")
+                + (f"; {cause}" if cause else "")
+            ),
+            **common,
+        )
+    # Ranks step in lockstep (collectives); the slowest rank's time is the step's time.
+    step_times = [max(times) for times in zip(*(r.step_times_s for r in reports), strict=True)]
+    median_step = statistics.median(step_times)
+    batch = spec.candidate.train_batch_size
+    return ProbeResult(
+        status="ok",
+        samples_per_s=batch / median_step,
+        samples_per_s_min=batch / max(step_times),
+        samples_per_s_max=batch / min(step_times),
+        tokens_per_s=batch * spec.tokens_per_sample / median_step,
+        step_time_s=median_step,
+        step_times_s=step_times,
+        timed_s=sum(step_times),
+        **common,
+    )
+
+
+_ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<code>-?\d+)[^\n]*"
+    r"(?:.*?traceback\s*:\s*(?P<trace>[^\n]*))?",
+    re.DOTALL,
+)
+
+
+def torchrun_root_cause(log: str) -> str:
+    """torchrun's "Root Cause (first observed failure)" block as one line, if present."""
+    match = _ROOT_CAUSE.search(log)
+    if match is None:
+        return ""
+    trace = (match.group("trace") or "").strip()
+    text = f"rank {match.group('rank')} died first with exit code {match.group('code')}"
+    if trace and trace != "<N/A>" and "To enable traceback" not in trace:
+        text += f" ({trace})"
+    return text
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""

@@ -1,0 +1,160 @@
+"""Run settings (pydantic) and the parsers for the units users type: ``2h``, ``80GiB``.
+
+The models are strict (``extra="forbid"``) and frozen; every field says what it means and
+carries its unit in its name. Parsers raise :class:`SettingsError` with one actionable line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+
+from autotune.errors import SettingsError
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
+_DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[hms])+$")
+_SECONDS_PER_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0}
+
+# Binary (IEC) and decimal (SI) units; a bare number is bytes.
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
+
+
+def parse_duration(text: str, *, flag: str = "--budget") -> float:
+    """``"90s"``, ``"30m"``, ``"2h"``, ``"1h30m"`` -> seconds (units in h, m, s order)."""
+    value = text.strip().lower()
+    if not _DURATION_FULL.match(value):
+        raise SettingsError(
+            f"{flag}: cannot read duration {text!r}; use a number with a unit h, m or s, "
+            "e.g. 90s, 30m, 2h or 1h30m"
+        )
+    parts = _DURATION_PART.findall(value)
+    units = [unit for _, unit in parts]
+    if units != sorted(set(units), key="hms".index):
+        raise SettingsError(
+            f"{flag}: duration {text!r} repeats or misorders its units; write hours, then "
+            "minutes, then seconds, e.g. 1h30m"
+        )
+    seconds = sum(float(number) * _SECONDS_PER_UNIT[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise SettingsError(f"{flag}: duration {text!r} is zero; give a positive duration")
+    return seconds
+
+
+def parse_size(text: str, *, flag: str = "--vram") -> int:
+    """``"80GiB"``, ``"512MiB"``, ``"16GB"``, ``"1073741824"`` -> bytes."""
+    match = _SIZE.match(text.strip())
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise SettingsError(
+            f"{flag}: cannot read size {text!r}; use a number with a unit such as 80GiB, "
+            "512MiB or 16GB (GiB = 2^30 bytes, GB = 10^9 bytes)"
+        )
+    size_bytes = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if size_bytes <= 0:
+        raise SettingsError(f"{flag}: size {text!r} is zero; give a positive size")
+    return size_bytes
+
+
+def format_bytes(size_bytes: float) -> str:
+    """Human-readable binary size, e.g. ``1.50 GiB``."""
+    value = float(size_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_duration(seconds: float) -> str:
+    """``5400`` -> ``1h30m``; ``95`` -> ``1m35s``."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
+
+
+Executor = Literal["ray", "local"]
+
+# Settings fields whose flag is spelled differently (the flag drops the unit suffix).
+_FLAG_OF_FIELD = {
+    "vram_limit_bytes": "--vram",
+    "budget_s": "--budget",
+    "study_name": "--study",
+    "storage_url": "--storage",
+    "probe_timeout_s": "--probe-timeout",
+}
+
+
+class RunSettings(BaseModel):
+    """What the user asked of one ``autotune run``; ``None`` fields are resolved later
+    against the hardware and the workload (see :mod:`autotune.tuner`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload: str = Field(description="Built-in workload name or path/to/file.py:function.")
+    space: str = Field(
+        default="default", description="Search-space YAML: a path or a name in search_spaces/."
+    )
+    gpus: PositiveInt = Field(description="Devices (or CPU ranks) the study may use in total.")
+    gpus_per_trial: PositiveInt | None = Field(
+        default=None, description="Devices one probe uses; default all of gpus (production size)."
+    )
+    vram_limit_bytes: PositiveInt | None = Field(
+        default=None, description="Peak memory one rank may reach; None means the device's memory."
+    )
+    global_batch: PositiveInt | None = Field(
+        default=None, description="Samples per optimizer step over all ranks; None: workload's."
+    )
+    budget_s: PositiveFloat = Field(description="Wall-clock budget of this run, in seconds.")
+    max_trials: PositiveInt | None = Field(
+        default=None, description="Stop after this many new candidates have been evaluated."
+    )
+    study_name: str | None = Field(
+        default=None, description="Optuna study name; default: the workload's name."
+    )
+    storage_url: str = Field(
+        default="sqlite:///trials/autotune.db", description="Any SQLAlchemy URL Optuna accepts."
+    )
+    trials_dir: Path = Field(
+        default=Path("trials"), description="Folder for per-trial logs and the exported config."
+    )
+    seed: int | None = Field(default=None, description="Seed of the sampler.")
+    executor: Executor = Field(
+        default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
+    )
+    probe_timeout_s: PositiveFloat = Field(
+        default=300.0, description="Hard wall-clock limit of one probe, launch to exit."
+    )
+    warmup_steps: PositiveInt = Field(
+        default=2, description="Optimizer steps run before timing (also where memory is traced)."
+    )
+    timed_steps: PositiveInt = Field(default=5, description="Optimizer steps that are timed.")
+
+    @classmethod
+    def build(cls, **values: object) -> RunSettings:
+        """Construct from flags; a validation problem becomes one SettingsError line."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "settings"
+            flag = _FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+            raise SettingsError(
+                f"{flag}: {first['msg'].lower()}, got {first.get('input')!r}"
+            ) from None

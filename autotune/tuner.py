@@ -1,0 +1,404 @@
+"""The ask/tell loop: the driver process, the only writer of the study.
+
+Optuna proposes, the bound space turns a trial into a :class:`Candidate`, a candidate the
+study already evaluated is recorded as a duplicate (never probed twice), and new ones go to
+the executor while budget and slots remain. Each result is told to Optuna as soon as it
+arrives, so the sampler always sees the freshest data. When the run ends the best feasible
+trial is exported to ``trials/<study>/best/``.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from autotune.errors import SettingsError, StorageError
+from autotune.settings import RunSettings, format_bytes, format_duration
+from autotune.study import (
+    METRIC,
+    StudyConfig,
+    is_duplicate,
+    open_storage,
+    record_duplicate,
+    record_result,
+    record_running_duplicate,
+    study_config,
+)
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.candidate import Candidate
+    from autotune.executor import Executor
+    from autotune.hardware import Hardware
+    from autotune.protocol import ProbeResult
+    from autotune.space import BoundSpace
+    from autotune.workloads import Workload
+
+# After this many proposals in a row of already-evaluated candidates, the tuner hands the
+# sampler an unseen candidate (enqueued), so small spaces finish instead of spinning.
+MAX_DUPLICATES_IN_A_ROW = 3
+POLL_S = 1.0
+
+
+class RunSummary(BaseModel):
+    """What one ``autotune run`` did."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    study_name: str
+    probes: int = 0
+    duplicates: int = 0
+    stop_reason: str = ""
+    elapsed_s: float = 0.0
+    best_trial: int | None = None
+    best_label: str = ""
+    best_samples_per_s: float = 0.0
+    best_tokens_per_s: float = 0.0
+    best_peak_bytes: int = 0
+    vram_limit_bytes: int = 0
+    export_path: str | None = None
+
+
+@dataclass
+class Plan:
+    """A run's settings resolved against the hardware, the workload and the space."""
+
+    settings: RunSettings
+    hardware: Hardware
+    workload: Workload
+    workload_ref: str
+    space: BoundSpace
+    study_name: str
+    config: StudyConfig
+    trials_dir: Path
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
+    """Check and resolve everything a run needs before any process is started."""
+    from autotune.hardware import detect
+    from autotune.space import load_space
+    from autotune.workloads import get_workload, workload_study_name
+
+    space_spec = load_space(settings.space)
+    workload = get_workload(settings.workload)
+    hardware = hardware or detect()
+    hardware.check_ranks(settings.gpus)
+    per_trial = settings.gpus_per_trial or settings.gpus
+    if per_trial > settings.gpus:
+        raise SettingsError(
+            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
+            "more devices than the study has"
+        )
+    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(
+        settings.gpus
+    )
+    if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
+        raise SettingsError(
+            f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
+            f"{format_bytes(hardware.device_memory_bytes)} of each GPU; pass --vram auto or less"
+        )
+    global_batch = settings.global_batch or workload.default_global_batch
+    bound = space_spec.bind(hardware, data_parallel_size=per_trial, global_batch=global_batch)
+    workload_ref = _absolute_workload_ref(settings.workload)
+    config = StudyConfig(
+        workload=workload_ref,
+        space=space_spec.model_dump(mode="json"),
+        accelerator=hardware.accelerator,
+        gpus_per_trial=per_trial,
+        global_batch=global_batch,
+        vram_limit_bytes=vram_limit_bytes,
+    )
+    study_name = settings.study_name or workload_study_name(settings.workload)
+    return Plan(
+        settings=settings,
+        hardware=hardware,
+        workload=workload,
+        workload_ref=workload_ref,
+        space=bound,
+        study_name=study_name,
+        config=config,
+        trials_dir=settings.trials_dir.resolve() / study_name,
+        notes=list(bound.notes),
+    )
+
+
+def _absolute_workload_ref(ref: str) -> str:
+    """A user file path made absolute, so probes launched elsewhere find it."""
+    location, sep, attr = ref.rpartition(":")
+    if sep and (location.endswith(".py") or "/" in location):
+        return f"{Path(location).resolve()}:{attr}"
+    return ref
+
+
+@dataclass
+class _InFlight:
+    trial: optuna.Trial
+    candidate: Candidate
+    ds_config: dict
+    trial_dir: Path
+    started: float
+
+
+class Tuner:
+    """Runs one study to its budget; see the module docstring."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        log: Callable[[str], None] = print,
+        executor_factory: Callable[[Plan], Executor] | None = None,
+        fault: str = "none",
+    ) -> None:
+        self.plan = plan
+        self.log = log
+        self._executor_factory = executor_factory or default_executor
+        self._fault = fault
+        self._rng = random.Random(plan.settings.seed)
+
+    # -- study -------------------------------------------------------------------------
+    def open_study(self) -> optuna.Study:
+        import warnings
+
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        storage = open_storage(self.plan.settings.storage_url)
+        sampler = optuna.samplers.TPESampler(seed=self.plan.settings.seed)
+        study = optuna.create_study(
+            study_name=self.plan.study_name,
+            storage=storage,
+            sampler=sampler,
+            direction="maximize",
+            load_if_exists=True,
+        )
+        stored = study_config(study)
+        if stored is None:
+            study.set_user_attr("autotune_config", self.plan.config.model_dump(mode="json"))
+            study.set_metric_names([METRIC])
+        elif stored != self.plan.config:
+            diffs = "; ".join(stored.differences(self.plan.config))
+            raise StorageError(
+                f"study {self.plan.study_name!r} was started with other settings ({diffs}); "
+                "continue it with its settings, or pass --study NEW_NAME to start a new study"
+            )
+        return study
+
+    def _known_candidates(self, study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
+        """Evaluated candidates by key; RUNNING trials of a dead driver become FAIL and are
+        enqueued to be probed again."""
+        from optuna.trial import TrialState
+
+        known: dict[str, optuna.trial.FrozenTrial] = {}
+        for trial in study.get_trials(deepcopy=False):
+            key = trial.user_attrs.get("candidate_key")
+            if key is None or is_duplicate(trial):
+                continue
+            if trial.state == TrialState.RUNNING:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+                study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
+                self.log(f"trial {trial.number} was left running by a stopped driver: retrying")
+                study.enqueue_trial(dict(trial.params))
+                continue
+            if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
+                known.setdefault(key, trial)
+        return known
+
+    def _probe_estimate_s(self, study: optuna.Study) -> float:
+        walls = [
+            t.user_attrs["probe_wall_s"]
+            for t in study.get_trials(deepcopy=False)
+            if "probe_wall_s" in t.user_attrs and not is_duplicate(t)
+        ]
+        return statistics.median(walls) if walls else 0.0
+
+    # -- loop --------------------------------------------------------------------------
+    def run(self) -> RunSummary:
+        plan = self.plan
+        settings = plan.settings
+        started = time.monotonic()
+        deadline = started + settings.budget_s
+        study = self.open_study()
+        known = self._known_candidates(study)
+        all_candidates = {c.key: c for c in plan.space.candidates()}
+        summary = RunSummary(study_name=plan.study_name, vram_limit_bytes=plan.config.vram_limit_bytes)
+        self.log(
+            f"study {plan.study_name!r}: {len(known)} candidate(s) evaluated before, "
+            f"{len(all_candidates)} valid in the space; budget {format_duration(settings.budget_s)}"
+        )
+        self._prepare_ops()
+        executor = self._executor_factory(plan)
+        inflight: dict[int, _InFlight] = {}
+        estimate_s = self._probe_estimate_s(study)
+        duplicates_in_a_row = 0
+        stop_reason = ""
+        try:
+            while True:
+                while len(inflight) < executor.capacity and not stop_reason:
+                    if settings.max_trials is not None and summary.probes >= settings.max_trials:
+                        stop_reason = f"--max-trials {settings.max_trials} reached"
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or remaining < estimate_s:
+                        stop_reason = "budget spent"
+                        break
+                    running = {job.candidate.key: job.trial.number for job in inflight.values()}
+                    unseen = [k for k in all_candidates if k not in known and k not in running]
+                    if not unseen:
+                        stop_reason = "every valid candidate has been evaluated"
+                        break
+                    if duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                        pick = all_candidates[self._rng.choice(sorted(unseen))]
+                        study.enqueue_trial(plan.space.params_of(pick))
+                        duplicates_in_a_row = 0
+                    trial = study.ask()
+                    candidate = plan.space.suggest(trial)
+                    if candidate.key in known or candidate.key in running:
+                        if candidate.key in known:
+                            record_duplicate(study, trial, known[candidate.key])
+                        else:
+                            record_running_duplicate(study, trial, running[candidate.key])
+                        summary.duplicates += 1
+                        duplicates_in_a_row += 1
+                        continue
+                    duplicates_in_a_row = 0
+                    ticket, job = self._submit(executor, study, trial, candidate)
+                    inflight[ticket] = job
+                    summary.probes += 1
+                if not inflight:
+                    break
+                for ticket, result in executor.wait(POLL_S):
+                    job = inflight.pop(ticket)
+                    self._record(study, job, result)
+                    known[job.candidate.key] = study.get_trials(deepcopy=False)[job.trial.number]
+                    estimate_s = self._probe_estimate_s(study)
+        except KeyboardInterrupt:
+            stop_reason = "interrupted"
+            executor.cancel_all()
+            from optuna.trial import TrialState
+
+            for job in inflight.values():
+                job.trial.set_user_attr("status", "interrupted")
+                study.tell(job.trial, state=TrialState.FAIL)
+            self.log(
+                f"interrupted: {len(inflight)} running probe(s) stopped; continue with "
+                f"autotune run --study {plan.study_name} (same flags)"
+            )
+        finally:
+            executor.close()
+        summary.stop_reason = stop_reason
+        summary.elapsed_s = time.monotonic() - started
+        self._finish(study, summary)
+        return summary
+
+    def _submit(
+        self, executor: Executor, study: optuna.Study, trial: optuna.Trial, candidate: Candidate
+    ) -> tuple[int, _InFlight]:
+        from autotune.executor import ProbeJob
+        from autotune.protocol import ProbeSpec
+
+        plan = self.plan
+        settings = plan.settings
+        ds_config = candidate.to_ds_config()
+        trial_dir = plan.trials_dir / f"trial-{trial.number:04d}"
+        for key, value in {
+            "candidate": candidate.model_dump(mode="json"),
+            "candidate_key": candidate.key,
+            "label": candidate.label,
+            "status": "running",
+            "trial_dir": str(trial_dir),
+        }.items():
+            trial.set_user_attr(key, value)
+        spec = ProbeSpec(
+            workload=plan.workload_ref,
+            candidate=candidate,
+            ds_config=ds_config,
+            accelerator=plan.hardware.accelerator,
+            vram_limit_bytes=plan.config.vram_limit_bytes,
+            device_memory_bytes=plan.hardware.device_memory_bytes,
+            warmup_steps=settings.warmup_steps,
+            timed_steps=settings.timed_steps,
+            tokens_per_sample=plan.workload.tokens_per_sample,
+            fault=self._fault,
+        )
+        job = ProbeJob(
+            spec=spec,
+            trial_dir=str(trial_dir),
+            world_size=candidate.data_parallel_size,
+            timeout_s=settings.probe_timeout_s,
+            threads_per_rank=plan.hardware.threads_per_rank(settings.gpus),
+            cwd=str(Path.cwd()),
+        )
+        ticket = executor.submit(job)
+        self.log(f"trial {trial.number}: probing {candidate.label}")
+        return ticket, _InFlight(trial, candidate, ds_config, trial_dir, time.monotonic())
+
+    def _record(self, study: optuna.Study, job: _InFlight, result: ProbeResult) -> None:
+        limit = self.plan.config.vram_limit_bytes
+        record_result(
+            study,
+            job.trial,
+            job.candidate,
+            result,
+            vram_limit_bytes=limit,
+            ds_config=job.ds_config,
+            trial_dir=str(job.trial_dir),
+        )
+        peak = f"peak {format_bytes(result.peak_bytes)} of {format_bytes(limit)}"
+        if result.status == "ok":
+            outcome = (
+                f"{result.samples_per_s:.1f} samples/s (±{100 * result.spread / 2:.0f}%), "
+                f"{result.tokens_per_s:.0f} tokens/s, {peak}"
+            )
+        elif result.status == "oom":
+            outcome = f"out of memory, infeasible ({result.error})"
+        else:
+            outcome = f"{result.status}: {result.error} (log: {job.trial_dir / 'probe.log'})"
+        self.log(f"trial {job.trial.number}: {job.candidate.label} -> {outcome} [{result.wall_s:.0f} s]")
+
+    def _prepare_ops(self) -> None:
+        from autotune.hardware import ensure_deepspeed_ops
+
+        cpu_offload = any(c.offload_optimizer == "cpu" or c.offload_param == "cpu"
+                          for c in self.plan.space.candidates())
+        started = time.monotonic()
+        ensure_deepspeed_ops(self.plan.hardware, cpu_offload=cpu_offload)
+        if time.monotonic() - started > 5:
+            self.log(f"built DeepSpeed ops in {time.monotonic() - started:.0f} s (cached from now on)")
+
+    def _finish(self, study: optuna.Study, summary: RunSummary) -> None:
+        from autotune.export import best_trial, export_trial
+
+        best = best_trial(study)
+        if best is None:
+            self.log("no feasible trial yet: nothing exported")
+            return
+        summary.best_trial = best.number
+        summary.best_label = best.user_attrs.get("label", "")
+        summary.best_samples_per_s = float(best.value or 0.0)
+        summary.best_tokens_per_s = float(best.user_attrs.get("tokens_per_s", 0.0))
+        summary.best_peak_bytes = int(best.user_attrs.get("peak_bytes", 0))
+        path = export_trial(best, self.plan.trials_dir / "best")
+        summary.export_path = str(path)
+
+
+def default_executor(plan: Plan) -> Executor:
+    from autotune.executor import make_executor
+
+    return make_executor(
+        plan.settings.executor,
+        total_devices=plan.settings.gpus,
+        devices_per_probe=plan.config.gpus_per_trial,
+        cuda=plan.hardware.accelerator == "cuda",
+        cpu_count=plan.hardware.cpu_count,
+    )

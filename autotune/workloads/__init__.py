@@ -1,0 +1,84 @@
+"""Workload registry: built-in names, and user workloads from ``file.py:fn`` or ``pkg.mod:fn``.
+
+Importing this package does not import torch: the factories do, when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.errors import WorkloadError
+from autotune.workloads.base import Workload
+from autotune.workloads.transformers_lm import CausalLMWorkload, gpt_tiny
+
+__all__ = ["WORKLOADS", "CausalLMWorkload", "Workload", "get_workload", "workload_study_name"]
+
+WORKLOADS: dict[str, Callable[[], Workload]] = {"gpt-tiny": gpt_tiny}
+
+
+def get_workload(ref: str) -> Workload:
+    """A built-in name, or ``path/to/file.py:function`` / ``package.module:function``."""
+    if ref in WORKLOADS:
+        return WORKLOADS[ref]()
+    if ":" not in ref:
+        raise WorkloadError(
+            f"unknown workload {ref!r}; known: {', '.join(sorted(WORKLOADS))}, "
+            "or give path/to/file.py:function or package.module:function"
+        )
+    location, _, attr = ref.rpartition(":")
+    module = _import_location(ref, location)
+    factory = getattr(module, attr, None)
+    if factory is None or not callable(factory):
+        raise WorkloadError(
+            f"workload {ref!r}: {location} has no function {attr!r}; define "
+            f"`def {attr}() -> autotune.workloads.Workload` there"
+        )
+    try:
+        workload = factory()
+    except Exception as exc:  # user code: any failure is the user's to fix
+        raise WorkloadError(
+            f"workload {ref!r}: calling {attr}() raised {type(exc).__name__}: {exc}"
+        ) from exc
+    missing = [m for m in ("build_model", "make_batch", "loss") if not hasattr(workload, m)]
+    if missing or not hasattr(workload, "tokens_per_sample"):
+        raise WorkloadError(
+            f"workload {ref!r}: {attr}() returned {type(workload).__name__}, not a Workload "
+            f"(missing {', '.join(missing) or 'tokens_per_sample'}); subclass "
+            "autotune.workloads.Workload"
+        )
+    if not getattr(workload, "name", None):
+        workload.name = attr
+    return workload
+
+
+def _import_location(ref: str, location: str) -> object:
+    try:
+        if location.endswith(".py") or "/" in location:
+            path = Path(location)
+            if not path.is_file():
+                raise WorkloadError(f"workload {ref!r}: file {location} does not exist")
+            module_name = "autotune_user_workload_" + re.sub(r"\W", "_", path.stem)
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(location)
+    except WorkloadError:
+        raise
+    except Exception as exc:  # user code: report what failed, in one line
+        raise WorkloadError(
+            f"workload {ref!r}: importing {location} failed with {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}; fix the module or the path"
+        ) from exc
+
+
+def workload_study_name(ref: str) -> str:
+    """Default study name: the built-in name, or the function name of a user workload."""
+    return ref if ref in WORKLOADS else ref.rpartition(":")[2]
