@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 
@@ -169,16 +168,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         error_console.print(f"autotune: error: {exc}", soft_wrap=True, markup=False)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         error_console.print("autotune: aborted", markup=False)
         return 130
-    except click.ClickException as exc:
-        if debug:
+    except Exception as exc:
+        # Usage errors of the vendored click (typer >= 0.29) or of click itself.
+        if debug or not hasattr(exc, "format_message"):
             raise
-        hint = " (see autotune --help)" if isinstance(exc, click.UsageError) else ""
-        message = exc.format_message().replace("\n", " ")
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            console.print(exc.format_message(), markup=False)
+            return 0
+        hint = " (see autotune --help)" if getattr(exc, "ctx", None) is not None else ""
+        message = " ".join(exc.format_message().split())
         error_console.print(f"autotune: error: {message}{hint}", soft_wrap=True, markup=False)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,55 @@
+"""Bad input: one clear line on stderr, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+BAD_INPUTS = [
+    (["run", "--workload", "gpt-tiny", "--gpus", "2", "--budget", "2x"],
+     "--budget: cannot read duration '2x'"),
+    (["run", "--workload", "gpt-tiny", "--gpus", "0"], "--gpus: input should be greater than 0"),
+    (["run", "--workload", "gpt-huge", "--gpus", "1"],
+     "unknown workload 'gpt-huge'; known: gpt-tiny"),
+    (["run", "--workload", "gpt-tiny", "--space", "missing.yaml"],
+     "--space missing.yaml: no such file"),
+    (["run", "--workload", "gpt-tiny", "--space", "bad_key.yaml"],
+     "bad_key.yaml:2: unknown key 'colour'; allowed keys:"),
+    (["run", "--workload", "gpt-tiny", "--vram", "lots"], "--vram: cannot read size 'lots'"),
+    (["run", "--workload", "gpt-tiny", "--gpus", "two"], "Invalid value for '--gpus'"),
+    (["run", "--workload", "gpt-tiny", "--colour", "red"], "No such option: --colour"),
+    (["run", "--workload", "no_such_file.py:make"], "file no_such_file.py does not exist"),
+    (["run", "--workload", "broken.py:make"], "importing broken.py failed with ZeroDivisionError"),
+    (["run", "--workload", "gpt-tiny", "--executor", "slurm"], "--executor slurm: choose"),
+    (["run"], "--workload is required"),
+    (["status", "--storage", "sqlite:///nowhere/x.db", "--study", "s"], "no such study"),
+    (["frobnicate"], "No such command 'frobnicate'"),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bad-input")
+    (path / "bad_key.yaml").write_text("precision: [fp32]\ncolour: [red]\nmicro_batch_size: [1]\n")
+    (path / "broken.py").write_text("x = 1 / 0\n")
+    return path
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS, ids=lambda v: str(v)[:40])
+def test_bad_input_is_one_line_exit_2(args: list[str], message: str, workdir: Path) -> None:
+    result = run_cli(*args, cwd=workdir, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("autotune: error: ")
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_debug_shows_the_traceback(workdir: Path) -> None:
+    result = run_cli("--debug", "run", "--workload", "gpt-tiny", "--budget", "2x", cwd=workdir)
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "SettingsError" in result.stderr

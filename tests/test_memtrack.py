@@ -1,0 +1,53 @@
+"""The CPU peak-memory tracker: counts live storages once, frees, enforces a limit."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from autotune.memtrack import TensorMemoryTracker
+
+
+def test_counts_each_storage_once_and_releases() -> None:
+    with TensorMemoryTracker() as tracker:
+        a = torch.zeros(1024, dtype=torch.float32)  # 4 KiB
+        view = a.view(32, 32)  # same storage: not counted again
+        b = a + 1  # a new 4 KiB storage
+        assert tracker.live_bytes == 8192
+        del b
+        gc.collect()
+        assert tracker.live_bytes == 4096
+        c = torch.empty(256, dtype=torch.bfloat16)  # 512 B
+        assert tracker.live_bytes == 4096 + 512
+    assert tracker.peak_bytes == 8192
+    del a, view, c
+
+
+def test_peak_covers_autograd_intermediates() -> None:
+    layer = torch.nn.Linear(256, 256)
+    x = torch.randn(64, 256)
+    with TensorMemoryTracker() as tracker:
+        loss = layer(x).relu().sum()
+        loss.backward()
+    # output (64x256 fp32 = 64 KiB) and relu output are live together before backward
+    assert tracker.peak_bytes >= 2 * 64 * 256 * 4
+    assert tracker.live_bytes < tracker.peak_bytes
+
+
+def test_limit_raises_out_of_memory() -> None:
+    with pytest.raises(torch.OutOfMemoryError, match="exceeds the limit of 1000 bytes"):
+        with TensorMemoryTracker(limit_bytes=1000):
+            torch.zeros(1000, dtype=torch.float32)
+
+
+def test_reset_peak() -> None:
+    with TensorMemoryTracker() as tracker:
+        big = torch.zeros(4096)
+        del big
+        gc.collect()
+        tracker.reset_peak()
+        small = torch.zeros(16)
+    assert tracker.peak_bytes == 64
+    del small

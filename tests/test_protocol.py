@@ -1,0 +1,70 @@
+"""Folding rank reports into one probe result: status precedence and throughput."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.candidate import Candidate
+from autotune.protocol import ProbeSpec, RankReport, aggregate, torchrun_root_cause
+
+CANDIDATE = Candidate(precision="fp32", zero_stage=2, micro_batch_size=4,
+                      gradient_accumulation_steps=2, data_parallel_size=2)
+SPEC = ProbeSpec(workload="gpt-tiny", candidate=CANDIDATE, ds_config={}, accelerator="cpu",
+                 vram_limit_bytes=100, device_memory_bytes=1000, tokens_per_sample=64)
+
+
+def _fold(reports, **kwargs):
+    defaults = {"world_size": 2, "exit_code": 0, "timed_out": False, "wall_s": 10.0,
+                "log_tail": ""}
+    return aggregate(SPEC, reports, **{**defaults, **kwargs})
+
+
+def test_ok_uses_the_slowest_rank_per_step() -> None:
+    reports = [
+        RankReport(rank=0, status="ok", step_times_s=[1.0, 2.0, 1.0], peak_allocated_bytes=50),
+        RankReport(rank=1, status="ok", step_times_s=[1.5, 1.0, 0.5], peak_allocated_bytes=60),
+    ]
+    result = _fold(reports)
+    assert result.status == "ok"
+    assert result.step_times_s == [1.5, 2.0, 1.0]
+    assert result.step_time_s == 1.5
+    assert result.samples_per_s == pytest.approx(16 / 1.5)
+    assert result.tokens_per_s == pytest.approx(16 * 64 / 1.5)
+    assert result.samples_per_s_min == pytest.approx(8.0)
+    assert result.samples_per_s_max == pytest.approx(16.0)
+    assert result.peak_bytes_per_rank == [50, 60]
+    assert result.peak_bytes == 60
+    assert result.timed_s == pytest.approx(4.5)
+
+
+def test_oom_on_one_rank_wins_over_everything() -> None:
+    reports = [RankReport(rank=1, status="oom", error="CUDA out of memory")]
+    result = _fold(reports, exit_code=1, timed_out=True)
+    assert result.status == "oom"
+    assert result.error == "rank 1: CUDA out of memory"
+
+
+def test_timeout_and_error() -> None:
+    assert _fold([], exit_code=None, timed_out=True).status == "timeout"
+    error = _fold([RankReport(rank=0, status="error", error="boom")], exit_code=1)
+    assert (error.status, error.error) == ("error", "rank 0: boom")
+
+
+def test_crash_names_the_rank_from_torchrun() -> None:
+    log = """
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-29_18:47:30
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 3583)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 3583
+=====
+"""
+    result = _fold([RankReport(rank=0, status="ok", step_times_s=[1.0])], exit_code=1,
+                   log_tail=log)
+    assert result.status == "error"
+    assert "rank(s) [1] wrote no report" in result.error
+    assert "rank 1 died first with exit code -9 (Signal 9 (SIGKILL)" in result.error
+    assert torchrun_root_cause("no failure here") == ""

@@ -1,0 +1,175 @@
+"""Search spaces: YAML validation, hardware filtering, accumulation arithmetic, suggestion."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.candidate import Candidate
+from autotune.errors import SpaceError
+from autotune.hardware import Hardware
+from autotune.space import (
+    SpaceSpec,
+    builtin_space_names,
+    combination_problem,
+    load_space,
+    parse_space,
+)
+
+CPU = Hardware(
+    accelerator="cpu",
+    device_count=2,
+    device_name="test CPU",
+    device_memory_bytes=24 * 2**30,
+    host_memory_bytes=24 * 2**30,
+    cpu_count=2,
+    precisions=("fp32", "bf16"),
+)
+AMPERE = CPU.model_copy(
+    update={"accelerator": "cuda", "device_name": "A100", "precisions": ("fp32", "bf16", "fp16")}
+)
+VOLTA = AMPERE.model_copy(update={"device_name": "V100", "precisions": ("fp32", "fp16")})
+
+
+def test_builtin_default_space_is_packaged() -> None:
+    assert "default" in builtin_space_names()
+    spec = load_space("default")
+    assert spec.zero_stage == [0, 1, 2, 3]
+    assert set(spec.precision) == {"fp32", "bf16", "fp16"}
+
+
+def test_hardware_filters_precision() -> None:
+    spec = load_space("default")
+    cpu = spec.bind(CPU, data_parallel_size=2, global_batch=16)
+    assert cpu.precisions == ("fp32", "bf16")
+    assert any("fp16 not supported on cpu" in note for note in cpu.notes)
+    assert spec.bind(VOLTA, data_parallel_size=2, global_batch=16).precisions == ("fp32", "fp16")
+    assert spec.bind(AMPERE, data_parallel_size=2, global_batch=64).notes == ()
+
+
+def test_accumulation_arithmetic() -> None:
+    spec = parse_space("micro_batch_size: [1, 2, 3, 4, 8, 16, 32]\nprecision: [fp32]")
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=32)
+    assert bound.micro_batch_sizes == (1, 2, 4, 8, 16)  # 3 and 32 do not divide 16 per rank
+    for candidate in bound.candidates():
+        assert candidate.train_batch_size == 32
+        assert (
+            candidate.micro_batch_size
+            * candidate.gradient_accumulation_steps
+            * candidate.data_parallel_size
+            == 32
+        )
+    by_mb = {c.micro_batch_size: c.gradient_accumulation_steps for c in bound.candidates()}
+    assert by_mb == {1: 16, 2: 8, 4: 4, 8: 2, 16: 1}
+
+
+def test_global_batch_not_divisible_by_ranks() -> None:
+    with pytest.raises(SpaceError, match="not divisible by the 4 data-parallel ranks"):
+        load_space("default").bind(CPU, data_parallel_size=4, global_batch=18)
+
+
+def test_no_micro_batch_divides() -> None:
+    spec = parse_space("micro_batch_size: [4, 8]")
+    with pytest.raises(SpaceError, match=r"no micro_batch_size in \[4, 8\] divides the per-rank"):
+        spec.bind(CPU, data_parallel_size=2, global_batch=6)
+
+
+def test_no_precision_left() -> None:
+    spec = parse_space("precision: [fp16]\nmicro_batch_size: [1]")
+    with pytest.raises(SpaceError, match="supports only"):
+        spec.bind(CPU, data_parallel_size=1, global_batch=1)
+
+
+def test_validity_rules() -> None:
+    assert combination_problem(0, "cpu", "none") is not None
+    assert combination_problem(2, "none", "cpu") is not None
+    assert combination_problem(3, "cpu", "cpu") is None
+    assert combination_problem(1, "nvme", "none") is None
+    spec = parse_space(
+        "precision: [fp32]\noffload_optimizer: [none, cpu]\noffload_param: [none, cpu]\n"
+        "micro_batch_size: [1]"
+    )
+    candidates = list(spec.bind(CPU, data_parallel_size=1, global_batch=1).candidates())
+    for c in candidates:
+        assert combination_problem(c.zero_stage, c.offload_optimizer, c.offload_param) is None
+    # stage 0: 1; stages 1-2: 2 each; stage 3: 2 x 2
+    assert len(candidates) == 1 + 2 + 2 + 4
+
+
+def test_stage_without_valid_offload_is_dropped() -> None:
+    spec = parse_space("precision: [fp32]\noffload_optimizer: [cpu]\nmicro_batch_size: [1]")
+    bound = spec.bind(CPU, data_parallel_size=1, global_batch=1)
+    assert bound.zero_stages == (1, 2, 3)
+    only_param = parse_space("offload_param: [cpu]\nzero_stage: [1, 2]\nmicro_batch_size: [1]")
+    with pytest.raises(SpaceError, match="needs zero_stage 3"):
+        only_param.bind(CPU, data_parallel_size=1, global_batch=1)
+
+
+def test_suggest_stays_in_the_valid_set() -> None:
+    spec = parse_space(
+        "offload_optimizer: [none, cpu]\noffload_param: [none, cpu]\n"
+        "micro_batch_size: [1, 2, 4, 8]\nactivation_checkpointing: [false, true]"
+    )
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=16)
+    valid = {c.key for c in bound.candidates()}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(300):
+        trial = study.ask()
+        candidate = bound.suggest(trial)
+        assert candidate.key in valid
+        assert bound.params_of(candidate) == trial.params
+        seen.add(candidate.key)
+        study.tell(trial, 0.0)
+    assert len(seen) > len(valid) // 2
+
+
+def test_params_of_enqueues_exactly_that_candidate() -> None:
+    bound = load_space("default").bind(CPU, data_parallel_size=2, global_batch=16)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study()
+    for candidate in list(bound.candidates())[::7]:
+        study.enqueue_trial(bound.params_of(candidate))
+        trial = study.ask()
+        assert bound.suggest(trial) == candidate
+        study.tell(trial, 0.0)
+
+
+def test_candidate_is_hashable_and_keyed() -> None:
+    a = Candidate(precision="bf16", zero_stage=2, micro_batch_size=4,
+                  gradient_accumulation_steps=2, data_parallel_size=2)
+    b = Candidate(precision="bf16", zero_stage=2, micro_batch_size=4,
+                  gradient_accumulation_steps=2, data_parallel_size=2)
+    assert a == b and hash(a) == hash(b) and a.key == b.key
+    assert len({a, b}) == 1
+    assert a.label == "z2 bf16 mb4x2"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("precision: [fp32]\nmicro_batch_size: [1]\ncolour: [red]\n",
+         r"space.yaml:3: unknown key 'colour'; allowed keys: precision, zero_stage"),
+        ("precision: [fp8]\nmicro_batch_size: [1]\n",
+         r"space.yaml:1: precision\[0\]: Input should be 'fp32', 'bf16' or 'fp16', got 'fp8'"),
+        ("zero_stage: [4]\nmicro_batch_size: [1]\n", r"space.yaml:1: zero_stage\[0\]"),
+        ("micro_batch_size: []\n", r"space.yaml:1: micro_batch_size: Value error, must list"),
+        ("micro_batch_size: [0]\n", r"micro_batch_size\[0\]: Input should be greater than 0"),
+        ("precision: [fp32\n", r"space.yaml:2: not valid YAML"),
+        ("- a\n- b\n", r"space.yaml: a space is a mapping"),
+        ("precision: [fp32]\n", r"space.yaml: micro_batch_size: Field required"),
+        ("micro_batch_size: [2, 2]\n", r"lists a value twice"),
+    ],
+)
+def test_space_errors_name_file_key_and_allowed(text: str, message: str) -> None:
+    with pytest.raises(SpaceError, match=message):
+        parse_space(text, source="space.yaml")
+
+
+def test_missing_space_file_lists_builtins(tmp_path) -> None:
+    with pytest.raises(SpaceError, match=r"--space nope.yaml: no such file.*one of: default"):
+        load_space("nope.yaml")
+    path = tmp_path / "mine.yaml"
+    path.write_text("micro_batch_size: [1, 2]\n")
+    assert load_space(str(path)) == SpaceSpec(micro_batch_size=[1, 2])
