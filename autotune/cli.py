@@ -39,9 +39,7 @@ StudyOption = Annotated[
 
 @app.callback()
 def _root(
-    debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks of errors.")
-    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
 ) -> None:
     """Find the fastest DeepSpeed configuration that fits your GPU memory, by search."""
 
@@ -55,7 +53,9 @@ def run(
     space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
         "default"
     ),
-    gpus: Annotated[int, typer.Option(help="Devices the study may use (CPU ranks without GPUs).")] = 1,
+    gpus: Annotated[
+        int, typer.Option(help="Devices the study may use (CPU ranks without GPUs).")
+    ] = 1,
     gpus_per_trial: Annotated[
         int | None, typer.Option(help="Devices one probe uses (default: all of --gpus).")
     ] = None,
@@ -77,9 +77,11 @@ def run(
     executor: Annotated[
         str, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
     ] = "ray",
-    probe_timeout: Annotated[
-        str, typer.Option(help="Hard limit of one probe, e.g. 5m.")
-    ] = "5m",
+    probe_timeout: Annotated[str, typer.Option(help="Hard limit of one probe, e.g. 5m.")] = "5m",
+    warmup_steps: Annotated[
+        int, typer.Option(help="Untimed optimizer steps per probe (memory is traced there).")
+    ] = 2,
+    timed_steps: Annotated[int, typer.Option(help="Timed optimizer steps per probe.")] = 5,
     trials_dir: Annotated[
         Path, typer.Option(help="Folder for per-trial logs and the exported config.")
     ] = Path("trials"),
@@ -112,6 +114,8 @@ def run(
         executor=executor,
         probe_timeout_s=parse_duration(probe_timeout, flag="--probe-timeout"),
         trials_dir=trials_dir,
+        warmup_steps=warmup_steps,
+        timed_steps=timed_steps,
     )
     plan = plan_run(settings)
     console.print(plan.hardware.describe(settings.gpus))

@@ -112,9 +112,7 @@ def launch_probe(job: ProbeJob, visible_devices: str | None = None) -> ProbeResu
         stale.unlink()
     spec_path = trial_dir / "spec.json"
     spec_path.write_text(job.spec.model_dump_json(indent=1), encoding="utf-8")
-    (trial_dir / "ds_config.json").write_text(
-        _json_dump(job.spec.ds_config), encoding="utf-8"
-    )
+    (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.ds_config), encoding="utf-8")
     log_path = trial_dir / "probe.log"
     started = time.perf_counter()
     timed_out = False
@@ -249,7 +247,7 @@ class LocalExecutor:
             ticket = self._futures.pop(future)
             try:
                 results.append((ticket, future.result()))
-            except Exception as exc:  # noqa: BLE001 - a launcher bug must not end the study
+            except Exception as exc:
                 results.append((ticket, ProbeResult(status="error", error=f"launcher: {exc}")))
         return results
 
@@ -295,7 +293,7 @@ class RayExecutor:
                     log_to_driver=False,
                     logging_level=logging.ERROR,
                 )
-            except Exception as exc:  # noqa: BLE001 - any start failure is one line
+            except Exception as exc:
                 raise ExecutorError(
                     f"Ray did not start ({type(exc).__name__}: {exc}); "
                     "run with --executor local to probe without Ray"
@@ -335,12 +333,22 @@ class RayExecutor:
             except self._ray.exceptions.RayError as exc:  # worker died, task cancelled
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 results.append(
-                    (ticket, ProbeResult(status="error", error=f"Ray: {type(exc).__name__} {first}"))
+                    (
+                        ticket,
+                        ProbeResult(status="error", error=f"Ray: {type(exc).__name__} {first}"),
+                    )
                 )
         return results
 
     def cancel_all(self) -> None:
-        for ref in self._refs:
+        """Interrupt the tasks (launch_probe then kills its probe's process group); tasks
+        that do not end within the grace period are killed with their worker."""
+        refs = list(self._refs)
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=False)
+        _, pending = self._ray.wait(refs, num_returns=len(refs), timeout=2 * KILL_GRACE_S)
+        for ref in pending:
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
 

@@ -161,10 +161,29 @@ def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
         try:
             importlib.import_module("deepspeed.ops")
             builder.load(verbose=False)
-        except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
+        except Exception as exc:
             raise HardwareError(
                 f"DeepSpeed cannot build its {builder.NAME} op here ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install a "
                 "C++ compiler (and for CUDA ops, the CUDA toolkit), or remove the option that "
                 "needs it from the space"
             ) from None
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.hardware [--build-ops]``: print what this machine offers."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m autotune.hardware", description=__doc__)
+    parser.add_argument("--build-ops", action="store_true", help="Pre-build DeepSpeed's ops.")
+    args = parser.parse_args(argv)
+    hardware = detect()
+    print(hardware.describe(hardware.device_count if hardware.accelerator == "cuda" else 1))
+    if args.build_ops:
+        ensure_deepspeed_ops(hardware, cpu_offload=True)
+        print("DeepSpeed ops built")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -106,6 +106,7 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float) -> Any:
 
     deepspeed.init_distributed()
     report.versions = _versions()
+    report.threads = torch.get_num_threads()
     from autotune.workloads import get_workload
 
     candidate = spec.candidate
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     report = RankReport(rank=rank, status="ok")
     try:
         engine = run_rank(spec, report, started)
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+    except BaseException as exc:
         report.status = "oom" if is_oom(exc) else "error"
         report.error = _first_line(exc)
         report.host_peak_bytes = _host_peak_bytes()

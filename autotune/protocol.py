@@ -53,6 +53,7 @@ class RankReport(BaseModel):
     host_peak_bytes: int = 0
     init_s: float = 0.0
     warmup_s: float = 0.0
+    threads: int = 0
     versions: dict[str, str] = Field(default_factory=dict)
 
 
@@ -83,6 +84,7 @@ class ProbeResult(BaseModel):
     wall_s: float = Field(default=0.0, description="Launch to exit of the probe.")
     init_s: float = Field(default=0.0, description="Imports to end of deepspeed.initialize.")
     timed_s: float = Field(default=0.0, description="Time inside the timed steps.")
+    threads_per_rank: int = Field(default=0, description="Intra-op threads torch used per rank.")
     exit_code: int | None = Field(default=None, description="torchrun's exit code.")
     log_tail: str = Field(default="", description="Last lines of the probe's log.")
     versions: dict[str, str] = Field(default_factory=dict)
@@ -118,6 +120,7 @@ def aggregate(
         "host_peak_bytes_per_rank": [r.host_peak_bytes for r in reports],
         "wall_s": wall_s,
         "init_s": max((r.init_s for r in reports), default=0.0),
+        "threads_per_rank": max((r.threads for r in reports), default=0),
         "exit_code": exit_code,
         "log_tail": log_tail,
         "versions": reports[0].versions if reports else {},

@@ -22,23 +22,32 @@ def trials_table(study: optuna.Study) -> Table:
     best = _best_number(study)
     table = Table(
         title=f"study {study.study_name}"
-        + (f": {config.workload}, {config.gpus_per_trial} rank(s), global batch "
-           f"{config.global_batch}" if config else ""),
+        + (
+            f": {config.workload}, {config.gpus_per_trial} rank(s), global batch "
+            f"{config.global_batch}"
+            if config
+            else ""
+        ),
         caption=(
             f"{len(trials) - duplicates} evaluated, {duplicates} duplicate proposal(s) not shown; "
             + (f"limit {format_bytes(limit)} per rank; " if limit else "")
             + "* = best feasible"
         ),
     )
-    for column in ("#", "status", "precision", "zero", "offload opt/param", "mb x accum",
-                   "samples/s", "tokens/s", "peak per rank", "note"):
-        justify = "right" if column in ("#", "samples/s", "tokens/s") else "left"
-        table.add_column(column, justify=justify)
+    for column, justify in (
+        ("#", "right"),
+        ("status", "left"),
+        ("candidate", "left"),
+        ("samples/s", "right"),
+        ("tokens/s", "right"),
+        ("peak GiB/rank", "right"),
+        ("note", "left"),
+    ):
+        table.add_column(column, justify=justify, no_wrap=column != "note")
     for trial in trials:
         if is_duplicate(trial):
             continue
         attrs = trial.user_attrs
-        cand = attrs.get("candidate") or {}
         status = attrs.get("status", trial.state.name.lower())
         ok = status == "ok"
         rate = attrs.get("samples_per_s", 0.0)
@@ -47,21 +56,14 @@ def trials_table(study: optuna.Study) -> Table:
             half = (attrs.get("samples_per_s_max", rate) - attrs.get("samples_per_s_min", rate)) / 2
             spread = f" ±{100 * half / rate:.0f}%"
         peaks = attrs.get("peak_bytes_per_rank") or []
-        peak_text = ", ".join(format_bytes(p) for p in peaks)
-        if peak_text and limit:
-            peak_text += f" / {format_bytes(limit)}"
-        note = attrs.get("error", "") if not ok else ""
         table.add_row(
             f"{trial.number}{'*' if trial.number == best else ''}",
             status,
-            str(cand.get("precision", "")),
-            str(cand.get("zero_stage", "")),
-            f"{cand.get('offload_optimizer', '')}/{cand.get('offload_param', '')}",
-            f"{cand.get('micro_batch_size', '')} x {cand.get('gradient_accumulation_steps', '')}",
+            attrs.get("label", ""),
             f"{rate:.1f}{spread}" if ok else "",
             f"{attrs.get('tokens_per_s', 0):.0f}" if ok else "",
-            peak_text,
-            note[:80],
+            ",".join(f"{p / 2**30:.2f}" for p in peaks),
+            "" if ok else str(attrs.get("error", ""))[:120],
         )
     return table
 

@@ -82,8 +82,8 @@ def format_bytes(size_bytes: float) -> str:
 
 def format_duration(seconds: float) -> str:
     """``5400`` -> ``1h30m``; ``95`` -> ``1m35s``."""
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
+    whole_s = round(seconds)
+    hours, rest = divmod(whole_s, 3600)
     minutes, secs = divmod(rest, 60)
     text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
     return text + (f"{secs}s" if secs or not text else "")

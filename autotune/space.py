@@ -63,9 +63,7 @@ class SpaceSpec(BaseModel):
             raise ValueError(f"lists a value twice: {values}")
         return values
 
-    def bind(
-        self, hardware: Hardware, *, data_parallel_size: int, global_batch: int
-    ) -> BoundSpace:
+    def bind(self, hardware: Hardware, *, data_parallel_size: int, global_batch: int) -> BoundSpace:
         """Keep what this machine and batch allow; raise SpaceError if nothing is left."""
         notes = []
         precisions = [p for p in self.precision if p in hardware.precisions]

@@ -98,9 +98,7 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
             f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
             "more devices than the study has"
         )
-    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(
-        settings.gpus
-    )
+    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
     if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
         raise SettingsError(
             f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
@@ -231,7 +229,9 @@ class Tuner:
         study = self.open_study()
         known = self._known_candidates(study)
         all_candidates = {c.key: c for c in plan.space.candidates()}
-        summary = RunSummary(study_name=plan.study_name, vram_limit_bytes=plan.config.vram_limit_bytes)
+        summary = RunSummary(
+            study_name=plan.study_name, vram_limit_bytes=plan.config.vram_limit_bytes
+        )
         self.log(
             f"study {plan.study_name!r}: {len(known)} candidate(s) evaluated before, "
             f"{len(all_candidates)} valid in the space; budget {format_duration(settings.budget_s)}"
@@ -364,17 +364,23 @@ class Tuner:
             outcome = f"out of memory, infeasible ({result.error})"
         else:
             outcome = f"{result.status}: {result.error} (log: {job.trial_dir / 'probe.log'})"
-        self.log(f"trial {job.trial.number}: {job.candidate.label} -> {outcome} [{result.wall_s:.0f} s]")
+        self.log(
+            f"trial {job.trial.number}: {job.candidate.label} -> {outcome} [{result.wall_s:.0f} s]"
+        )
 
     def _prepare_ops(self) -> None:
         from autotune.hardware import ensure_deepspeed_ops
 
-        cpu_offload = any(c.offload_optimizer == "cpu" or c.offload_param == "cpu"
-                          for c in self.plan.space.candidates())
+        cpu_offload = any(
+            c.offload_optimizer == "cpu" or c.offload_param == "cpu"
+            for c in self.plan.space.candidates()
+        )
         started = time.monotonic()
         ensure_deepspeed_ops(self.plan.hardware, cpu_offload=cpu_offload)
         if time.monotonic() - started > 5:
-            self.log(f"built DeepSpeed ops in {time.monotonic() - started:.0f} s (cached from now on)")
+            self.log(
+                f"built DeepSpeed ops in {time.monotonic() - started:.0f} s (cached from now on)"
+            )
 
     def _finish(self, study: optuna.Study, summary: RunSummary) -> None:
         from autotune.export import best_trial, export_trial

@@ -67,5 +67,5 @@ def run_cli(
 
 def probe_processes() -> list[str]:
     """Command lines of live probe processes (torchrun agents and ranks) on this machine."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "autotune.probe" in line and "ps -eo" not in line]
+    out = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "autotune.probe" in line and "ps -eww" not in line]

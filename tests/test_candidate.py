@@ -15,14 +15,25 @@ from autotune.space import combination_problem
 def _candidates() -> list[Candidate]:
     out = []
     for precision, stage, opt, param, ckpt in itertools.product(
-        ("fp32", "bf16", "fp16"), (0, 1, 2, 3), ("none", "cpu", "nvme"), ("none", "cpu", "nvme"),
+        ("fp32", "bf16", "fp16"),
+        (0, 1, 2, 3),
+        ("none", "cpu", "nvme"),
+        ("none", "cpu", "nvme"),
         (False, True),
     ):
         if combination_problem(stage, opt, param) is None:
-            out.append(Candidate(precision=precision, zero_stage=stage, offload_optimizer=opt,
-                                 offload_param=param, micro_batch_size=2,
-                                 gradient_accumulation_steps=4, data_parallel_size=4,
-                                 activation_checkpointing=ckpt))
+            out.append(
+                Candidate(
+                    precision=precision,
+                    zero_stage=stage,
+                    offload_optimizer=opt,
+                    offload_param=param,
+                    micro_batch_size=2,
+                    gradient_accumulation_steps=4,
+                    data_parallel_size=4,
+                    activation_checkpointing=ckpt,
+                )
+            )
     return out
 
 
@@ -37,15 +48,27 @@ def test_deepspeed_accepts_every_class_of_candidate(candidate: Candidate) -> Non
 
 
 def test_fp16_uses_dynamic_loss_scaling() -> None:
-    c = Candidate(precision="fp16", zero_stage=1, micro_batch_size=1,
-                  gradient_accumulation_steps=1, data_parallel_size=1)
+    c = Candidate(
+        precision="fp16",
+        zero_stage=1,
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+    )
     fp16 = c.to_ds_config()["fp16"]
     assert fp16["loss_scale"] == 0 and fp16["initial_scale_power"] == 16
 
 
 def test_offload_blocks() -> None:
-    c = Candidate(precision="bf16", zero_stage=3, offload_optimizer="cpu", offload_param="nvme",
-                  micro_batch_size=1, gradient_accumulation_steps=1, data_parallel_size=1)
+    c = Candidate(
+        precision="bf16",
+        zero_stage=3,
+        offload_optimizer="cpu",
+        offload_param="nvme",
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+    )
     zero = c.to_ds_config(nvme_path="/nvme")["zero_optimization"]
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero["offload_param"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/nvme"}
@@ -58,12 +81,20 @@ def test_base_config_is_kept_and_tuned_keys_override() -> None:
         "optimizer": {"type": "Adam", "params": {"lr": 3e-4}},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 100}},
         "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"},
-                              "overlap_comm": True},
+        "zero_optimization": {
+            "stage": 1,
+            "offload_optimizer": {"device": "cpu"},
+            "overlap_comm": True,
+        },
         "fp16": {"enabled": True, "initial_scale_power": 12},
     }
-    c = Candidate(precision="fp16", zero_stage=2, micro_batch_size=4,
-                  gradient_accumulation_steps=2, data_parallel_size=2)
+    c = Candidate(
+        precision="fp16",
+        zero_stage=2,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        data_parallel_size=2,
+    )
     config = c.to_ds_config(base)
     assert config["scheduler"] == base["scheduler"]
     assert config["gradient_clipping"] == 1.0
@@ -75,8 +106,13 @@ def test_base_config_is_kept_and_tuned_keys_override() -> None:
 
 
 def test_wrong_world_size_is_rejected_by_deepspeed() -> None:
-    c = Candidate(precision="fp32", zero_stage=0, micro_batch_size=4,
-                  gradient_accumulation_steps=2, data_parallel_size=2)
+    c = Candidate(
+        precision="fp32",
+        zero_stage=0,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        data_parallel_size=2,
+    )
     validate_ds_config(c.to_ds_config(), world_size=2)
     with pytest.raises(ExportError, match="train_batch_size is not equal"):
         validate_ds_config(c.to_ds_config(), world_size=4)

@@ -9,15 +9,23 @@ import pytest
 from tests.conftest import run_cli
 
 BAD_INPUTS = [
-    (["run", "--workload", "gpt-tiny", "--gpus", "2", "--budget", "2x"],
-     "--budget: cannot read duration '2x'"),
+    (
+        ["run", "--workload", "gpt-tiny", "--gpus", "2", "--budget", "2x"],
+        "--budget: cannot read duration '2x'",
+    ),
     (["run", "--workload", "gpt-tiny", "--gpus", "0"], "--gpus: input should be greater than 0"),
-    (["run", "--workload", "gpt-huge", "--gpus", "1"],
-     "unknown workload 'gpt-huge'; known: gpt-tiny"),
-    (["run", "--workload", "gpt-tiny", "--space", "missing.yaml"],
-     "--space missing.yaml: no such file"),
-    (["run", "--workload", "gpt-tiny", "--space", "bad_key.yaml"],
-     "bad_key.yaml:2: unknown key 'colour'; allowed keys:"),
+    (
+        ["run", "--workload", "gpt-huge", "--gpus", "1"],
+        "unknown workload 'gpt-huge'; known: gpt-tiny",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--space", "missing.yaml"],
+        "--space missing.yaml: no such file",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--space", "bad_key.yaml"],
+        "bad_key.yaml:2: unknown key 'colour'; allowed keys:",
+    ),
     (["run", "--workload", "gpt-tiny", "--vram", "lots"], "--vram: cannot read size 'lots'"),
     (["run", "--workload", "gpt-tiny", "--gpus", "two"], "Invalid value for '--gpus'"),
     (["run", "--workload", "gpt-tiny", "--colour", "red"], "No such option: --colour"),

@@ -37,9 +37,11 @@ def test_peak_covers_autograd_intermediates() -> None:
 
 
 def test_limit_raises_out_of_memory() -> None:
-    with pytest.raises(torch.OutOfMemoryError, match="exceeds the limit of 1000 bytes"):
-        with TensorMemoryTracker(limit_bytes=1000):
-            torch.zeros(1000, dtype=torch.float32)
+    with (
+        pytest.raises(torch.OutOfMemoryError, match="exceeds the limit of 1000 bytes"),
+        TensorMemoryTracker(limit_bytes=1000),
+    ):
+        torch.zeros(1000, dtype=torch.float32)
 
 
 def test_reset_peak() -> None:

@@ -7,15 +7,26 @@ import pytest
 from autotune.candidate import Candidate
 from autotune.protocol import ProbeSpec, RankReport, aggregate, torchrun_root_cause
 
-CANDIDATE = Candidate(precision="fp32", zero_stage=2, micro_batch_size=4,
-                      gradient_accumulation_steps=2, data_parallel_size=2)
-SPEC = ProbeSpec(workload="gpt-tiny", candidate=CANDIDATE, ds_config={}, accelerator="cpu",
-                 vram_limit_bytes=100, device_memory_bytes=1000, tokens_per_sample=64)
+CANDIDATE = Candidate(
+    precision="fp32",
+    zero_stage=2,
+    micro_batch_size=4,
+    gradient_accumulation_steps=2,
+    data_parallel_size=2,
+)
+SPEC = ProbeSpec(
+    workload="gpt-tiny",
+    candidate=CANDIDATE,
+    ds_config={},
+    accelerator="cpu",
+    vram_limit_bytes=100,
+    device_memory_bytes=1000,
+    tokens_per_sample=64,
+)
 
 
 def _fold(reports, **kwargs):
-    defaults = {"world_size": 2, "exit_code": 0, "timed_out": False, "wall_s": 10.0,
-                "log_tail": ""}
+    defaults = {"world_size": 2, "exit_code": 0, "timed_out": False, "wall_s": 10.0, "log_tail": ""}
     return aggregate(SPEC, reports, **{**defaults, **kwargs})
 
 
@@ -62,8 +73,7 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 3583
 =====
 """
-    result = _fold([RankReport(rank=0, status="ok", step_times_s=[1.0])], exit_code=1,
-                   log_tail=log)
+    result = _fold([RankReport(rank=0, status="ok", step_times_s=[1.0])], exit_code=1, log_tail=log)
     assert result.status == "error"
     assert "rank(s) [1] wrote no report" in result.error
     assert "rank 1 died first with exit code -9 (Signal 9 (SIGKILL)" in result.error

@@ -10,8 +10,15 @@ from autotune.settings import RunSettings, format_bytes, format_duration, parse_
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400), ("1h30m15s", 5415),
-     ("1.5h", 5400), (" 45S ", 45)],
+    [
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1h30m15s", 5415),
+        ("1.5h", 5400),
+        (" 45S ", 45),
+    ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
@@ -25,8 +32,14 @@ def test_parse_duration_rejects(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("80GiB", 80 * 2**30), ("512MiB", 512 * 2**20), ("16GB", 16 * 10**9), ("1024", 1024),
-     ("1.5GiB", int(1.5 * 2**30)), ("2 tib", 2 * 2**40)],
+    [
+        ("80GiB", 80 * 2**30),
+        ("512MiB", 512 * 2**20),
+        ("16GB", 16 * 10**9),
+        ("1024", 1024),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("2 tib", 2 * 2**40),
+    ],
 )
 def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text) == size

@@ -137,10 +137,20 @@ def test_params_of_enqueues_exactly_that_candidate() -> None:
 
 
 def test_candidate_is_hashable_and_keyed() -> None:
-    a = Candidate(precision="bf16", zero_stage=2, micro_batch_size=4,
-                  gradient_accumulation_steps=2, data_parallel_size=2)
-    b = Candidate(precision="bf16", zero_stage=2, micro_batch_size=4,
-                  gradient_accumulation_steps=2, data_parallel_size=2)
+    a = Candidate(
+        precision="bf16",
+        zero_stage=2,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        data_parallel_size=2,
+    )
+    b = Candidate(
+        precision="bf16",
+        zero_stage=2,
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        data_parallel_size=2,
+    )
     assert a == b and hash(a) == hash(b) and a.key == b.key
     assert len({a, b}) == 1
     assert a.label == "z2 bf16 mb4x2"
@@ -149,10 +159,14 @@ def test_candidate_is_hashable_and_keyed() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("precision: [fp32]\nmicro_batch_size: [1]\ncolour: [red]\n",
-         r"space.yaml:3: unknown key 'colour'; allowed keys: precision, zero_stage"),
-        ("precision: [fp8]\nmicro_batch_size: [1]\n",
-         r"space.yaml:1: precision\[0\]: Input should be 'fp32', 'bf16' or 'fp16', got 'fp8'"),
+        (
+            "precision: [fp32]\nmicro_batch_size: [1]\ncolour: [red]\n",
+            r"space.yaml:3: unknown key 'colour'; allowed keys: precision, zero_stage",
+        ),
+        (
+            "precision: [fp8]\nmicro_batch_size: [1]\n",
+            r"space.yaml:1: precision\[0\]: Input should be 'fp32', 'bf16' or 'fp16', got 'fp8'",
+        ),
         ("zero_stage: [4]\nmicro_batch_size: [1]\n", r"space.yaml:1: zero_stage\[0\]"),
         ("micro_batch_size: []\n", r"space.yaml:1: micro_batch_size: Value error, must list"),
         ("micro_batch_size: [0]\n", r"micro_batch_size\[0\]: Input should be greater than 0"),

@@ -1,0 +1,94 @@
+"""Per-trial overhead of a probe: trial wall time minus the time inside the timed steps.
+
+Runs a real study (``autotune run``) of gpt-tiny on 2 CPU ranks in a scratch folder and
+reads the trials back from its SQLite study. For each evaluated trial it reports:
+
+- trial wall: Optuna's datetime_complete - datetime_start (ask -> tell, so it includes
+  Ray scheduling and the driver's bookkeeping),
+- probe wall: torchrun launch -> exit, as the executor measured it,
+- init: rank start -> end of deepspeed.initialize (interpreter, imports, model, engine),
+- timed: the sum of the timed optimizer steps,
+- overhead = trial wall - timed.
+
+Reproduce:  python benchmarks/overhead.py --probes 5 --executor ray
+            python benchmarks/overhead.py --probes 5 --executor local
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--probes", type=int, default=5)
+    parser.add_argument("--executor", choices=["ray", "local"], default="ray")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", default="gpt-tiny")
+    parser.add_argument("--space", default="default")
+    args = parser.parse_args()
+
+    import optuna
+
+    workdir = Path(tempfile.mkdtemp(prefix="autotune-overhead-"))
+    command = [
+        sys.executable, "-m", "autotune.cli", "run", "--workload", args.workload,
+        "--space", args.space, "--gpus", "2", "--budget", "30m", "--seed", str(args.seed),
+        "--max-trials", str(args.probes), "--executor", args.executor,
+    ]  # fmt: skip
+    started = time.monotonic()
+    run = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    run_wall_s = time.monotonic() - started
+    if run.returncode != 0:
+        print(run.stdout, run.stderr, sep="\n")
+        return run.returncode
+    study = optuna.load_study(
+        study_name=args.workload, storage=f"sqlite:///{workdir}/trials/autotune.db"
+    )
+    rows = []
+    for trial in study.get_trials():
+        attrs = trial.user_attrs
+        if "duplicate_of" in attrs or "probe_wall_s" not in attrs:
+            continue
+        trial_wall_s = (trial.datetime_complete - trial.datetime_start).total_seconds()
+        timed_s = attrs["probe_timed_s"]
+        rows.append(
+            (trial.number, attrs["label"], attrs["status"], trial_wall_s, attrs["probe_wall_s"],
+             attrs["probe_init_s"], timed_s, trial_wall_s - timed_s)
+        )  # fmt: skip
+
+    print(f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
+          f"{args.executor}, {len(rows)} probes")  # fmt: skip
+    print(f"command: (cd {workdir} && autotune {' '.join(command[3:])})")
+    print("| trial | candidate | status | trial wall s | probe wall s | init s | timed s | "
+          "overhead s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for number, label, status, wall, probe, init, timed, overhead in rows:
+        print(f"| {number} | {label} | {status} | {wall:.1f} | {probe:.1f} | {init:.1f} | "
+              f"{timed:.2f} | {overhead:.1f} |")  # fmt: skip
+
+    def stat(values: list[float]) -> str:
+        return (
+            f"median {statistics.median(values):.1f} (min {min(values):.1f}, max {max(values):.1f})"
+        )
+
+    overheads = [r[7] for r in rows]
+    timed = [r[6] for r in rows]
+    walls = [r[3] for r in rows]
+    print()
+    print(f"trial wall s: {stat(walls)}")
+    print(f"timed steps s: {stat(timed)}")
+    print(f"overhead s (trial wall - timed): {stat(overheads)}")
+    print(f"overhead share of trial wall: {100 * sum(overheads) / sum(walls):.0f}%")
+    print(f"whole run (incl. driver start, Ray start, export): {run_wall_s:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

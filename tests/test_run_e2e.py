@@ -1,0 +1,164 @@
+"""The whole path, as a user runs it: a real study of real DeepSpeed probes on 2 CPU ranks
+through Ray and torchrun, checked in SQLite, exported, trained with, continued, shown in
+`autotune status` and served by the real optuna-dashboard."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import requests
+
+from autotune.export import validate_ds_config
+from tests.conftest import ROOT, probe_processes, run_cli
+
+pytestmark = pytest.mark.slow
+
+RUN = [
+    "run",
+    "--workload",
+    "gpt-tiny",
+    "--gpus",
+    "2",
+    "--budget",
+    "6m",
+    "--warmup-steps",
+    "1",
+    "--timed-steps",
+    "3",
+]
+
+
+def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials() if "duplicate_of" not in t.user_attrs]
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    workdir = tmp_path_factory.mktemp("e2e")
+    result = run_cli(*RUN, "--max-trials", "3", "--seed", "0", cwd=workdir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no CUDA GPU: running 2 CPU rank(s)" in result.stdout
+    assert "exported:" in result.stdout
+    return workdir
+
+
+def load(workdir: Path) -> optuna.Study:
+    return optuna.load_study(
+        study_name="gpt-tiny", storage=f"sqlite:///{workdir}/trials/autotune.db"
+    )
+
+
+def test_study_records_every_probe(study_dir: Path) -> None:
+    trials = evaluated(load(study_dir))
+    assert len(trials) == 3
+    for trial in trials:
+        attrs = trial.user_attrs
+        assert attrs["status"] in ("ok", "oom", "error", "timeout")
+        assert set(attrs["candidate"]) >= {"precision", "zero_stage", "micro_batch_size"}
+        assert attrs["ds_config"]["train_batch_size"] == 16
+        assert attrs["probe_wall_s"] > 0
+        assert Path(attrs["trial_dir"], "probe.log").is_file()
+        if attrs["status"] == "ok":
+            assert trial.state == optuna.trial.TrialState.COMPLETE
+            assert trial.value == pytest.approx(attrs["samples_per_s"])
+            assert attrs["tokens_per_s"] == pytest.approx(64 * attrs["samples_per_s"])
+            assert len(attrs["peak_bytes_per_rank"]) == 2
+            assert trial.constraints["peak_over_limit_bytes"] < 0
+            assert attrs["feasible"] is True
+    assert any(t.user_attrs["status"] == "ok" for t in trials)
+    assert probe_processes() == []
+
+
+def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
+    path = study_dir / "trials" / "gpt-tiny" / "best" / "ds_config.json"
+    config = json.loads(path.read_text())
+    validate_ds_config(config, world_size=2)
+    best = max(
+        (t for t in evaluated(load(study_dir)) if t.user_attrs.get("feasible")),
+        key=lambda t: t.value,
+    )
+    assert config == best.user_attrs["ds_config"]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    train = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(ROOT / "tests" / "assets" / "train_with_config.py"),
+            "--config",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert train.returncode == 0, train.stdout + train.stderr
+    assert "TRAINED global_steps=2" in train.stdout
+
+
+def test_status_prints_the_trials(study_dir: Path) -> None:
+    result = run_cli("status", cwd=study_dir, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "study gpt-tiny" in out and "samples/s" in out and "* = best feasible" in out
+    assert out.count(" ok ") + out.count(" oom ") + out.count(" error ") >= 1
+
+
+def test_dashboard_serves_the_study(study_dir: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "optuna-dashboard"),
+            "sqlite:///trials/autotune.db",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ],
+        cwd=study_dir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                studies = requests.get(f"http://127.0.0.1:{port}/api/studies", timeout=5).json()
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline, "dashboard did not start"
+                time.sleep(0.5)
+        (summary,) = [s for s in studies["study_summaries"] if s["study_name"] == "gpt-tiny"]
+        detail = requests.get(
+            f"http://127.0.0.1:{port}/api/studies/{summary['study_id']}", timeout=30
+        ).json()
+        assert len(detail["trials"]) >= 3
+        assert any(t["user_attrs"] for t in detail["trials"])
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_second_run_continues_without_repeating(study_dir: Path) -> None:
+    before = {t.user_attrs["candidate_key"] for t in evaluated(load(study_dir))}
+    result = run_cli(*RUN, "--max-trials", "2", "--seed", "1", cwd=study_dir)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 candidate(s) evaluated before" in result.stdout
+    trials = evaluated(load(study_dir))
+    keys = [t.user_attrs["candidate_key"] for t in trials]
+    assert len(trials) == 5
+    assert len(set(keys)) == 5, "a candidate was probed twice"
+    assert before < set(keys)
