@@ -27,6 +27,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import ExecutorError
+from autotune.hardware import torch_extensions_dir
 from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
 
 LOG_TAIL_CHARS = 4000
@@ -63,6 +64,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
     )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [job.cwd, env.get("PYTHONPATH")]))
+    env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     if job.spec.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without LOCAL_SIZE DeepSpeed's CPU backend skips its shared-memory all-reduce, which

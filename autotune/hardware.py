@@ -135,6 +135,44 @@ def _cpu_precisions() -> tuple[str, ...]:
     return tuple(name for dtype, name in names.items() if dtype in supported)
 
 
+# A build older than this that still holds its lock was killed mid-compile (torch's
+# FileBaton then waits forever); compiling one DeepSpeed op takes about a minute here.
+STALE_BUILD_LOCK_S = 15 * 60
+
+
+def torch_extensions_dir() -> str:
+    """Where torch JIT-builds DeepSpeed's ops: one folder per Python environment and
+    torch/DeepSpeed versions, so that two virtual environments never rebuild each other's
+    ops (torch keeps a single folder per op and rebuilds when the build flags differ)."""
+    import hashlib
+    import sys
+    from importlib.metadata import PackageNotFoundError, version
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    try:
+        versions = f"{version('torch')}-{version('deepspeed')}"
+    except PackageNotFoundError:
+        versions = "unknown"
+    key = hashlib.sha1(f"{sys.prefix}|{versions}".encode()).hexdigest()[:12]
+    return os.path.join(os.path.expanduser("~/.cache/autotune/torch_extensions"), key)
+
+
+def _remove_stale_build_locks(root: str) -> None:
+    import time
+
+    if not os.path.isdir(root):
+        return
+    for folder, _, files in os.walk(root):
+        if "lock" in files:
+            lock = os.path.join(folder, "lock")
+            try:
+                if time.time() - os.path.getmtime(lock) > STALE_BUILD_LOCK_S:
+                    os.remove(lock)
+            except OSError:
+                pass
+
+
 def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
     """Build (once; cached by torch) the DeepSpeed ops the probes will JIT-load.
 
@@ -144,6 +182,8 @@ def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
     import importlib
 
     os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    _remove_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
     names = ["FusedAdamBuilder"]
     if cpu_offload:
         names.append("CPUAdamBuilder")
