@@ -36,6 +36,70 @@ FP16_DYNAMIC_LOSS_SCALING: dict[str, Any] = {
 }
 
 
+# Fine ZeRO knobs and the stages whose DeepSpeed code reads them (runtime/zero/config.py;
+# stage 0 reduces gradients with the engine's fixed-size buckets). Unset knobs keep the base
+# config's value or DeepSpeed's default.
+ZERO_KNOB_STAGES: dict[str, frozenset[int]] = {
+    "overlap_comm": frozenset({1, 2, 3}),
+    "contiguous_gradients": frozenset({1, 2, 3}),
+    "reduce_bucket_size": frozenset({1, 2, 3}),
+    "allgather_bucket_size": frozenset({1, 2}),
+    "stage3_prefetch_bucket_size": frozenset({3}),
+    "stage3_param_persistence_threshold": frozenset({3}),
+    "stage3_max_live_parameters": frozenset({3}),
+    "sub_group_size": frozenset({3}),
+}
+_KNOB_ABBREVIATIONS = {
+    "overlap_comm": "overlap",
+    "contiguous_gradients": "contig",
+    "reduce_bucket_size": "rbs",
+    "allgather_bucket_size": "abs",
+    "stage3_prefetch_bucket_size": "pbs",
+    "stage3_param_persistence_threshold": "persist",
+    "stage3_max_live_parameters": "live",
+    "sub_group_size": "subgrp",
+}
+
+
+class ZeroKnobs(BaseModel):
+    """Values of the fine ZeRO knobs a candidate sets; None leaves the knob alone."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    overlap_comm: bool | None = Field(default=None, description="Overlap reduction and backward.")
+    contiguous_gradients: bool | None = Field(
+        default=None, description="Copy gradients into one buffer as they are produced."
+    )
+    reduce_bucket_size: PositiveInt | None = Field(
+        default=None, description="Elements reduced at a time."
+    )
+    allgather_bucket_size: PositiveInt | None = Field(
+        default=None, description="Elements all-gathered at a time (ZeRO 1-2)."
+    )
+    stage3_prefetch_bucket_size: PositiveInt | None = Field(
+        default=None, description="Parameter elements prefetched ahead of use (ZeRO 3)."
+    )
+    stage3_param_persistence_threshold: PositiveInt | None = Field(
+        default=None, description="Parameters smaller than this stay unpartitioned (ZeRO 3)."
+    )
+    stage3_max_live_parameters: PositiveInt | None = Field(
+        default=None, description="Most parameter elements gathered at once (ZeRO 3)."
+    )
+    sub_group_size: PositiveInt | None = Field(
+        default=None, description="Optimizer-step tile size in elements (ZeRO 3)."
+    )
+
+    def items(self) -> list[tuple[str, bool | int]]:
+        return [(k, v) for k, v in self.model_dump().items() if v is not None]
+
+    def label(self) -> str:
+        parts = []
+        for name, value in self.items():
+            text = str(int(value)) if isinstance(value, bool) else f"{value:.0e}".replace("+0", "")
+            parts.append(f"{_KNOB_ABBREVIATIONS[name]}={text}")
+        return " ".join(parts)
+
+
 class Candidate(BaseModel):
     """Frozen and hashable: the study never probes the same candidate twice (see ``key``)."""
 
@@ -45,6 +109,12 @@ class Candidate(BaseModel):
     zero_stage: Literal[0, 1, 2, 3] = Field(description="ZeRO stage.")
     offload_optimizer: OffloadDevice = Field(
         default="none", description="Where optimizer states live (ZeRO 1-3)."
+    )
+    offload_optimizer_ratio: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Share of optimizer states offloaded to CPU (< 1: partial, ZeRO 3 + cpu).",
     )
     offload_param: OffloadDevice = Field(
         default="none", description="Where parameters live between uses (ZeRO 3 only)."
@@ -56,6 +126,9 @@ class Candidate(BaseModel):
     data_parallel_size: PositiveInt = Field(description="Ranks the batch is split over.")
     activation_checkpointing: bool = Field(
         default=False, description="Recompute each transformer block's activations in backward."
+    )
+    zero_knobs: ZeroKnobs = Field(
+        default_factory=ZeroKnobs, description="Fine ZeRO knobs this candidate sets."
     )
 
     @property
@@ -77,12 +150,14 @@ class Candidate(BaseModel):
             f"mb{self.micro_batch_size}x{self.gradient_accumulation_steps}",
         ]
         if self.offload_optimizer != "none":
-            parts.append(f"opt:{self.offload_optimizer}")
+            ratio = f"@{self.offload_optimizer_ratio:g}" if self.offload_optimizer_ratio < 1 else ""
+            parts.append(f"opt:{self.offload_optimizer}{ratio}")
         if self.offload_param != "none":
             parts.append(f"param:{self.offload_param}")
         if self.activation_checkpointing:
             parts.append("ckpt")
-        return " ".join(parts)
+        knobs = self.zero_knobs.label()
+        return " ".join([*parts, knobs] if knobs else parts)
 
     def to_ds_config(
         self, base: dict[str, Any] | None = None, *, nvme_path: str | None = None
@@ -108,8 +183,13 @@ class Candidate(BaseModel):
         zero.pop("offload_param", None)
         if self.offload_optimizer != "none":
             zero["offload_optimizer"] = _offload_block(self.offload_optimizer, nvme_path)
+            if self.offload_optimizer_ratio < 1.0:
+                zero["offload_optimizer"]["ratio"] = self.offload_optimizer_ratio
         if self.offload_param != "none":
             zero["offload_param"] = _offload_block(self.offload_param, nvme_path)
+        for name, value in self.zero_knobs.items():
+            if self.zero_stage in ZERO_KNOB_STAGES[name]:
+                zero[name] = value
         config["zero_optimization"] = zero
         return config
 

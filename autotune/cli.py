@@ -7,6 +7,7 @@ deepspeed, ray) are imported inside the commands, never at import of this module
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -63,7 +64,21 @@ def run(
         str, typer.Option(help="Memory limit per device, e.g. 80GiB, or 'auto' (device memory).")
     ] = "auto",
     global_batch: Annotated[
-        int | None, typer.Option(help="Samples per optimizer step (default: the workload's).")
+        str | None,
+        typer.Option(
+            help="Samples per optimizer step (default: the base config's, else the "
+            "workload's), or 'auto' to search it up to --max-global-batch."
+        ),
+    ] = None,
+    max_global_batch: Annotated[
+        int | None, typer.Option(help="Largest global batch with --global-batch auto.")
+    ] = None,
+    base_config: Annotated[
+        Path | None,
+        typer.Option(help="Your DeepSpeed JSON (optimizer, scheduler ...); tuned keys override."),
+    ] = None,
+    nvme_path: Annotated[
+        Path | None, typer.Option(help="Folder on an NVMe disk, for nvme offload candidates.")
     ] = None,
     budget: Annotated[str, typer.Option(help="Wall-clock budget: 90s, 30m, 2h, 1h30m.")] = "30m",
     max_trials: Annotated[
@@ -91,7 +106,8 @@ def run(
     ] = "none",
 ) -> None:
     """Search the space for the fastest configuration that fits, by real probes."""
-    from autotune.tuner import Tuner, plan_run
+    from autotune.plan import plan_run
+    from autotune.tuner import Tuner
 
     if workload is None:
         raise AutotuneError("--workload is required, e.g. --workload gpt-tiny")
@@ -105,7 +121,10 @@ def run(
         gpus=gpus,
         gpus_per_trial=gpus_per_trial,
         vram_limit_bytes=None if vram == "auto" else parse_size(vram, flag="--vram"),
-        global_batch=global_batch,
+        global_batch=_parse_global_batch(global_batch),
+        max_global_batch=max_global_batch,
+        base_config=base_config,
+        nvme_path=nvme_path,
         budget_s=parse_duration(budget, flag="--budget"),
         max_trials=max_trials,
         study_name=study,
@@ -119,8 +138,9 @@ def run(
     )
     plan = plan_run(settings)
     console.print(plan.hardware.describe(settings.gpus))
+    batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
     console.print(
-        f"workload {plan.workload.describe()}; global batch {plan.config.global_batch}, "
+        f"workload {plan.workload.describe()}; global batch {batch}, "
         f"{plan.config.gpus_per_trial} rank(s) per probe, memory limit "
         f"{_gib(plan.config.vram_limit_bytes)} per rank"
     )
@@ -139,9 +159,63 @@ def run(
             f"tokens/s, peak {_gib(summary.best_peak_bytes)} of "
             f"{_gib(summary.vram_limit_bytes)} per rank"
         )
-        console.print(f"exported: {summary.export_path}")
+        console.print(f"exported: {summary.export_path} (with launch.sh and summary.md beside it)")
     if summary.stop_reason == "interrupted":
         raise typer.Exit(130)
+
+
+@app.command()
+def space(
+    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
+        "default"
+    ),
+    gpus: Annotated[int, typer.Option(help="Ranks per probe (CPU ranks without GPUs).")] = 1,
+    workload: Annotated[
+        str, typer.Option(help="Workload whose default global batch to use.")
+    ] = "gpt-tiny",
+    global_batch: Annotated[
+        str | None, typer.Option(help="Samples per optimizer step, or 'auto'.")
+    ] = None,
+    max_global_batch: Annotated[
+        int | None, typer.Option(help="Largest global batch with --global-batch auto.")
+    ] = None,
+    nvme_path: Annotated[Path | None, typer.Option(help="Folder for nvme offload.")] = None,
+    examples: Annotated[int, typer.Option(help="How many example candidates to show.")] = 5,
+) -> None:
+    """Count the valid candidates of a space on this hardware, per dimension, with examples."""
+    from autotune.report import space_report
+
+    console.print(
+        space_report(
+            space,
+            gpus=gpus,
+            workload=workload,
+            global_batch=_parse_global_batch(global_batch),
+            max_global_batch=max_global_batch,
+            nvme_path=nvme_path,
+            examples=examples,
+        )
+    )
+
+
+@app.command("export")
+def export_command(
+    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write the files into.")],
+    study: StudyOption = None,
+    trial: Annotated[
+        int | None, typer.Option(help="Trial number (default: the best feasible).")
+    ] = None,
+    storage: StorageOption = DEFAULT_STORAGE,
+) -> None:
+    """Write ds_config.json, launch.sh and summary.md of the best (or a chosen) trial."""
+    from autotune.export import export
+    from autotune.study import load_existing_study
+
+    loaded = load_existing_study(storage, study)
+    exported = export(loaded, out, trial_number=trial)
+    console.print(f"trial {exported.trial} ({exported.label}) exported:")
+    for path in (exported.ds_config, exported.launch, exported.summary):
+        console.print(f"  {path}")
 
 
 @app.command()
@@ -154,6 +228,15 @@ def status(study: StudyOption = None, storage: StorageOption = DEFAULT_STORAGE) 
     console.print(trials_table(loaded))
 
 
+def _parse_global_batch(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise AutotuneError(f"--global-batch {text}: give a positive integer or 'auto'") from None
+
+
 def _gib(size_bytes: int) -> str:
     from autotune.settings import format_bytes
 
@@ -164,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, exit code 2; tracebacks only with --debug."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
+    # A parent that runs Ray (a notebook, a test harness) hands us SIGCHLD ignored; we start
+    # and wait for subprocesses, so take the default back (see restore_child_signals).
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     command = typer.main.get_command(app)
     try:
         result = command.main(args=args, prog_name="autotune", standalone_mode=False)

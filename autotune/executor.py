@@ -89,7 +89,21 @@ _CLEAN_SIGNALS_EXEC = (
 )
 
 
-def probe_command(job: ProbeJob, spec_path: Path) -> list[str]:
+def restore_child_signals() -> None:
+    """Let this process reap its children again.
+
+    A process that runs Ray (the driver after ``ray.init``, every Ray worker) has SIGCHLD
+    ignored at the OS level, where Python's ``signal.getsignal`` does not see it; its
+    children inherit that. ``Popen.wait`` then gets ECHILD and reports exit code 0, and
+    py-cpuinfo's helper (run inside DeepSpeed's op loader) hangs. Only the main thread may
+    set handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def probe_command(job: ProbeJob, spec_paths: list[Path]) -> list[str]:
+    specs = [arg for path in spec_paths for arg in ("--spec", str(path))]
     return [
         sys.executable,
         "-c",
@@ -101,38 +115,57 @@ def probe_command(job: ProbeJob, spec_path: Path) -> list[str]:
         "--max-restarts=0",
         "-m",
         "autotune.probe",
-        "--spec",
-        str(spec_path),
+        *specs,
     ]
 
 
 def launch_probe(job: ProbeJob, visible_devices: str | None = None) -> ProbeResult:
     """Run one probe to completion or timeout; never raises for what the probe did."""
-    trial_dir = Path(job.trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    for stale in trial_dir.glob("rank-*.json"):
-        stale.unlink()
-    spec_path = trial_dir / "spec.json"
-    spec_path.write_text(job.spec.model_dump_json(indent=1), encoding="utf-8")
-    (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.ds_config), encoding="utf-8")
-    log_path = trial_dir / "probe.log"
+    return launch_probes([job], visible_devices)[0]
+
+
+def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> list[ProbeResult]:
+    """Probe several candidates in one torchrun launch, one after the other.
+
+    The ranks pay interpreter start, imports and process-group set-up once for all of them.
+    The jobs must share world size, working directory and threads; the launch's timeout is
+    the sum of theirs. If a candidate fails, the ranks exit and later candidates are
+    reported as not probed.
+    """
+    first = jobs[0]
+    if any((j.world_size, j.cwd, j.threads_per_rank) != (first.world_size, first.cwd,
+           first.threads_per_rank) for j in jobs):  # fmt: skip
+        raise ValueError("jobs launched together must share world size, cwd and threads")
+    restore_child_signals()
+    spec_paths = []
+    for job in jobs:
+        trial_dir = Path(job.trial_dir)
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        for stale in trial_dir.glob("rank-*.json"):
+            stale.unlink()
+        spec_path = trial_dir / "spec.json"
+        spec_path.write_text(job.spec.model_dump_json(indent=1), encoding="utf-8")
+        (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.ds_config), encoding="utf-8")
+        spec_paths.append(spec_path)
+    log_path = Path(first.trial_dir) / "probe.log"
+    timeout_s = sum(job.timeout_s for job in jobs)
     started = time.perf_counter()
     timed_out = False
     with open(log_path, "wb") as log:
         try:
             process = subprocess.Popen(
-                probe_command(job, spec_path),
-                env=probe_env(job, visible_devices),
-                cwd=job.cwd,
+                probe_command(first, spec_paths),
+                env=probe_env(first, visible_devices),
+                cwd=first.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: killed as one
             )
         except OSError as exc:
-            return ProbeResult(status="error", error=f"cannot start torchrun: {exc}")
+            return [ProbeResult(status="error", error=f"cannot start torchrun: {exc}")] * len(jobs)
         try:
-            exit_code: int | None = process.wait(timeout=job.timeout_s)
+            exit_code: int | None = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
             exit_code = None
@@ -144,19 +177,35 @@ def launch_probe(job: ProbeJob, visible_devices: str | None = None) -> ProbeResu
             # Ranks that outlived torchrun (e.g. after a crash) die with the group.
             _signal_group(process.pid, signal.SIGKILL)
     wall_s = time.perf_counter() - started
-    reports = []
-    for path in sorted(trial_dir.glob("rank-*.json")):
-        with contextlib.suppress(ValueError, OSError):
-            reports.append(RankReport.model_validate_json(path.read_text(encoding="utf-8")))
-    return aggregate(
-        job.spec,
-        reports,
-        world_size=job.world_size,
-        exit_code=exit_code,
-        timed_out=timed_out,
-        wall_s=wall_s,
-        log_tail=read_tail(log_path),
-    )
+    log_tail = read_tail(log_path)
+    results: list[ProbeResult] = []
+    for job in jobs:
+        reports = []
+        for path in sorted(Path(job.trial_dir).glob("rank-*.json")):
+            with contextlib.suppress(ValueError, OSError):
+                reports.append(RankReport.model_validate_json(path.read_text(encoding="utf-8")))
+        if not reports and results and results[-1].status != "ok":
+            results.append(
+                ProbeResult(
+                    status="error",
+                    error="not probed: the launch stopped at an earlier candidate",
+                    exit_code=exit_code,
+                    log_tail=log_tail,
+                )
+            )
+            continue
+        results.append(
+            aggregate(
+                job.spec,
+                reports,
+                world_size=job.world_size,
+                exit_code=exit_code,
+                timed_out=timed_out,
+                wall_s=wall_s if len(jobs) == 1 else max((r.wall_s for r in reports), default=0),
+                log_tail=log_tail,
+            )
+        )
+    return results
 
 
 def kill_process_group(process: subprocess.Popen[bytes]) -> None:
@@ -249,7 +298,7 @@ class LocalExecutor:
             ticket = self._futures.pop(future)
             try:
                 results.append((ticket, future.result()))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a launcher bug must not end the study
                 results.append((ticket, ProbeResult(status="error", error=f"launcher: {exc}")))
         return results
 
@@ -263,6 +312,7 @@ class LocalExecutor:
 
 def _ray_probe_task(job: ProbeJob) -> ProbeResult:
     """Body of the Ray task: the GPUs Ray assigned are in CUDA_VISIBLE_DEVICES already."""
+    restore_child_signals()
     return launch_probe(job, visible_devices=None)
 
 
@@ -295,7 +345,7 @@ class RayExecutor:
                     log_to_driver=False,
                     logging_level=logging.ERROR,
                 )
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any start failure is one line
                 raise ExecutorError(
                     f"Ray did not start ({type(exc).__name__}: {exc}); "
                     "run with --executor local to probe without Ray"

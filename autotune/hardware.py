@@ -173,6 +173,32 @@ def _remove_stale_build_locks(root: str) -> None:
                 pass
 
 
+def partial_offload_supported() -> bool:
+    """Whether this DeepSpeed knows ``offload_optimizer.ratio`` (partial offload, ZeRO-3)."""
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+
+    return "ratio" in DeepSpeedZeroOffloadOptimizerConfig.model_fields
+
+
+def async_io_problem(hardware: Hardware) -> str | None:
+    """Why DeepSpeed's async I/O op (needed for NVMe offload) cannot be used, or None."""
+    os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None:
+        return f"DeepSpeed has no async I/O op for the {hardware.accelerator} accelerator"
+    if not builder.is_compatible(verbose=False):
+        return "DeepSpeed's async I/O op needs libaio (apt install libaio-dev)"
+    try:
+        builder.load(verbose=False)
+    except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"DeepSpeed's async I/O op does not build here ({first})"
+    return None
+
+
 def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
     """Build (once; cached by torch) the DeepSpeed ops the probes will JIT-load.
 
@@ -201,7 +227,7 @@ def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
         try:
             importlib.import_module("deepspeed.ops")
             builder.load(verbose=False)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
             raise HardwareError(
                 f"DeepSpeed cannot build its {builder.NAME} op here ({type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install a "

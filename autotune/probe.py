@@ -166,40 +166,63 @@ def _first_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Probe each ``--spec`` in turn in this process (one launch, many candidates)."""
     started = time.perf_counter()
     parser = argparse.ArgumentParser(prog="python -m autotune.probe", description=__doc__)
-    parser.add_argument("--spec", required=True, type=Path, help="ProbeSpec JSON file.")
+    parser.add_argument(
+        "--spec", required=True, type=Path, action="append", help="ProbeSpec JSON (repeatable)."
+    )
     args = parser.parse_args(argv)
-    spec = ProbeSpec.model_validate_json(args.spec.read_text(encoding="utf-8"))
     rank = int(os.environ.get("RANK", "0"))
-    report = RankReport(rank=rank, status="ok")
-    try:
-        engine = run_rank(spec, report, started)
-    except BaseException as exc:
-        report.status = "oom" if is_oom(exc) else "error"
-        report.error = _first_line(exc)
-        report.host_peak_bytes = _host_peak_bytes()
-        if report.status == "error":
-            import traceback
+    for spec_path in args.spec:
+        spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+        report = RankReport(rank=rank, status="ok")
+        try:
+            engine = run_rank(spec, report, started)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+            report.status = "oom" if is_oom(exc) else "error"
+            report.error = _first_line(exc)
+            report.host_peak_bytes = _host_peak_bytes()
+            report.wall_s = time.perf_counter() - started
+            if report.status == "error":
+                import traceback
 
-            traceback.print_exc()
-        _write_report(report, args.spec.parent)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Peers may be blocked in a collective: skip interpreter teardown (which would
-        # abort in gloo/NCCL destructors) and let torchrun stop the other ranks.
-        os._exit(1)
-    report.host_peak_bytes = _host_peak_bytes()
-    _write_report(report, args.spec.parent)
-    _teardown(engine)
+                traceback.print_exc()
+            _write_report(report, spec_path.parent)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # Peers may be blocked in a collective: skip interpreter teardown (which would
+            # abort in gloo/NCCL destructors) and let torchrun stop the other ranks.
+            os._exit(1)
+        report.host_peak_bytes = _host_peak_bytes()
+        report.wall_s = time.perf_counter() - started
+        _write_report(report, spec_path.parent)
+        _release(engine, spec.accelerator)
+        del engine
+        started = time.perf_counter()
+    _leave_process_group()
     return 0
 
 
-def _teardown(engine: Any) -> None:
+def _release(engine: Any, accelerator: str) -> None:
+    """Free one candidate's engine before the next is built in the same process."""
+    import gc
+
+    import torch
+
+    if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
+        engine.destroy()
+    del engine
+    gc.collect()
+    if accelerator == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _leave_process_group() -> None:
     """Leave the process group together, so no rank aborts in a destructor at exit."""
     import torch.distributed as dist
 
-    del engine
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

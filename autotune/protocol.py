@@ -53,6 +53,7 @@ class RankReport(BaseModel):
     host_peak_bytes: int = 0
     init_s: float = 0.0
     warmup_s: float = 0.0
+    wall_s: float = 0.0
     threads: int = 0
     versions: dict[str, str] = Field(default_factory=dict)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from autotune.settings import format_bytes
 from autotune.study import is_duplicate, study_config
@@ -73,3 +76,56 @@ def _best_number(study: optuna.Study) -> int | None:
 
     best = best_trial(study)
     return None if best is None else best.number
+
+
+def space_report(
+    space_ref: str,
+    *,
+    gpus: int,
+    workload: str,
+    global_batch: int | str | None,
+    max_global_batch: int | None,
+    nvme_path: Path | None,
+    examples: int,
+) -> Group:
+    """``autotune space``: what a space holds on this hardware, per dimension, with examples."""
+    import random
+
+    from autotune.hardware import detect
+    from autotune.plan import bind_space, check_nvme_path
+    from autotune.space import load_space
+    from autotune.workloads import get_workload
+
+    spec = load_space(space_ref)
+    hardware = detect()
+    hardware.check_ranks(gpus)
+    batch = None if global_batch == "auto" else global_batch
+    if global_batch is None:
+        batch = get_workload(workload).default_global_batch
+    bound = bind_space(
+        spec,
+        hardware,
+        ranks=gpus,
+        global_batch=batch,  # type: ignore[arg-type]
+        max_global_batch=max_global_batch,
+        nvme_path=check_nvme_path(nvme_path),
+    )
+    candidates = list(bound.candidates())
+    lines = [
+        Text(hardware.describe(gpus)),
+        Text(
+            f"space {space_ref}: {len(candidates)} valid candidate(s) for {gpus} rank(s), "
+            f"global batch {batch if batch else f'auto (up to {max_global_batch})'}"
+        ),
+    ]
+    lines += [Text(f"note: {note}") for note in bound.notes]
+    table = Table(title="candidates per value of each dimension")
+    table.add_column("dimension")
+    table.add_column("value: candidates")
+    for name, counts in bound.dimensions().items():
+        table.add_row(name, ", ".join(f"{value}: {n}" for value, n in counts.items()))
+    lines.append(table)
+    sample = random.Random(0).sample(candidates, min(examples, len(candidates)))
+    lines.append(Text("examples:"))
+    lines += [Text(f"  {candidate.label}") for candidate in sample]
+    return Group(*lines)

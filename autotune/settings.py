@@ -118,8 +118,19 @@ class RunSettings(BaseModel):
     vram_limit_bytes: PositiveInt | None = Field(
         default=None, description="Peak memory one rank may reach; None means the device's memory."
     )
-    global_batch: PositiveInt | None = Field(
-        default=None, description="Samples per optimizer step over all ranks; None: workload's."
+    global_batch: PositiveInt | Literal["auto"] | None = Field(
+        default=None,
+        description="Samples per optimizer step over all ranks; None: the base config's or the "
+        "workload's; 'auto': searched up to max_global_batch.",
+    )
+    max_global_batch: PositiveInt | None = Field(
+        default=None, description="Largest global batch when global_batch is 'auto'."
+    )
+    base_config: Path | None = Field(
+        default=None, description="The user's DeepSpeed JSON; tuned keys are laid over it."
+    )
+    nvme_path: Path | None = Field(
+        default=None, description="Folder on an NVMe disk for nvme offload candidates."
     )
     budget_s: PositiveFloat = Field(description="Wall-clock budget of this run, in seconds.")
     max_trials: PositiveInt | None = Field(

@@ -38,8 +38,14 @@ class StudyConfig(BaseModel):
     space: dict[str, Any] = Field(description="The search-space spec, as validated.")
     accelerator: str = Field(description="cuda or cpu.")
     gpus_per_trial: int = Field(description="Ranks of every probe.")
-    global_batch: int = Field(description="Samples per optimizer step.")
+    global_batch: int | None = Field(description="Samples per optimizer step; None: searched.")
+    max_global_batch: int | None = Field(default=None, description="Cap when searched.")
     vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
+    base_config: dict[str, Any] | None = Field(
+        default=None, description="The user's DeepSpeed config the tuned keys are laid over."
+    )
+    nvme_path: str | None = Field(default=None, description="NVMe folder for nvme offload.")
+    threads_per_rank: int = Field(default=1, description="OMP threads of each rank.")
 
     def differences(self, other: StudyConfig) -> list[str]:
         mine, theirs = self.model_dump(), other.model_dump()

@@ -13,17 +13,16 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from autotune.errors import SettingsError, StorageError
-from autotune.settings import RunSettings, format_bytes, format_duration
+from autotune.errors import StorageError
+from autotune.settings import format_bytes, format_duration
 from autotune.study import (
     METRIC,
-    StudyConfig,
     is_duplicate,
     open_storage,
     record_duplicate,
@@ -37,10 +36,8 @@ if TYPE_CHECKING:
 
     from autotune.candidate import Candidate
     from autotune.executor import Executor
-    from autotune.hardware import Hardware
+    from autotune.plan import Plan
     from autotune.protocol import ProbeResult
-    from autotune.space import BoundSpace
-    from autotune.workloads import Workload
 
 # After this many proposals in a row of already-evaluated candidates, the tuner hands the
 # sampler an unseen candidate (enqueued), so small spaces finish instead of spinning.
@@ -65,76 +62,6 @@ class RunSummary(BaseModel):
     best_peak_bytes: int = 0
     vram_limit_bytes: int = 0
     export_path: str | None = None
-
-
-@dataclass
-class Plan:
-    """A run's settings resolved against the hardware, the workload and the space."""
-
-    settings: RunSettings
-    hardware: Hardware
-    workload: Workload
-    workload_ref: str
-    space: BoundSpace
-    study_name: str
-    config: StudyConfig
-    trials_dir: Path
-    notes: list[str] = field(default_factory=list)
-
-
-def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
-    """Check and resolve everything a run needs before any process is started."""
-    from autotune.hardware import detect
-    from autotune.space import load_space
-    from autotune.workloads import get_workload, workload_study_name
-
-    space_spec = load_space(settings.space)
-    workload = get_workload(settings.workload)
-    hardware = hardware or detect()
-    hardware.check_ranks(settings.gpus)
-    per_trial = settings.gpus_per_trial or settings.gpus
-    if per_trial > settings.gpus:
-        raise SettingsError(
-            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
-            "more devices than the study has"
-        )
-    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
-    if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
-        raise SettingsError(
-            f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
-            f"{format_bytes(hardware.device_memory_bytes)} of each GPU; pass --vram auto or less"
-        )
-    global_batch = settings.global_batch or workload.default_global_batch
-    bound = space_spec.bind(hardware, data_parallel_size=per_trial, global_batch=global_batch)
-    workload_ref = _absolute_workload_ref(settings.workload)
-    config = StudyConfig(
-        workload=workload_ref,
-        space=space_spec.model_dump(mode="json"),
-        accelerator=hardware.accelerator,
-        gpus_per_trial=per_trial,
-        global_batch=global_batch,
-        vram_limit_bytes=vram_limit_bytes,
-    )
-    study_name = settings.study_name or workload_study_name(settings.workload)
-    return Plan(
-        settings=settings,
-        hardware=hardware,
-        workload=workload,
-        workload_ref=workload_ref,
-        space=bound,
-        study_name=study_name,
-        config=config,
-        trials_dir=settings.trials_dir.resolve() / study_name,
-        notes=list(bound.notes),
-    )
-
-
-def _absolute_workload_ref(ref: str) -> str:
-    """A user file path made absolute, so probes launched elsewhere find it."""
-    location, sep, attr = ref.rpartition(":")
-    if sep and (location.endswith(".py") or "/" in location):
-        return f"{Path(location).resolve()}:{attr}"
-    return ref
 
 
 @dataclass
@@ -309,8 +236,18 @@ class Tuner:
 
         plan = self.plan
         settings = plan.settings
-        ds_config = candidate.to_ds_config()
         trial_dir = plan.trials_dir / f"trial-{trial.number:04d}"
+        nvme_dir = None
+        if plan.config.nvme_path and "nvme" in (
+            candidate.offload_optimizer,
+            candidate.offload_param,
+        ):
+            # Concurrent probes must not share DeepSpeed's swap folders.
+            nvme_dir = str(
+                Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name
+            )
+            Path(nvme_dir).mkdir(parents=True, exist_ok=True)
+        ds_config = plan.ds_config(candidate, nvme_dir)
         for key, value in {
             "candidate": candidate.model_dump(mode="json"),
             "candidate_key": candidate.key,
@@ -336,7 +273,7 @@ class Tuner:
             trial_dir=str(trial_dir),
             world_size=candidate.data_parallel_size,
             timeout_s=settings.probe_timeout_s,
-            threads_per_rank=plan.hardware.threads_per_rank(settings.gpus),
+            threads_per_rank=plan.config.threads_per_rank,
             cwd=str(Path.cwd()),
         )
         ticket = executor.submit(job)
@@ -383,7 +320,7 @@ class Tuner:
             )
 
     def _finish(self, study: optuna.Study, summary: RunSummary) -> None:
-        from autotune.export import best_trial, export_trial
+        from autotune.export import best_trial, export
 
         best = best_trial(study)
         if best is None:
@@ -394,8 +331,8 @@ class Tuner:
         summary.best_samples_per_s = float(best.value or 0.0)
         summary.best_tokens_per_s = float(best.user_attrs.get("tokens_per_s", 0.0))
         summary.best_peak_bytes = int(best.user_attrs.get("peak_bytes", 0))
-        path = export_trial(best, self.plan.trials_dir / "best")
-        summary.export_path = str(path)
+        exported = export(study, self.plan.trials_dir / "best", trial_number=best.number)
+        summary.export_path = exported.ds_config
 
 
 def default_executor(plan: Plan) -> Executor:
