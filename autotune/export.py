@@ -73,10 +73,21 @@ def validate_ds_config(config: dict[str, Any], world_size: int) -> None:
         ):
             DeepSpeedConfig(json.loads(json.dumps(config)))
     except Exception as exc:  # noqa: BLE001 - DeepSpeed raises assertion, value, pydantic errors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = _error_line(exc)
         raise ExportError(
             f"DeepSpeed rejects the config for {world_size} rank(s): {first}"
         ) from None
+
+
+def _error_line(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        return f"{exc.title}: {where + ': ' if where else ''}{error['msg']}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def production_config(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:

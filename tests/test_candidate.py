@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from autotune.candidate import DEFAULT_BASE_CONFIG, Candidate
+from autotune.candidate import DEFAULT_BASE_CONFIG, ZERO_KNOB_STAGES, Candidate, ZeroKnobs
 from autotune.errors import ExportError
 from autotune.export import validate_ds_config
 from autotune.space import combination_problem
@@ -45,6 +45,12 @@ def test_deepspeed_accepts_every_class_of_candidate(candidate: Candidate) -> Non
     assert config["bf16"]["enabled"] == (candidate.precision == "bf16")
     assert config["fp16"]["enabled"] == (candidate.precision == "fp16")
     validate_ds_config(config, world_size=4)
+    for name, value in candidate.zero_knobs.items():
+        assert (config["zero_optimization"].get(name) == value) == (
+            candidate.zero_stage in ZERO_KNOB_STAGES[name]
+        )
+    if candidate.offload_optimizer_ratio < 1:
+        assert config["zero_optimization"]["offload_optimizer"]["ratio"] == 0.3
 
 
 def test_fp16_uses_dynamic_loss_scaling() -> None:
@@ -103,6 +109,36 @@ def test_base_config_is_kept_and_tuned_keys_override() -> None:
     assert config["fp16"]["initial_scale_power"] == 12  # the user's scaling wins
     assert base["zero_optimization"]["stage"] == 1  # the base is not mutated
     assert "optimizer" in DEFAULT_BASE_CONFIG
+
+
+def test_partial_offload_outside_zero3_is_rejected_by_deepspeed() -> None:
+    c = Candidate(
+        precision="fp32",
+        zero_stage=2,
+        offload_optimizer="cpu",
+        offload_optimizer_ratio=0.5,
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+    )
+    with pytest.raises(ExportError, match="Partial offloading only supported for ZeRO Stage 3"):
+        validate_ds_config(c.to_ds_config(), world_size=1)
+
+
+def test_labels() -> None:
+    c = Candidate(
+        precision="bf16",
+        zero_stage=3,
+        offload_optimizer="cpu",
+        offload_optimizer_ratio=0.5,
+        offload_param="nvme",
+        micro_batch_size=2,
+        gradient_accumulation_steps=4,
+        data_parallel_size=2,
+        activation_checkpointing=True,
+        zero_knobs=ZeroKnobs(overlap_comm=True, reduce_bucket_size=50_000_000),
+    )
+    assert c.label == "z3 bf16 mb2x4 opt:cpu@0.5 param:nvme ckpt overlap=1 rbs=5e7"
 
 
 def test_wrong_world_size_is_rejected_by_deepspeed() -> None:

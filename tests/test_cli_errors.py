@@ -34,6 +34,40 @@ BAD_INPUTS = [
     (["run", "--workload", "gpt-tiny", "--executor", "slurm"], "--executor slurm: choose"),
     (["run"], "--workload is required"),
     (["status", "--storage", "sqlite:///nowhere/x.db", "--study", "s"], "no such study"),
+    (
+        ["run", "--workload", "gpt-tiny", "--space", "fp8.yaml"],
+        "fp8.yaml:1: precision[1]: Input should be 'fp32', 'bf16' or 'fp16', got 'fp8'",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--space", "param_z2.yaml"],
+        "offload_param 'cpu' needs zero_stage 3",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--space", "nvme.yaml"],
+        "offload_optimizer lists 'nvme', which needs a folder on an NVMe disk; pass --nvme-path",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--base-config", "not_json.json"],
+        "--base-config not_json.json: not valid JSON (line 1",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--base-config", "batch32.json", "--global-batch", "16"],
+        "pins train_batch_size = 32 but --global-batch is 16",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--global-batch", "lots"],
+        "--global-batch lots: give a positive integer or 'auto'",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--global-batch", "auto"],
+        "--global-batch auto needs --max-global-batch N",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--nvme-path", "no/such/dir"],
+        "--nvme-path no/such/dir: not a writable folder",
+    ),
+    (["export", "-o", "out", "--storage", "sqlite:///x.db", "--study", "s"], "no such study"),
+    (["space", "--space", "fp8.yaml"], "fp8.yaml:1: precision[1]"),
     (["frobnicate"], "No such command 'frobnicate'"),
 ]
 
@@ -43,6 +77,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("bad-input")
     (path / "bad_key.yaml").write_text("precision: [fp32]\ncolour: [red]\nmicro_batch_size: [1]\n")
     (path / "broken.py").write_text("x = 1 / 0\n")
+    (path / "fp8.yaml").write_text("precision: [fp32, fp8]\nmicro_batch_size: [1]\n")
+    (path / "param_z2.yaml").write_text(
+        "zero_stage: [2]\noffload_param: [cpu]\nmicro_batch_size: [1]\n"
+    )
+    (path / "nvme.yaml").write_text("offload_optimizer: [none, nvme]\nmicro_batch_size: [1]\n")
+    (path / "not_json.json").write_text("optimizer: {type: Adam}\n")
+    (path / "batch32.json").write_text('{"train_batch_size": 32}')
     return path
 
 

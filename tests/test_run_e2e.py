@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from autotune.export import validate_ds_config
+from autotune.hardware import torch_extensions_dir
 from tests.conftest import ROOT, probe_processes, run_cli
 
 pytestmark = pytest.mark.slow
@@ -33,7 +34,15 @@ RUN = [
     "1",
     "--timed-steps",
     "3",
+    "--base-config",
+    "production.json",
 ]
+PRODUCTION = {
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
+    "gradient_clipping": 1.0,
+    "steps_per_print": 100,
+}
 
 
 def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
@@ -43,6 +52,7 @@ def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("e2e")
+    (workdir / "production.json").write_text(json.dumps(PRODUCTION))
     result = run_cli(*RUN, "--max-trials", "3", "--seed", "0", cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no CUDA GPU: running 2 CPU rank(s)" in result.stdout
@@ -78,7 +88,8 @@ def test_study_records_every_probe(study_dir: Path) -> None:
 
 
 def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
-    path = study_dir / "trials" / "gpt-tiny" / "best" / "ds_config.json"
+    best_dir = study_dir / "trials" / "gpt-tiny" / "best"
+    path = best_dir / "ds_config.json"
     config = json.loads(path.read_text())
     validate_ds_config(config, world_size=2)
     best = max(
@@ -86,6 +97,10 @@ def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
         key=lambda t: t.value,
     )
     assert config == best.user_attrs["ds_config"]
+    for key in ("optimizer", "scheduler", "gradient_clipping", "steps_per_print"):
+        assert config[key] == PRODUCTION[key]
+    assert (best_dir / "launch.sh").is_file()
+    assert f"# autotune: {best.user_attrs['label']}" in (best_dir / "summary.md").read_text()
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     train = subprocess.run(
         [
@@ -104,7 +119,32 @@ def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
         timeout=300,
     )
     assert train.returncode == 0, train.stdout + train.stderr
-    assert "TRAINED global_steps=2" in train.stdout
+    assert train.stdout.count("TRAINED global_steps=2") == 1
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
+def test_export_command_and_launch_script(study_dir: Path, launcher: str) -> None:
+    out = study_dir / f"export-{launcher}"
+    result = run_cli("export", "-o", str(out), cwd=study_dir, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert {p.name for p in out.iterdir()} == {"ds_config.json", "launch.sh", "summary.md"}
+    env = {
+        **os.environ,
+        "LAUNCHER": launcher,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        # the ops this environment built (a user's environment has its own)
+        "TORCH_EXTENSIONS_DIR": torch_extensions_dir(),
+    }
+    train = subprocess.run(
+        [str(out / "launch.sh"), str(ROOT / "tests" / "assets" / "train_with_config.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=study_dir,
+    )
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert (train.stdout + train.stderr).count("TRAINED global_steps=2") == 1
 
 
 def test_status_prints_the_trials(study_dir: Path) -> None:

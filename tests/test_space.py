@@ -187,3 +187,104 @@ def test_missing_space_file_lists_builtins(tmp_path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text("micro_batch_size: [1, 2]\n")
     assert load_space(str(path)) == SpaceSpec(micro_batch_size=[1, 2])
+
+
+FULL = """
+precision: [fp32, bf16]
+zero_stage: [0, 1, 2, 3]
+offload_optimizer: [none, cpu]
+offload_optimizer_ratio: [0.5, 1.0]
+offload_param: [none, cpu]
+micro_batch_size: [1, 2, 4]
+activation_checkpointing: [false, true]
+zero_knobs:
+  overlap_comm: [false, true]
+  reduce_bucket_size: [5.0e+7, 5.0e+8]
+  allgather_bucket_size: [5.0e+8]
+  stage3_prefetch_bucket_size: [1.0e+6, 5.0e+7]
+"""
+
+
+def test_fine_knobs_only_where_their_stage_reads_them() -> None:
+    bound = parse_space(FULL).bind(CPU, data_parallel_size=2, global_batch=8)
+    candidates = list(bound.candidates())
+    assert len({c.key for c in candidates}) == len(candidates)
+    for c in candidates:
+        knobs = dict(c.zero_knobs.items())
+        if c.zero_stage == 0:
+            assert knobs == {}
+        if c.zero_stage in (1, 2):
+            assert set(knobs) == {"overlap_comm", "reduce_bucket_size", "allgather_bucket_size"}
+        if c.zero_stage == 3:
+            assert set(knobs) == {
+                "overlap_comm",
+                "reduce_bucket_size",
+                "stage3_prefetch_bucket_size",
+            }
+        if c.offload_optimizer_ratio < 1:
+            assert c.zero_stage == 3 and c.offload_optimizer == "cpu"
+        config = c.to_ds_config()["zero_optimization"]
+        for name, value in knobs.items():
+            assert config[name] == value
+    assert any(c.zero_knobs.reduce_bucket_size == 50_000_000 for c in candidates)
+
+
+def test_full_space_suggest_and_params_round_trip() -> None:
+    bound = parse_space(FULL).bind(CPU, data_parallel_size=2, global_batch=8)
+    valid = {c.key for c in bound.candidates()}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(200):
+        trial = study.ask()
+        candidate = bound.suggest(trial)
+        assert candidate.key in valid
+        assert bound.params_of(candidate) == trial.params
+        study.tell(trial, 0.0)
+
+
+def test_partial_offload_dropped_where_deepspeed_lacks_it() -> None:
+    bound = parse_space(FULL).bind(
+        CPU, data_parallel_size=2, global_batch=8, partial_offload_supported=False
+    )
+    assert bound.offload_optimizer_ratios == (1.0,)
+    assert any("no partial offload" in note for note in bound.notes)
+
+
+def test_auto_global_batch_searches_accumulation_under_the_cap() -> None:
+    spec = parse_space("precision: [fp32]\nzero_stage: [1]\nmicro_batch_size: [2, 4, 8]\n")
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=None, max_global_batch=32)
+    shapes = {(c.micro_batch_size, c.gradient_accumulation_steps) for c in bound.candidates()}
+    assert shapes == {(2, 1), (2, 2), (2, 4), (2, 8), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2)}
+    assert all(c.train_batch_size <= 32 for c in bound.candidates())
+    with pytest.raises(SpaceError, match="needs --max-global-batch"):
+        spec.bind(CPU, data_parallel_size=2, global_batch=None)
+
+
+def test_nvme_needs_a_path_and_is_dropped_without_aio() -> None:
+    spec = parse_space("offload_optimizer: [none, cpu, nvme]\nmicro_batch_size: [1]\n")
+    with pytest.raises(SpaceError, match=r"offload_optimizer lists 'nvme'.*--nvme-path DIR"):
+        spec.bind(CPU, data_parallel_size=1, global_batch=1)
+    bound = spec.bind(
+        CPU, data_parallel_size=1, global_batch=1, nvme_path="/nvme", nvme_unavailable="no libaio"
+    )
+    assert "nvme" not in bound.offload_optimizer
+    assert bound.notes[-1] == "nvme offload dropped: no libaio"
+    kept = spec.bind(CPU, data_parallel_size=1, global_batch=1, nvme_path="/nvme")
+    assert any(c.offload_optimizer == "nvme" for c in kept.candidates())
+
+
+def test_nested_knob_errors_name_the_line() -> None:
+    text = "micro_batch_size: [1]\nzero_knobs:\n  overlap: [true]\n"
+    with pytest.raises(
+        SpaceError, match=r"s.yaml:3: unknown key 'overlap'; allowed keys: overlap_"
+    ):
+        parse_space(text, source="s.yaml")
+    with pytest.raises(SpaceError, match=r"ratios must lie in \(0, 1\]"):
+        parse_space("micro_batch_size: [1]\noffload_optimizer_ratio: [1.5]\n")
+
+
+def test_dimensions_count_candidates() -> None:
+    bound = load_space("default").bind(CPU, data_parallel_size=2, global_batch=16)
+    dims = bound.dimensions()
+    assert sum(dims["precision"].values()) == bound.size() == 56
+    assert dims["zero_stage"] == {"0": 8, "1": 16, "2": 16, "3": 16}

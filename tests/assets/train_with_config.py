@@ -1,6 +1,7 @@
 """A user's own training script: it only hands the exported file to deepspeed.initialize.
 
-Run with torchrun; used by the tests to prove an exported ds_config.json works unedited.
+Run with torchrun or the deepspeed launcher; the tests use it to prove that an exported
+ds_config.json works unedited.
 """
 
 import argparse
@@ -11,8 +12,9 @@ import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--config", required=True)
+parser.add_argument("--config", "--deepspeed_config", dest="config", required=True)
 parser.add_argument("--steps", type=int, default=2)
+parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
 args = parser.parse_args()
 
 model = GPT2LMHeadModel(

@@ -1,0 +1,146 @@
+"""Export: trial choice, ds_config over the base config, launch.sh, summary.md.
+
+The study here is built from trial records (optuna.trial.create_trial) rather than probes,
+so that every kind of outcome is present; the end-to-end test exports a real study.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState, create_trial
+
+from autotune.candidate import Candidate
+from autotune.errors import ExportError
+from autotune.export import choose_trial, export
+from autotune.study import StudyConfig
+
+BASE = {
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
+    "gradient_clipping": 1.0,
+}
+
+
+def _trial(
+    candidate: Candidate, status: str, rate: float = 0.0, **attrs
+) -> optuna.trial.FrozenTrial:
+    user_attrs = {
+        "candidate": candidate.model_dump(mode="json"),
+        "candidate_key": candidate.key,
+        "label": candidate.label,
+        "status": status,
+        "samples_per_s": rate,
+        "samples_per_s_min": rate * 0.95,
+        "samples_per_s_max": rate * 1.05,
+        "tokens_per_s": rate * 64,
+        "peak_bytes_per_rank": [2**30, 2**30],
+        "host_peak_bytes_per_rank": [3 * 2**30, 3 * 2**30],
+        "feasible": status == "ok",
+        "error": "" if status == "ok" else f"{status} happened",
+        **attrs,
+    }
+    if status == "ok":
+        return create_trial(value=rate, user_attrs=user_attrs)
+    state = TrialState.PRUNED if status == "oom" or attrs.get("pruned_by") else TrialState.FAIL
+    return create_trial(state=state, user_attrs=user_attrs)
+
+
+def _candidate(stage: int, mb: int, **kwargs) -> Candidate:
+    return Candidate(
+        precision="bf16",
+        zero_stage=stage,
+        micro_batch_size=mb,
+        gradient_accumulation_steps=8 // mb,
+        data_parallel_size=2,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def study() -> optuna.Study:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", study_name="unit")
+    config = StudyConfig(
+        workload="gpt-tiny",
+        space={},
+        accelerator="cuda",
+        gpus_per_trial=2,
+        global_batch=16,
+        vram_limit_bytes=8 * 2**30,
+        base_config=BASE,
+        threads_per_rank=4,
+    )
+    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
+    best = _candidate(3, 4, offload_optimizer="cpu", activation_checkpointing=True)
+    trials = [
+        _trial(_candidate(0, 1), "ok", 10.0),
+        _trial(best, "ok", 42.0),
+        _trial(_candidate(1, 2), "ok", 40.0),
+        _trial(_candidate(2, 8), "oom"),
+        _trial(_candidate(2, 4), "ok", 50.0, feasible=False),  # measured above the limit
+        _trial(_candidate(1, 4), "error"),
+        _trial(_candidate(1, 8), "timeout"),
+        _trial(_candidate(0, 8), "oom", pruned_by="memory-model"),
+    ]
+    for trial in trials:
+        study.add_trial(trial)
+    return study
+
+
+def test_best_feasible_is_exported_with_the_base_config(study, tmp_path: Path) -> None:
+    exported = export(study, tmp_path)
+    assert exported.trial == 1  # 50 samples/s was over the limit
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    assert config["scheduler"] == BASE["scheduler"] and config["gradient_clipping"] == 1.0
+    assert config["zero_optimization"]["stage"] == 3
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert config["train_batch_size"] == 16 and config["bf16"]["enabled"] is True
+    launch = (tmp_path / "launch.sh").read_text()
+    assert (tmp_path / "launch.sh").stat().st_mode & 0o111
+    assert (
+        "deepspeed --num_gpus=2" in launch and "torchrun --standalone --nproc-per-node=2" in launch
+    )
+    assert 'OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"' in launch and "DS_ACCELERATOR" not in launch
+
+
+def test_summary_explains_the_choice(study, tmp_path: Path) -> None:
+    summary = (export(study, tmp_path), (tmp_path / "summary.md").read_text())[1]
+    assert "# autotune: z3 bf16 mb4x2 opt:cpu ckpt" in summary
+    assert "42.0 samples/s (steps ranged 39.9-44.1), 2688 tokens/s" in summary
+    assert "1.00 GiB, 1.00 GiB of 8.00 GiB allowed" in summary
+    assert "Host memory (resident, per rank process): 3.00 GiB, 3.00 GiB" in summary
+    runners = summary.split("## Runners-up")[1].split("## Search")[0]
+    assert "| 2 | z1 bf16 mb2x4 | 40.0 | 95% |" in runners and "| 0 |" in runners
+    assert "8 candidates evaluated: 3 feasible, 3 infeasible, 2 failed" in summary
+    assert "infeasible, ran out of memory in the probe: 1" in summary
+    assert "infeasible, measured peak above the limit: 1" in summary
+    assert "predicted over the limit (memory-model), not probed: 1" in summary
+    assert "gradient_checkpointing_enable" in summary
+    assert "leave that much free" in summary
+
+
+def test_choose_a_trial(study) -> None:
+    assert choose_trial(study, 2).number == 2
+    with pytest.raises(ExportError, match=r"--trial 3 cannot be exported: its status is 'oom'"):
+        choose_trial(study, 3)
+    with pytest.raises(ExportError, match="--trial 4 cannot be exported: its peak memory exceeded"):
+        choose_trial(study, 4)
+    with pytest.raises(ExportError, match=r"--trial 99: study 'unit' has trials 0-7"):
+        choose_trial(study, 99)
+
+
+def test_nothing_feasible() -> None:
+    study = optuna.create_study(direction="maximize", study_name="empty")
+    with pytest.raises(ExportError, match="has no feasible measured trial yet"):
+        choose_trial(study, None)
+
+
+def test_unwritable_output(study, tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(ExportError, match="cannot write to"):
+        export(study, blocked / "sub")
