@@ -74,8 +74,10 @@ def _pinned_values(base: dict[str, Any]) -> dict[str, tuple[str, Any]]:
     zero = base.get("zero_optimization") or {}
     if zero.get("stage") not in (None, "auto"):
         pinned["zero_stage"] = ("zero_optimization.stage", zero["stage"])
-    for block, dimension in (("offload_optimizer", "offload_optimizer"),
-                             ("offload_param", "offload_param")):  # fmt: skip
+    for block, dimension in (
+        ("offload_optimizer", "offload_optimizer"),
+        ("offload_param", "offload_param"),
+    ):
         device = (zero.get(block) or {}).get("device")
         if device not in (None, "auto"):
             pinned[dimension] = (f"zero_optimization.{block}.device", device)

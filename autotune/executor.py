@@ -133,8 +133,11 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
     reported as not probed.
     """
     first = jobs[0]
-    if any((j.world_size, j.cwd, j.threads_per_rank) != (first.world_size, first.cwd,
-           first.threads_per_rank) for j in jobs):  # fmt: skip
+    if any(
+        (j.world_size, j.cwd, j.threads_per_rank)
+        != (first.world_size, first.cwd, first.threads_per_rank)
+        for j in jobs
+    ):
         raise ValueError("jobs launched together must share world size, cwd and threads")
     restore_child_signals()
     spec_paths = []

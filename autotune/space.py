@@ -175,16 +175,22 @@ class SpaceSpec(BaseModel):
             )
         offload_optimizer, offload_param = list(self.offload_optimizer), list(self.offload_param)
         if self.uses("nvme"):
+            reason = nvme_unavailable
             if not nvme_path:
-                key = "offload_optimizer" if "nvme" in offload_optimizer else "offload_param"
-                raise SpaceError(
-                    f"space key {key} lists 'nvme', which needs a folder on an NVMe disk; pass "
-                    "--nvme-path DIR, or remove 'nvme' from the space"
-                )
-            if nvme_unavailable:
-                notes.append(f"nvme offload dropped: {nvme_unavailable}")
-                offload_optimizer = [d for d in offload_optimizer if d != "nvme"] or ["none"]
-                offload_param = [d for d in offload_param if d != "nvme"] or ["none"]
+                reason = "it needs --nvme-path DIR, a folder on an NVMe disk"
+            if reason:
+                for key, values in (
+                    ("offload_optimizer", offload_optimizer),
+                    ("offload_param", offload_param),
+                ):
+                    if values == ["nvme"]:
+                        raise SpaceError(
+                            f"space key {key} lists only 'nvme', but {reason}; pass "
+                            "--nvme-path DIR (with libaio installed) or list other targets"
+                        )
+                notes.append(f"nvme offload dropped: {reason}")
+                offload_optimizer = [d for d in offload_optimizer if d != "nvme"]
+                offload_param = [d for d in offload_param if d != "nvme"]
         ratios = list(self.offload_optimizer_ratio)
         if not partial_offload_supported and any(r < 1 for r in ratios):
             notes.append(

@@ -44,7 +44,7 @@ BAD_INPUTS = [
     ),
     (
         ["run", "--workload", "gpt-tiny", "--space", "nvme.yaml"],
-        "offload_optimizer lists 'nvme', which needs a folder on an NVMe disk; pass --nvme-path",
+        "offload_optimizer lists only 'nvme', but it needs --nvme-path DIR",
     ),
     (
         ["run", "--workload", "gpt-tiny", "--base-config", "not_json.json"],
@@ -81,7 +81,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (path / "param_z2.yaml").write_text(
         "zero_stage: [2]\noffload_param: [cpu]\nmicro_batch_size: [1]\n"
     )
-    (path / "nvme.yaml").write_text("offload_optimizer: [none, nvme]\nmicro_batch_size: [1]\n")
+    (path / "nvme.yaml").write_text("offload_optimizer: [nvme]\nmicro_batch_size: [1]\n")
     (path / "not_json.json").write_text("optimizer: {type: Adam}\n")
     (path / "batch32.json").write_text('{"train_batch_size": 32}')
     return path

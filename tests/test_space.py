@@ -44,7 +44,8 @@ def test_hardware_filters_precision() -> None:
     assert cpu.precisions == ("fp32", "bf16")
     assert any("fp16 not supported on cpu" in note for note in cpu.notes)
     assert spec.bind(VOLTA, data_parallel_size=2, global_batch=16).precisions == ("fp32", "fp16")
-    assert spec.bind(AMPERE, data_parallel_size=2, global_batch=64).notes == ()
+    ampere = spec.bind(AMPERE, data_parallel_size=2, global_batch=64, nvme_path="/nvme")
+    assert ampere.notes == ()
 
 
 def test_accumulation_arithmetic() -> None:
@@ -262,8 +263,17 @@ def test_auto_global_batch_searches_accumulation_under_the_cap() -> None:
 
 def test_nvme_needs_a_path_and_is_dropped_without_aio() -> None:
     spec = parse_space("offload_optimizer: [none, cpu, nvme]\nmicro_batch_size: [1]\n")
-    with pytest.raises(SpaceError, match=r"offload_optimizer lists 'nvme'.*--nvme-path DIR"):
-        spec.bind(CPU, data_parallel_size=1, global_batch=1)
+    dropped = spec.bind(CPU, data_parallel_size=1, global_batch=1)
+    assert "nvme" not in dropped.offload_optimizer
+    assert (
+        dropped.notes[-1]
+        == "nvme offload dropped: it needs --nvme-path DIR, a folder on an NVMe disk"
+    )
+    only = parse_space("offload_optimizer: [nvme]\nzero_stage: [1, 2]\nmicro_batch_size: [1]\n")
+    with pytest.raises(
+        SpaceError, match=r"offload_optimizer lists only 'nvme', but it needs --nvme"
+    ):
+        only.bind(CPU, data_parallel_size=1, global_batch=1)
     bound = spec.bind(
         CPU, data_parallel_size=1, global_batch=1, nvme_path="/nvme", nvme_unavailable="no libaio"
     )
@@ -286,5 +296,7 @@ def test_nested_knob_errors_name_the_line() -> None:
 def test_dimensions_count_candidates() -> None:
     bound = load_space("default").bind(CPU, data_parallel_size=2, global_batch=16)
     dims = bound.dimensions()
-    assert sum(dims["precision"].values()) == bound.size() == 56
-    assert dims["zero_stage"] == {"0": 8, "1": 16, "2": 16, "3": 16}
+    # 2 precisions x (1 + 2 + 2 + 3 x 2 offload combinations) x 4 micro-batches x 2
+    assert sum(dims["precision"].values()) == bound.size() == 176
+    assert dims["zero_stage"] == {"0": 16, "1": 32, "2": 32, "3": 96}
+    assert dims["offload_optimizer_ratio"] == {"1.0": 144, "0.5": 32}
