@@ -38,10 +38,25 @@ def main() -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="autotune-overhead-"))
     command = [
-        sys.executable, "-m", "autotune.cli", "run", "--workload", args.workload,
-        "--space", args.space, "--gpus", "2", "--budget", "30m", "--seed", str(args.seed),
-        "--max-trials", str(args.probes), "--executor", args.executor,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "run",
+        "--workload",
+        args.workload,
+        "--space",
+        args.space,
+        "--gpus",
+        "2",
+        "--budget",
+        "30m",
+        "--seed",
+        str(args.seed),
+        "--max-trials",
+        str(args.probes),
+        "--executor",
+        args.executor,
+    ]
     started = time.monotonic()
     run = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
     run_wall_s = time.monotonic() - started
@@ -59,19 +74,33 @@ def main() -> int:
         trial_wall_s = (trial.datetime_complete - trial.datetime_start).total_seconds()
         timed_s = attrs["probe_timed_s"]
         rows.append(
-            (trial.number, attrs["label"], attrs["status"], trial_wall_s, attrs["probe_wall_s"],
-             attrs["probe_init_s"], timed_s, trial_wall_s - timed_s)
-        )  # fmt: skip
+            (
+                trial.number,
+                attrs["label"],
+                attrs["status"],
+                trial_wall_s,
+                attrs["probe_wall_s"],
+                attrs["probe_init_s"],
+                timed_s,
+                trial_wall_s - timed_s,
+            )
+        )
 
-    print(f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
-          f"{args.executor}, {len(rows)} probes")  # fmt: skip
+    print(
+        f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
+        f"{args.executor}, {len(rows)} probes"
+    )
     print(f"command: (cd {workdir} && autotune {' '.join(command[3:])})")
-    print("| trial | candidate | status | trial wall s | probe wall s | init s | timed s | "
-          "overhead s |")  # fmt: skip
+    print(
+        "| trial | candidate | status | trial wall s | probe wall s | init s | timed s | "
+        "overhead s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for number, label, status, wall, probe, init, timed, overhead in rows:
-        print(f"| {number} | {label} | {status} | {wall:.1f} | {probe:.1f} | {init:.1f} | "
-              f"{timed:.2f} | {overhead:.1f} |")  # fmt: skip
+        print(
+            f"| {number} | {label} | {status} | {wall:.1f} | {probe:.1f} | {init:.1f} | "
+            f"{timed:.2f} | {overhead:.1f} |"
+        )
 
     def stat(values: list[float]) -> str:
         return (

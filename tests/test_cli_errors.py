@@ -16,7 +16,7 @@ BAD_INPUTS = [
     (["run", "--workload", "gpt-tiny", "--gpus", "0"], "--gpus: input should be greater than 0"),
     (
         ["run", "--workload", "gpt-huge", "--gpus", "1"],
-        "unknown workload 'gpt-huge'; known: gpt-tiny",
+        "unknown workload 'gpt-huge'; known: gpt-tiny, gpt2",
     ),
     (
         ["run", "--workload", "gpt-tiny", "--space", "missing.yaml"],

@@ -14,11 +14,28 @@ from pathlib import Path
 
 from autotune.errors import WorkloadError
 from autotune.workloads.base import Workload
-from autotune.workloads.transformers_lm import CausalLMWorkload, gpt_tiny
+from autotune.workloads.transformers_lm import (
+    CausalLMWorkload,
+    gpt2,
+    gpt2_xl,
+    gpt_tiny,
+    llama_1b,
+    llama_7b,
+    llama_13b,
+    llama_70b,
+)
 
 __all__ = ["WORKLOADS", "CausalLMWorkload", "Workload", "get_workload", "workload_study_name"]
 
-WORKLOADS: dict[str, Callable[[], Workload]] = {"gpt-tiny": gpt_tiny}
+WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "gpt-tiny": gpt_tiny,
+    "gpt2": gpt2,
+    "gpt2-xl": gpt2_xl,
+    "llama-1b": llama_1b,
+    "llama-7b": llama_7b,
+    "llama-13b": llama_13b,
+    "llama-70b": llama_70b,
+}
 
 
 def get_workload(ref: str) -> Workload:

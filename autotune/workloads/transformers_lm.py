@@ -25,12 +25,32 @@ class CausalLMWorkload(Workload):
     ) -> None:
         self.name = name
         self._make_config = make_config
+        self._layers: int | None = None
         self.seq_len = seq_len
         self.tokens_per_sample = seq_len
         self.default_global_batch = default_global_batch
 
     def config(self) -> PretrainedConfig:
-        return self._make_config()
+        config = self._make_config()
+        if self._layers is not None:
+            config.num_hidden_layers = self._layers
+        return config
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config().num_hidden_layers)
+
+    def with_layers(self, layers: int) -> CausalLMWorkload:
+        """The same model with ``layers`` transformer blocks: the memory model traces two
+        short stacks and extrapolates, since every block holds the same activations."""
+        clone = CausalLMWorkload(
+            self.name,
+            self._make_config,
+            seq_len=self.seq_len,
+            default_global_batch=self.default_global_batch,
+        )
+        clone._layers = layers
+        return clone
 
     def build_model(self) -> torch.nn.Module:
         from transformers import AutoModelForCausalLM
@@ -53,12 +73,102 @@ class CausalLMWorkload(Workload):
 
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
         # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and frozen inputs.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        enable = enable or model.gradient_checkpointing_enable
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
 
     def describe(self) -> str:
         cfg = self.config()
         return f"{self.name} ({cfg.model_type}, {cfg.num_hidden_layers} layers, seq {self.seq_len})"
+
+
+def _gpt2(
+    name: str, *, layers: int, hidden: int, heads: int, seq_len: int, batch: int
+) -> CausalLMWorkload:
+    def config() -> PretrainedConfig:
+        from transformers import GPT2Config
+
+        return GPT2Config(
+            n_layer=layers, n_embd=hidden, n_head=heads, n_positions=1024, use_cache=False
+        )
+
+    return CausalLMWorkload(name, config, seq_len=seq_len, default_global_batch=batch)
+
+
+def gpt2() -> CausalLMWorkload:
+    """GPT-2 small (124M), sequence 1024."""
+    return _gpt2("gpt2", layers=12, hidden=768, heads=12, seq_len=1024, batch=512)
+
+
+def gpt2_xl() -> CausalLMWorkload:
+    """GPT-2 XL (1.5B), sequence 1024."""
+    return _gpt2("gpt2-xl", layers=48, hidden=1600, heads=25, seq_len=1024, batch=512)
+
+
+def _llama(
+    name: str,
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    intermediate: int,
+    vocab: int,
+    tied: bool = False,
+) -> CausalLMWorkload:
+    def config() -> PretrainedConfig:
+        from transformers import LlamaConfig
+
+        return LlamaConfig(
+            num_hidden_layers=layers,
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            intermediate_size=intermediate,
+            vocab_size=vocab,
+            max_position_embeddings=4096,
+            tie_word_embeddings=tied,
+            use_cache=False,
+        )
+
+    return CausalLMWorkload(name, config, seq_len=2048, default_global_batch=256)
+
+
+def llama_1b() -> CausalLMWorkload:
+    """Llama 3.2 1B dimensions (1.2B parameters, tied embeddings), sequence 2048."""
+    return _llama(
+        "llama-1b",
+        layers=16,
+        hidden=2048,
+        heads=32,
+        kv_heads=8,
+        intermediate=8192,
+        vocab=128256,
+        tied=True,
+    )
+
+
+def llama_7b() -> CausalLMWorkload:
+    """Llama 2 7B dimensions, sequence 2048."""
+    return _llama(
+        "llama-7b", layers=32, hidden=4096, heads=32, kv_heads=32, intermediate=11008, vocab=32000
+    )
+
+
+def llama_13b() -> CausalLMWorkload:
+    """Llama 2 13B dimensions, sequence 2048."""
+    return _llama(
+        "llama-13b", layers=40, hidden=5120, heads=40, kv_heads=40, intermediate=13824, vocab=32000
+    )
+
+
+def llama_70b() -> CausalLMWorkload:
+    """Llama 2 70B dimensions (grouped-query attention), sequence 2048."""
+    return _llama(
+        "llama-70b", layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=32000
+    )
 
 
 def gpt_tiny() -> CausalLMWorkload:

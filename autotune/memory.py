@@ -1,0 +1,279 @@
+"""Predicted peak memory of a candidate, per rank, before any probe runs.
+
+``MemoryModel.predict(candidate)`` returns a :class:`MemoryEstimate` for the device and the
+host, broken into parameters, gradients, optimizer states, activations, communication
+buckets and workspace, and says which phase of a step peaks.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+Toward Training Trillion Parameter Models", sec. 5: with mixed precision and Adam a
+parameter costs 2 + 2 + 12 bytes, of which ZeRO-1 partitions the 12 optimizer bytes, ZeRO-2
+also the 2 gradient bytes, ZeRO-3 also the 2 parameter bytes) and DeepSpeed's estimators
+(``estimate_zero2_model_states_mem_needs``: 2P + 18P/N on the GPU without offload, 2P with
+it; ``estimate_zero3_model_states_mem_needs``: 4 x largest layer + 18P/N, + 2P/N, or only
+4 x largest layer, as states are offloaded), which :meth:`MemoryModel.model_states`
+reproduces. What DeepSpeed 0.19 actually allocates on top of that was measured per stage
+and precision with the probe's tensor tracker on GPT-2 124M and a 0.9M GPT-2 (see
+``benchmarks/memory_accuracy.py``); each such term below says what it is:
+
+- ZeRO 1-2 reduce gradients through a bucket of ``reduce_bucket_size`` elements (default
+  5e8, 1.9 GB in fp32) allocated in backward; ZeRO-3 keeps it for the whole run.
+- ZeRO 0 in fp32 all-reduces gradients through flattened copies of at most 5e8 elements.
+- ZeRO 0 in bf16 runs DeepSpeed's BF16_Optimizer, which keeps an fp32 gradient buffer of
+  the whole model next to bf16 gradients.
+- ZeRO-3 with the default ``stage3_max_live_parameters`` (1e9) and reuse distance keeps
+  every gathered parameter until backward, parameters under
+  ``stage3_param_persistence_threshold`` (1e5) are never partitioned, and the tied
+  embedding is gathered once more.
+
+Activations come from :mod:`autotune.activations` (the workload's real forward and
+backward on fake tensors). :class:`Calibration` corrects predictions by the ratio of
+measured to predicted peaks of the study's completed probes.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.candidate import Candidate
+
+if TYPE_CHECKING:
+    from autotune.workloads import Workload
+
+DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeedZeroConfig.reduce_bucket_size
+DEFAULT_ALLREDUCE_BUCKET = 500_000_000  # engine.allreduce_gradients, MEMORY_OPT_ALLREDUCE_SIZE
+DEFAULT_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold
+DEFAULT_MAX_LIVE = 1_000_000_000  # stage3_max_live_parameters
+MiB = 2**20
+
+
+class Breakdown(BaseModel):
+    """Bytes of one memory (device or host) of one rank, by what holds them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer_states: float = 0.0
+    activations: float = 0.0
+    buckets: float = 0.0
+    workspace: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (
+            self.params
+            + self.grads
+            + self.optimizer_states
+            + self.activations
+            + self.buckets
+            + self.workspace
+        )
+
+    def plus(self, other: Breakdown) -> Breakdown:
+        return Breakdown(
+            **{k: getattr(self, k) + getattr(other, k) for k in Breakdown.model_fields}
+        )
+
+
+class MemoryEstimate(BaseModel):
+    """A candidate's predicted peak per rank, on the device and on the host."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Breakdown = Field(description="The device at its peak phase.")
+    host: Breakdown = Field(description="Host memory holding offloaded states and buffers.")
+    phase: str = Field(description="Phase of the step where the device peaks.")
+    correction: float = Field(default=1.0, description="Calibration factor applied.")
+
+    @property
+    def device_bytes(self) -> int:
+        return int(self.device.total * self.correction)
+
+    @property
+    def host_bytes(self) -> int:
+        return int(self.host.total)
+
+    def tracked_bytes(self, accelerator: str) -> int:
+        """What the probe measures: device bytes on CUDA; on CPU ranks every tensor,
+        offloaded ones included, lives in the same RAM and is tracked."""
+        if accelerator == "cuda":
+            return self.device_bytes
+        return int((self.device.total + self.host.total) * self.correction)
+
+
+class ModelFacts(BaseModel):
+    """What the memory model needs to know of a workload's parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    params: int = Field(description="Unique parameters (tied weights once).")
+    largest_param: int = Field(description="Elements of the largest parameter tensor.")
+    small_params: int = Field(description="Elements in tensors under the persistence threshold.")
+
+
+@functools.lru_cache(maxsize=32)
+def model_facts(workload: Workload, persistence_threshold: int) -> ModelFacts:
+    """Parameter counts from the model built on the meta device (no memory, no weights)."""
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    unique = {id(p): p for p in model.parameters()}.values()
+    numels = [p.numel() for p in unique]
+    return ModelFacts(
+        params=sum(numels),
+        largest_param=max(numels),
+        small_params=sum(n for n in numels if n < persistence_threshold),
+    )
+
+
+class Calibration(BaseModel):
+    """Measured / predicted peak ratios of a study's probes, by (stage, precision)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratios: dict[str, list[float]] = Field(default_factory=dict)
+
+    @staticmethod
+    def key(candidate: Candidate) -> str:
+        return f"z{candidate.zero_stage}-{candidate.precision}"
+
+    def add(self, candidate: Candidate, predicted_bytes: int, measured_bytes: int) -> None:
+        if predicted_bytes > 0 and measured_bytes > 0:
+            self.ratios.setdefault(self.key(candidate), []).append(measured_bytes / predicted_bytes)
+
+    def factor(self, candidate: Candidate) -> float:
+        """The median ratio of the same class, else of all probes, else 1."""
+        same = self.ratios.get(self.key(candidate))
+        every = [r for values in self.ratios.values() for r in values]
+        chosen = same or every
+        return statistics.median(chosen) if chosen else 1.0
+
+
+class MemoryModel:
+    """Predicts per-rank peak memory for candidates of one workload."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        base_config: dict[str, Any] | None = None,
+        calibration: Calibration | None = None,
+    ) -> None:
+        self.workload = workload
+        self.base_zero = dict((base_config or {}).get("zero_optimization") or {})
+        self.calibration = calibration or Calibration()
+        self._facts: ModelFacts | None = None
+
+    def _knob(self, candidate: Candidate, name: str, default: int) -> int:
+        value = getattr(candidate.zero_knobs, name, None)
+        if value is None:
+            value = self.base_zero.get(name, default)
+        return int(value)
+
+    def facts(self, candidate: Candidate) -> ModelFacts:
+        threshold = self._knob(
+            candidate, "stage3_param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD
+        )
+        return model_facts(self.workload, threshold)
+
+    def model_states(self, candidate: Candidate) -> tuple[Breakdown, Breakdown]:
+        """Steady (device, host) model states per rank after the first optimizer step."""
+        facts = self.facts(candidate)
+        p, n = float(facts.params), float(candidate.data_parallel_size)
+        stage = candidate.zero_stage
+        mixed = candidate.precision != "fp32"
+        width = 2.0 if mixed else 4.0  # bytes of a parameter (and its gradient) as trained
+        params = width * p
+        if stage == 3:
+            persistent = width * facts.small_params
+            params = persistent + width * (p - facts.small_params) / n
+        # Optimizer: fp32 master copy (kept even in fp32 from ZeRO-1 on) + Adam m and v.
+        if stage == 0 and not mixed:
+            master, adam, grads = 0.0, 8.0 * p, 0.0  # gradients are freed by zero_grad
+        elif stage == 0:
+            # BF16_Optimizer: partitioned master and Adam, a whole-model fp32 gradient
+            # buffer and the bf16 gradients.
+            master, adam, grads = 4.0 * p / n, 8.0 * p / n, 4.0 * p + width * p
+        else:
+            master, adam = 4.0 * p / n, 8.0 * p / n
+            grads = width * p / n if stage == 3 else 0.0
+        optimizer = master + adam
+        device = Breakdown(params=params, grads=grads, optimizer_states=optimizer)
+        host = Breakdown()
+        ratio = candidate.offload_optimizer_ratio
+        if candidate.offload_optimizer != "none" and stage >= 1:
+            moved = optimizer * ratio
+            device.optimizer_states -= moved
+            if candidate.offload_optimizer == "cpu":
+                host.optimizer_states += moved
+                # gradients are copied to the host partition for CPU Adam
+                host.grads += 4.0 * p / n * ratio
+        if candidate.offload_param != "none" and stage == 3:
+            moved = device.params
+            device.params = 0.0
+            if candidate.offload_param == "cpu":
+                host.params += moved
+        return device, host
+
+    def _bucket(self, candidate: Candidate) -> float:
+        elements = self._knob(candidate, "reduce_bucket_size", DEFAULT_REDUCE_BUCKET)
+        return elements * (4.0 if candidate.precision == "fp32" else 2.0)
+
+    def predict(self, candidate: Candidate) -> MemoryEstimate:
+        from autotune.activations import profile
+
+        facts = self.facts(candidate)
+        p = float(facts.params)
+        mixed = candidate.precision != "fp32"
+        width = 2.0 if mixed else 4.0
+        stage = candidate.zero_stage
+        act = profile(
+            self.workload,
+            candidate.micro_batch_size,
+            candidate.precision,
+            candidate.activation_checkpointing,
+        )
+        device, host = self.model_states(candidate)
+        phases: dict[str, Breakdown] = {}
+        gathered = 0.0
+        if stage == 3:
+            # Parameters gathered for compute stay until backward (default live limit and
+            # reuse distance), plus the tied embedding gathered once more.
+            live = self._knob(candidate, "stage3_max_live_parameters", DEFAULT_MAX_LIVE)
+            gathered = width * (min(p, live) + facts.largest_param)
+            gathered -= width * facts.small_params  # persistent ones are already there
+        if stage == 0 and not mixed:
+            flat = 4.0 * min(p, DEFAULT_ALLREDUCE_BUCKET)
+            grads_and_flat = 4.0 * p + flat
+            phases["backward"] = Breakdown(
+                activations=max(act.backward_peak_bytes, 0.0),
+                workspace=max(0.0, grads_and_flat - act.backward_peak_bytes),
+            )
+            phases["step"] = Breakdown(grads=4.0 * p)
+        elif stage == 0:
+            phases["backward"] = Breakdown(
+                activations=act.backward_peak_bytes,
+                workspace=max(0.0, 2.0 * width * p - act.backward_peak_bytes),
+            )
+            phases["step"] = Breakdown(workspace=10.0 * p)  # measured: fp32 views and updates
+        elif stage in (1, 2):
+            kept = act.backward_peak_bytes if stage == 1 else act.backward_peak_nograd_bytes
+            bucket = self._bucket(candidate)
+            phases["backward"] = Breakdown(activations=kept, buckets=bucket)
+            phases["step"] = Breakdown(workspace=4.5 * p)  # measured, fp32 and bf16
+        else:
+            device.buckets += self._bucket(candidate)
+            phases["forward"] = Breakdown(params=gathered, activations=act.forward_peak_bytes)
+            phases["backward"] = Breakdown(
+                params=gathered, activations=act.backward_peak_nograd_bytes
+            )
+            phases["step"] = Breakdown(workspace=3.0 * p)
+        phase, extra = max(phases.items(), key=lambda item: item[1].total)
+        estimate = MemoryEstimate(device=device.plus(extra), host=host, phase=phase)
+        estimate.correction = self.calibration.factor(candidate)
+        return estimate

@@ -1,0 +1,145 @@
+"""Predicted vs measured peak memory per rank, on 2 CPU ranks.
+
+For each workload, every candidate of ZeRO 0-3 x fp32/bf16 x two micro-batches x
+activation checkpointing off/on is probed for real (DeepSpeed, 2 ranks, the probe's tensor
+tracker over initialisation and two optimizer steps; all candidates of a workload in one
+torchrun launch) and predicted by ``autotune.memory.MemoryModel`` with no calibration.
+
+Reproduce:
+    python benchmarks/memory_accuracy.py                 # gpt-tiny and GPT-2 124M (seq 64)
+    python benchmarks/memory_accuracy.py --workloads gpt-tiny
+
+Targets (issue 4): median relative error <= 5%, worst <= 15%, no candidate under-predicted
+by more than 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = {
+    # name: (workload reference, global batch, micro-batches)
+    "gpt-tiny": ("gpt-tiny", 16, (2, 4)),
+    "gpt2-seq64": (f"{HERE / 'workloads.py'}:gpt2_seq64", 4, (1, 2)),
+}
+
+
+def candidates(global_batch: int, micro_batches: tuple[int, ...]):
+    from autotune.candidate import Candidate
+
+    for stage, precision, mb, ckpt in itertools.product(
+        (0, 1, 2, 3), ("fp32", "bf16"), micro_batches, (False, True)
+    ):
+        yield Candidate(
+            precision=precision,
+            zero_stage=stage,
+            micro_batch_size=mb,
+            gradient_accumulation_steps=global_batch // (2 * mb),
+            data_parallel_size=2,
+            activation_checkpointing=ckpt,
+        )
+
+
+def measure(ref: str, batch: int, mbs: tuple[int, ...], root: Path) -> list[tuple]:
+    from autotune.executor import ProbeJob, launch_probes
+    from autotune.memory import MemoryModel
+    from autotune.protocol import ProbeSpec
+    from autotune.workloads import get_workload
+
+    workload = get_workload(ref)
+    model = MemoryModel(workload)
+    jobs, predictions = [], []
+    for index, candidate in enumerate(candidates(batch, mbs)):
+        started = time.perf_counter()
+        estimate = model.predict(candidate)
+        predictions.append((estimate, time.perf_counter() - started))
+        spec = ProbeSpec(
+            workload=ref,
+            candidate=candidate,
+            ds_config=candidate.to_ds_config(),
+            accelerator="cpu",
+            vram_limit_bytes=20 * 2**30,
+            device_memory_bytes=24 * 2**30,
+            tokens_per_sample=workload.tokens_per_sample,
+            warmup_steps=2,  # the second step is the first with optimizer states
+            timed_steps=1,
+        )
+        jobs.append(
+            ProbeJob(
+                spec=spec,
+                trial_dir=str(root / f"{index:02d}"),
+                world_size=2,
+                timeout_s=900,
+                threads_per_rank=1,
+                cwd=str(root),
+            )
+        )
+    results = launch_probes(jobs)
+    rows = []
+    for job, (estimate, predict_s), result in zip(jobs, predictions, results, strict=True):
+        measured = max(result.peak_bytes_per_rank or [0])
+        rows.append((job.spec.candidate, estimate, predict_s, result, measured))
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--out", type=Path, default=HERE / "data" / "memory_accuracy.json")
+    args = parser.parse_args()
+    errors: list[float] = []
+    records = []
+    for name in args.workloads:
+        ref, batch, mbs = WORKLOADS[name]
+        with tempfile.TemporaryDirectory(prefix="autotune-memory-") as tmp:
+            rows = measure(ref, batch, mbs, Path(tmp))
+        print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
+        print("| candidate | phase | predicted MiB | measured MiB | error |")
+        print("|---|---|---|---|---|")
+        for candidate, estimate, predict_s, result, measured in rows:
+            predicted = estimate.tracked_bytes("cpu")
+            if result.status != "ok" or not measured:
+                print(
+                    f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
+                    f"{result.status}: {result.error[:60]} | |"
+                )
+                continue
+            error = (predicted - measured) / measured
+            errors.append(error)
+            records.append(
+                {
+                    "workload": name,
+                    "candidate": candidate.label,
+                    "predicted_bytes": predicted,
+                    "measured_bytes": measured,
+                    "phase": estimate.phase,
+                    "predict_s": predict_s,
+                }
+            )
+            print(
+                f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
+                f"{measured / 2**20:.1f} | {100 * error:+.1f}% |"
+            )
+    if not errors:
+        return 1
+    absolute = [abs(e) for e in errors]
+    under = [-e for e in errors if e < 0]
+    print(f"\ncandidates: {len(errors)}")
+    print(f"median |error|: {100 * statistics.median(absolute):.1f}%  (target <= 5%)")
+    print(f"worst |error|: {100 * max(absolute):.1f}%  (target <= 15%)")
+    print(f"worst under-prediction: {100 * max(under, default=0):.1f}%  (target <= 5%)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(records, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
