@@ -93,6 +93,16 @@ def run(
         str, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
     ] = "ray",
     probe_timeout: Annotated[str, typer.Option(help="Hard limit of one probe, e.g. 5m.")] = "5m",
+    no_prune: Annotated[
+        bool, typer.Option("--no-prune", help="Probe even what the memory model rules out.")
+    ] = False,
+    memory_margin: Annotated[
+        float,
+        typer.Option(help="Prune above the limit minus this share of it (0.05 = 5%)."),
+    ] = 0.05,
+    host_ram: Annotated[
+        str, typer.Option(help="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's).")
+    ] = "auto",
     warmup_steps: Annotated[
         int, typer.Option(help="Untimed optimizer steps per probe (memory is traced there).")
     ] = 2,
@@ -135,6 +145,9 @@ def run(
         trials_dir=trials_dir,
         warmup_steps=warmup_steps,
         timed_steps=timed_steps,
+        prune=not no_prune,
+        memory_margin=memory_margin,
+        host_ram_bytes=None if host_ram == "auto" else parse_size(host_ram, flag="--host-ram"),
     )
     plan = plan_run(settings)
     console.print(plan.hardware.describe(settings.gpus))
@@ -150,7 +163,8 @@ def run(
     summary = tuner.run()
     console.print(
         f"stopped: {summary.stop_reason or 'done'}; {summary.probes} probe(s) in "
-        f"{summary.elapsed_s:.0f} s ({summary.duplicates} duplicate proposal(s) skipped)"
+        f"{summary.elapsed_s:.0f} s, {summary.pruned} candidate(s) ruled out by the memory "
+        f"model, {summary.duplicates} duplicate proposal(s) skipped"
     )
     if summary.export_path:
         console.print(
@@ -194,6 +208,44 @@ def space(
             max_global_batch=max_global_batch,
             nvme_path=nvme_path,
             examples=examples,
+        )
+    )
+
+
+@app.command()
+def plan(
+    workload: Annotated[str, typer.Option(help="Built-in workload or path/to/file.py:fn.")],
+    gpus: Annotated[int, typer.Option(help="GPUs of the target machine.")],
+    vram: Annotated[str, typer.Option(help="Memory of each target GPU, e.g. 80GiB.")],
+    global_batch: Annotated[
+        int | None, typer.Option(help="Samples per optimizer step (default: the workload's).")
+    ] = None,
+    host_ram: Annotated[
+        str, typer.Option(help="Host RAM of a node, e.g. 1TiB, or 'auto' (this machine's).")
+    ] = "auto",
+    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
+        "default"
+    ),
+    memory_margin: Annotated[
+        float, typer.Option(help="Count as fitting below the limit minus this share of it.")
+    ] = 0.05,
+    all_rows: Annotated[bool, typer.Option("--all", help="List every candidate.")] = False,
+) -> None:
+    """What fits, without a GPU: predicted memory of every valid candidate on a target."""
+    from autotune.report import plan_report
+
+    if gpus < 1:
+        raise AutotuneError(f"--gpus {gpus}: give at least 1 GPU")
+    console.print(
+        plan_report(
+            workload,
+            gpus=gpus,
+            vram_bytes=parse_size(vram, flag="--vram"),
+            global_batch=global_batch,
+            host_ram_bytes=None if host_ram == "auto" else parse_size(host_ram, flag="--host-ram"),
+            space_ref=space,
+            margin=memory_margin,
+            limit_rows=None if all_rows else 40,
         )
     )
 

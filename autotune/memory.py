@@ -213,6 +213,7 @@ class MemoryModel:
                 host.optimizer_states += moved
                 # gradients are copied to the host partition for CPU Adam
                 host.grads += 4.0 * p / n * ratio
+            device.grads *= 1.0 - ratio  # ZeRO-3's gradient partition follows them
         if candidate.offload_param != "none" and stage == 3:
             moved = device.params
             device.params = 0.0
@@ -224,7 +225,9 @@ class MemoryModel:
         elements = self._knob(candidate, "reduce_bucket_size", DEFAULT_REDUCE_BUCKET)
         return elements * (4.0 if candidate.precision == "fp32" else 2.0)
 
-    def predict(self, candidate: Candidate) -> MemoryEstimate:
+    def predict(self, candidate: Candidate, *, stop_above: float | None = None) -> MemoryEstimate:
+        """The peak per rank. With ``stop_above``, a candidate whose model states alone
+        exceed it is returned at once (phase ``model states``), without tracing."""
         from autotune.activations import profile
 
         facts = self.facts(candidate)
@@ -232,26 +235,33 @@ class MemoryModel:
         mixed = candidate.precision != "fp32"
         width = 2.0 if mixed else 4.0
         stage = candidate.zero_stage
+        device, host = self.model_states(candidate)
+        if stage == 3:
+            device.buckets += self._bucket(candidate)
+        correction = self.calibration.factor(candidate)
+        if stop_above is not None and device.total * correction > stop_above:
+            return MemoryEstimate(
+                device=device, host=host, phase="model states", correction=correction
+            )
+        # With accumulation, later micro-batches run with the gradients of earlier ones held
+        # (ZeRO 0 keeps parameter gradients until the step); ZeRO 2-3 drop each gradient
+        # into a bucket as it is produced.
+        accumulating = candidate.gradient_accumulation_steps > 1
+        kind = {0: "accumulate" if accumulating else "kept", 1: "kept"}.get(stage, "dropped")
         act = profile(
             self.workload,
             candidate.micro_batch_size,
             candidate.precision,
             candidate.activation_checkpointing,
+            kind,  # type: ignore[arg-type]
         )
-        device, host = self.model_states(candidate)
         phases: dict[str, Breakdown] = {}
-        gathered = 0.0
-        if stage == 3:
-            # Parameters gathered for compute stay until backward (default live limit and
-            # reuse distance), plus the tied embedding gathered once more.
-            live = self._knob(candidate, "stage3_max_live_parameters", DEFAULT_MAX_LIVE)
-            gathered = width * (min(p, live) + facts.largest_param)
-            gathered -= width * facts.small_params  # persistent ones are already there
+        n = float(candidate.data_parallel_size)
         if stage == 0 and not mixed:
             flat = 4.0 * min(p, DEFAULT_ALLREDUCE_BUCKET)
             grads_and_flat = 4.0 * p + flat
             phases["backward"] = Breakdown(
-                activations=max(act.backward_peak_bytes, 0.0),
+                activations=act.backward_peak_bytes,
                 workspace=max(0.0, grads_and_flat - act.backward_peak_bytes),
             )
             phases["step"] = Breakdown(grads=4.0 * p)
@@ -260,20 +270,86 @@ class MemoryModel:
                 activations=act.backward_peak_bytes,
                 workspace=max(0.0, 2.0 * width * p - act.backward_peak_bytes),
             )
-            phases["step"] = Breakdown(workspace=10.0 * p)  # measured: fp32 views and updates
+            # measured 10P at 2 ranks: fp32 partition updates, taken to scale with them
+            phases["step"] = Breakdown(workspace=20.0 * p / n)
         elif stage in (1, 2):
-            kept = act.backward_peak_bytes if stage == 1 else act.backward_peak_nograd_bytes
-            bucket = self._bucket(candidate)
-            phases["backward"] = Breakdown(activations=kept, buckets=bucket)
-            phases["step"] = Breakdown(workspace=4.5 * p)  # measured, fp32 and bf16
-        else:
-            device.buckets += self._bucket(candidate)
-            phases["forward"] = Breakdown(params=gathered, activations=act.forward_peak_bytes)
             phases["backward"] = Breakdown(
-                params=gathered, activations=act.backward_peak_nograd_bytes
+                activations=act.backward_peak_bytes, buckets=self._bucket(candidate)
             )
-            phases["step"] = Breakdown(workspace=3.0 * p)
+            phases["step"] = Breakdown(workspace=9.0 * p / n)  # measured 4.5P at 2 ranks
+        else:
+            # Parameters gathered for compute stay until backward (default live limit and
+            # reuse distance), plus the tied embedding gathered once more.
+            live = self._knob(candidate, "stage3_max_live_parameters", DEFAULT_MAX_LIVE)
+            gathered = width * (min(p, live) + facts.largest_param - facts.small_params)
+            phases["forward"] = Breakdown(params=gathered, activations=act.forward_peak_bytes)
+            phases["backward"] = Breakdown(params=gathered, activations=act.backward_peak_bytes)
+            # measured 2P (fp32) and 3P (bf16) at 2 ranks: partition-sized updates
+            phases["step"] = Breakdown(workspace=(4.0 if not mixed else 6.0) * p / n)
+        if candidate.offload_optimizer != "none" and stage >= 1:
+            # The optimizer steps on the host: its transient moves there, and the device only
+            # receives the updated parameter partition.
+            ratio = candidate.offload_optimizer_ratio
+            step = phases["step"]
+            host = host.plus(Breakdown(workspace=step.total * ratio))
+            # (to the host as well when parameters live there)
+            received = 0.0 if candidate.offload_param != "none" else width * p / n
+            phases["step"] = Breakdown(workspace=step.total * (1 - ratio) + received)
         phase, extra = max(phases.items(), key=lambda item: item[1].total)
-        estimate = MemoryEstimate(device=device.plus(extra), host=host, phase=phase)
-        estimate.correction = self.calibration.factor(candidate)
-        return estimate
+        return MemoryEstimate(
+            device=device.plus(extra), host=host, phase=phase, correction=correction
+        )
+
+
+def zero_model_states(candidate: Candidate, facts: ModelFacts, largest_layer: int) -> Breakdown:
+    """Device bytes of model states per rank by the ZeRO paper's accounting, in the form of
+    DeepSpeed's estimators (``estimate_zero2/3_model_states_mem_needs``) for stages 2-3:
+
+    - mixed precision: 2-byte parameters and gradients, and 16 bytes of optimizer state the
+      estimators count (fp32 gradients 4, fp32 parameters 4, Adam 8), partitioned over N;
+      ZeRO-2 keeps 2P of parameters, ZeRO-3 only 4 bytes of the largest layer (parameter
+      and gradient gathered) beside its 2P/N parameters; optimizer offload leaves the
+      parameters, parameter offload nothing but the largest layer;
+    - fp32 (no estimator): 4 + 4 bytes of parameters and gradients and 8 of Adam.
+    ZeRO-0/1 have no estimator; they follow the paper: nothing / optimizer states
+    partitioned.
+    """
+    p, n = float(facts.params), float(candidate.data_parallel_size)
+    mixed = candidate.precision != "fp32"
+    width = 2.0 if mixed else 4.0
+    optimizer = (16.0 if mixed else 8.0) * p
+    offload_opt = candidate.offload_optimizer != "none"
+    offload_par = candidate.offload_param != "none"
+    stage = candidate.zero_stage
+    if stage == 0:
+        return Breakdown(params=width * p, grads=width * p, optimizer_states=optimizer)
+    if stage == 1:
+        return Breakdown(
+            params=width * p,
+            grads=width * p,
+            optimizer_states=0.0 if offload_opt else optimizer / n,
+        )
+    if stage == 2:
+        return Breakdown(
+            params=width * p,
+            grads=0.0 if offload_opt else width * p / n,
+            optimizer_states=0.0 if offload_opt else optimizer / n,
+        )
+    gathered = 2.0 * width * largest_layer  # the largest layer's parameters and gradients
+    if offload_opt and offload_par:
+        return Breakdown(workspace=gathered)
+    if offload_opt:
+        return Breakdown(params=width * p / n, workspace=gathered)
+    # gradients exist only for the gathered layer (in ``gathered``); the 16 optimizer bytes
+    # include the fp32 gradient partition
+    return Breakdown(params=width * p / n, optimizer_states=optimizer / n, workspace=gathered)
+
+
+@functools.lru_cache(maxsize=32)
+def largest_layer_params(workload: Workload) -> int:
+    """DeepSpeed's "largest layer": the most parameters any one module owns directly."""
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    return max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())

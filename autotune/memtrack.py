@@ -66,6 +66,14 @@ class TensorMemoryTracker(TorchDispatchMode):
                 f"{self.limit_bytes} bytes (autotune CPU memory limit)"
             )
 
+    def ignore(self, tensors: Any) -> None:
+        """Treat the storages of ``tensors`` (made before the tracker) as not ours: views
+        of them, such as a weight's transpose, then count nothing."""
+        with self._lock:
+            for tensor in tensors:
+                storage = tensor.untyped_storage()
+                self._sizes.setdefault(storage._cdata, storage.nbytes())
+
     def _release(self, key: int) -> None:
         with self._lock:
             self.live_bytes -= self._sizes.pop(key, 0)

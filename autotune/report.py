@@ -129,3 +129,100 @@ def space_report(
     lines.append(Text("examples:"))
     lines += [Text(f"  {candidate.label}") for candidate in sample]
     return Group(*lines)
+
+
+def plan_report(
+    workload_ref: str,
+    *,
+    gpus: int,
+    vram_bytes: int,
+    global_batch: int | None,
+    host_ram_bytes: int | None,
+    space_ref: str,
+    margin: float,
+    limit_rows: int | None,
+) -> Group:
+    """``autotune plan``: every valid candidate on ``gpus`` hypothetical GPUs of
+    ``vram_bytes``, with predicted device and host memory per rank, fitting ones first."""
+    import os
+    import time
+
+    import psutil
+
+    from autotune.hardware import Hardware
+    from autotune.memory import MemoryModel, largest_layer_params, model_facts
+    from autotune.space import load_space
+    from autotune.workloads import get_workload
+
+    started = time.monotonic()
+    workload = get_workload(workload_ref)
+    spec = load_space(space_ref)
+    host_ram = host_ram_bytes or int(psutil.virtual_memory().total)
+    target = Hardware(
+        accelerator="cuda",
+        device_count=gpus,
+        device_name="planned GPU",
+        device_memory_bytes=vram_bytes,
+        host_memory_bytes=host_ram,
+        cpu_count=os.cpu_count() or 1,
+        precisions=("fp32", "bf16", "fp16"),
+    )
+    batch = global_batch or workload.default_global_batch
+    bound = spec.bind(target, data_parallel_size=gpus, global_batch=batch)
+    model = MemoryModel(workload)
+    threshold = vram_bytes * (1.0 - margin)
+    rows = []
+    # Activations grow with the micro-batch: once a micro-batch does not fit on the device,
+    # larger ones of the same configuration are not traced.
+    too_big: dict[str, int] = {}
+    for candidate in sorted(bound.candidates(), key=lambda c: c.micro_batch_size):
+        shape = candidate.model_copy(
+            update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
+        ).key
+        if shape in too_big and candidate.micro_batch_size > too_big[shape]:
+            rows.append((False, None, None, candidate, f"> mb{too_big[shape]}", "device"))
+            continue
+        estimate = model.predict(candidate, stop_above=threshold)
+        device, host = estimate.device_bytes, estimate.host_bytes
+        why = "device" if device > threshold else ("host" if host * gpus > host_ram else "")
+        if why == "device":
+            too_big.setdefault(shape, candidate.micro_batch_size)
+        rows.append((not why, device, host, candidate, estimate.phase, why))
+    rows.sort(key=lambda r: (not r[0], r[1] if r[1] is not None else float("inf")))
+    facts = model_facts(workload, 100_000)
+    fitting = sum(1 for r in rows if r[0])
+    header = [
+        Text(
+            f"{workload.describe()}: {facts.params / 1e9:.2f}B parameters (largest layer "
+            f"{largest_layer_params(workload) / 1e6:.0f}M); {gpus} GPU(s) of "
+            f"{format_bytes(vram_bytes)}, limit {format_bytes(threshold)} after the "
+            f"{100 * margin:.0f}% margin; host RAM {format_bytes(host_ram)}; global batch {batch}"
+        ),
+        Text(
+            f"{fitting} of {len(rows)} valid candidates fit "
+            f"(planned in {time.monotonic() - started:.0f} s, no GPU used)"
+        ),
+    ]
+    header += [Text(f"note: {note}") for note in bound.notes if "nvme" in note]
+    table = Table(title="fitting first, then by device memory; GiB per rank")
+    for column, justify in (
+        ("fits", "left"),
+        ("candidate", "left"),
+        ("device", "right"),
+        ("host", "right"),
+        ("peak at", "left"),
+    ):
+        table.add_column(column, justify=justify, no_wrap=column != "candidate")
+    shown = rows if limit_rows is None else rows[:limit_rows]
+    for fits, device, host, candidate, phase, why in shown:
+        table.add_row(
+            "yes" if fits else f"no ({why})",
+            candidate.label,
+            "" if device is None else f"{device / 2**30:.1f}",
+            "" if host is None else f"{host / 2**30:.1f}",
+            phase,
+        )
+    footer = []
+    if limit_rows is not None and len(rows) > limit_rows:
+        footer.append(Text(f"... {len(rows) - limit_rows} more (use --all to list every one)"))
+    return Group(*header, table, *footer)

@@ -98,6 +98,7 @@ _FLAG_OF_FIELD = {
     "study_name": "--study",
     "storage_url": "--storage",
     "probe_timeout_s": "--probe-timeout",
+    "host_ram_bytes": "--host-ram",
 }
 
 
@@ -151,6 +152,18 @@ class RunSettings(BaseModel):
     )
     probe_timeout_s: PositiveFloat = Field(
         default=300.0, description="Hard wall-clock limit of one probe, launch to exit."
+    )
+    prune: bool = Field(
+        default=True, description="Skip candidates the memory model predicts over the limit."
+    )
+    memory_margin: float = Field(
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        description="Prune when the predicted peak exceeds the limit minus this share of it.",
+    )
+    host_ram_bytes: PositiveInt | None = Field(
+        default=None, description="Host RAM a node may use; None: this machine's RAM."
     )
     warmup_steps: PositiveInt = Field(
         default=2, description="Optimizer steps run before timing (also where memory is traced)."

@@ -172,6 +172,35 @@ def record_result(
         study.tell(trial, state=TrialState.FAIL)
 
 
+def record_pruned(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    candidate: Candidate,
+    *,
+    pruned_by: str,
+    reason: str,
+    over_bytes: float,
+    attrs: dict[str, Any],
+) -> None:
+    """A candidate judged infeasible without a probe: PRUNED, infeasible, never failed."""
+    from optuna.trial import TrialState
+
+    values = {
+        "candidate": candidate.model_dump(mode="json"),
+        "candidate_key": candidate.key,
+        "label": candidate.label,
+        "status": "pruned",
+        "pruned_by": pruned_by,
+        "error": reason,
+        "feasible": False,
+        **attrs,
+    }
+    for key, value in values.items():
+        trial.set_user_attr(key, value)
+    set_constraint(study, trial, max(float(over_bytes), 1.0))
+    study.tell(trial, state=TrialState.PRUNED)
+
+
 def record_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTrial) -> None:
     """The sampler proposed a candidate the study already evaluated: copy, do not probe."""
     from optuna.trial import TrialState

@@ -88,8 +88,10 @@ def _actions(candidate: Candidate, trial: FrozenTrial, config: StudyConfig) -> l
     if candidate.activation_checkpointing:
         actions.append(
             "Turn activation checkpointing on in your model: for a transformers model call "
-            '`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": '
-            "False})` before `deepspeed.initialize`; otherwise wrap each transformer block in "
+            "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            '{"use_reentrant": False})` (named `activation_checkpointing_enable` from '
+            "transformers 5) before `deepspeed.initialize`; otherwise wrap each transformer "
+            "block in "
             "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
             "ds_config.json cannot switch this on for you."
         )

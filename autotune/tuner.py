@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict
 
 from autotune.errors import StorageError
+from autotune.memory import Calibration
 from autotune.settings import format_bytes, format_duration
 from autotune.study import (
     METRIC,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from autotune.candidate import Candidate
     from autotune.executor import Executor
+    from autotune.memory import MemoryModel
     from autotune.plan import Plan
     from autotune.protocol import ProbeResult
 
@@ -52,6 +54,7 @@ class RunSummary(BaseModel):
 
     study_name: str
     probes: int = 0
+    pruned: int = 0
     duplicates: int = 0
     stop_reason: str = ""
     elapsed_s: float = 0.0
@@ -89,6 +92,9 @@ class Tuner:
         self._executor_factory = executor_factory or default_executor
         self._fault = fault
         self._rng = random.Random(plan.settings.seed)
+        self._calibration = Calibration()
+        self._memory: MemoryModel | None = None
+        self._predictions: dict[int, dict[str, object]] = {}
 
     # -- study -------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -155,6 +161,7 @@ class Tuner:
         deadline = started + settings.budget_s
         study = self.open_study()
         known = self._known_candidates(study)
+        self._calibrate_from(study)
         all_candidates = {c.key: c for c in plan.space.candidates()}
         summary = RunSummary(
             study_name=plan.study_name, vram_limit_bytes=plan.config.vram_limit_bytes
@@ -199,6 +206,10 @@ class Tuner:
                         duplicates_in_a_row += 1
                         continue
                     duplicates_in_a_row = 0
+                    if self._screen(study, trial, candidate):
+                        known[candidate.key] = study.get_trials(deepcopy=False)[trial.number]
+                        summary.pruned += 1
+                        continue
                     ticket, job = self._submit(executor, study, trial, candidate)
                     inflight[ticket] = job
                     summary.probes += 1
@@ -227,6 +238,84 @@ class Tuner:
         summary.elapsed_s = time.monotonic() - started
         self._finish(study, summary)
         return summary
+
+    # -- memory ----------------------------------------------------------------------
+    def _memory_model(self) -> MemoryModel | None:
+        if not self.plan.settings.prune:
+            return None
+        if self._memory is None:
+            from autotune.memory import MemoryModel
+
+            self._memory = MemoryModel(
+                self.plan.workload,
+                base_config=self.plan.config.base_config,
+                calibration=self._calibration,
+            )
+        return self._memory
+
+    def _calibrate_from(self, study: optuna.Study) -> None:
+        """Every probe that measured a peak corrects later predictions of the study."""
+        from autotune.candidate import Candidate
+
+        for trial in study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if attrs.get("status") == "ok" and attrs.get("predicted_raw_bytes"):
+                self._calibration.add(
+                    Candidate.model_validate(attrs["candidate"]),
+                    attrs["predicted_raw_bytes"],
+                    attrs.get("peak_bytes", 0),
+                )
+
+    def _screen(self, study: optuna.Study, trial: optuna.Trial, candidate: Candidate) -> bool:
+        """Record ``candidate`` as infeasible without a probe when the memory model says it
+        cannot fit; otherwise remember the prediction for the trial and return False."""
+        from autotune.study import record_pruned
+
+        model = self._memory_model()
+        if model is None:
+            return False
+        plan = self.plan
+        estimate = model.predict(candidate)
+        predicted = estimate.tracked_bytes(plan.hardware.accelerator)
+        host = estimate.host_bytes * plan.config.gpus_per_trial
+        limit = plan.config.vram_limit_bytes
+        threshold = limit * (1.0 - plan.settings.memory_margin)
+        host_ram = plan.settings.host_ram_bytes or plan.hardware.host_memory_bytes
+        raw = int(predicted / estimate.correction)
+        attrs = {
+            "predicted_peak_bytes": predicted,
+            "predicted_raw_bytes": raw,
+            "predicted_host_bytes": estimate.host_bytes,
+            "predicted_phase": estimate.phase,
+            "memory_correction": estimate.correction,
+        }
+        self._predictions[trial.number] = attrs
+        reason = ""
+        if predicted > threshold:
+            reason = (
+                f"predicted peak {format_bytes(predicted)} per rank exceeds the limit "
+                f"{format_bytes(limit)} less the {100 * plan.settings.memory_margin:.0f}% margin"
+            )
+            over = predicted - threshold
+        elif plan.hardware.accelerator == "cuda" and host > host_ram:
+            reason = (
+                f"predicted host memory {format_bytes(host)} per node exceeds --host-ram "
+                f"{format_bytes(host_ram)}"
+            )
+            over = host - host_ram
+        if not reason:
+            return False
+        record_pruned(
+            study,
+            trial,
+            candidate,
+            pruned_by="memory-model",
+            reason=reason,
+            over_bytes=over,
+            attrs={**attrs, "vram_limit_bytes": limit},
+        )
+        self.log(f"trial {trial.number}: {candidate.label} -> infeasible, not probed: {reason}")
+        return True
 
     def _submit(
         self, executor: Executor, study: optuna.Study, trial: optuna.Trial, candidate: Candidate
@@ -282,6 +371,13 @@ class Tuner:
 
     def _record(self, study: optuna.Study, job: _InFlight, result: ProbeResult) -> None:
         limit = self.plan.config.vram_limit_bytes
+        prediction = self._predictions.pop(job.trial.number, {})
+        for key, value in prediction.items():
+            job.trial.set_user_attr(key, value)
+        if result.status == "ok" and prediction.get("predicted_raw_bytes"):
+            # the uncorrected prediction is what calibration compares against
+            raw = int(prediction["predicted_raw_bytes"])  # type: ignore[call-overload]
+            self._calibration.add(job.candidate, raw, result.peak_bytes)
         record_result(
             study,
             job.trial,

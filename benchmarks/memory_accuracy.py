@@ -6,7 +6,7 @@ tracker over initialisation and two optimizer steps; all candidates of a workloa
 torchrun launch) and predicted by ``autotune.memory.MemoryModel`` with no calibration.
 
 Reproduce:
-    python benchmarks/memory_accuracy.py                 # gpt-tiny and GPT-2 124M (seq 64)
+    python benchmarks/memory_accuracy.py                 # gpt-tiny and GPT-2 124M (seq 32)
     python benchmarks/memory_accuracy.py --workloads gpt-tiny
 
 Targets (issue 4): median relative error <= 5%, worst <= 15%, no candidate under-predicted
@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 WORKLOADS = {
     # name: (workload reference, global batch, micro-batches)
     "gpt-tiny": ("gpt-tiny", 16, (2, 4)),
-    "gpt2-seq64": (f"{HERE / 'workloads.py'}:gpt2_seq64", 4, (1, 2)),
+    "gpt2-seq32": (f"{HERE / 'workloads.py'}:gpt2_seq32", 4, (1, 2)),
 }
 
 
@@ -116,6 +116,7 @@ def main() -> int:
             errors.append(error)
             records.append(
                 {
+                    "candidate_json": candidate.model_dump(mode="json"),
                     "workload": name,
                     "candidate": candidate.label,
                     "predicted_bytes": predicted,

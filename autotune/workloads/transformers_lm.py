@@ -30,6 +30,16 @@ class CausalLMWorkload(Workload):
         self.tokens_per_sample = seq_len
         self.default_global_batch = default_global_batch
 
+    def _identity(self) -> tuple[object, ...]:
+        return (self.name, self._make_config, self.seq_len, self._layers)
+
+    def __eq__(self, other: object) -> bool:
+        # Equal workloads share cached traces (the memory model builds variants by depth).
+        return isinstance(other, CausalLMWorkload) and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
     def config(self) -> PretrainedConfig:
         config = self._make_config()
         if self._layers is not None:
@@ -74,9 +84,11 @@ class CausalLMWorkload(Workload):
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
         # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and frozen inputs.
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        enable = enable or model.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
 
     def describe(self) -> str:

@@ -1,0 +1,105 @@
+"""`autotune plan` without a GPU, and a study whose limit rules candidates out unprobed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def test_plan_llama_70b_on_this_cpu_machine(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune.cli",
+            "plan",
+            "--workload",
+            "llama-70b",
+            "--gpus",
+            "4",
+            "--vram",
+            "80GiB",
+            "--host-ram",
+            "2TiB",
+            "--all",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    peak_rss, started = 0, time.monotonic()
+    watched = psutil.Process(process.pid)
+    while process.poll() is None:
+        try:
+            peak_rss = max(peak_rss, watched.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    wall_s = time.monotonic() - started
+    out, err = process.communicate()
+    assert process.returncode == 0, err
+    assert "68.98B parameters" in out and "of 396 valid candidates fit" in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert len(rows) >= 396
+    fitting = [r for r in rows if r.startswith("│ yes")]
+    assert fitting, out[:3000]
+    assert all("z3" in r and "param:cpu" in r for r in fitting)  # 70B needs ZeRO-Infinity
+    assert any("z1 bf16" in r and "no (device)" in r for r in rows)
+    assert peak_rss < 4 * 2**30
+    print(f"plan llama-70b: {wall_s:.0f} s, peak RSS {peak_rss / 2**30:.2f} GiB")
+
+
+def test_tight_limit_prunes_without_probing(tmp_path: Path) -> None:
+    # ZeRO 1-3 hold DeepSpeed's 5e8-element reduce bucket (0.9-1.9 GiB): over 600 MiB.
+    result = run_cli(
+        "run",
+        "--workload",
+        "gpt-tiny",
+        "--gpus",
+        "2",
+        "--vram",
+        "600MiB",
+        "--budget",
+        "8m",
+        "--max-trials",
+        "2",
+        "--seed",
+        "3",
+        "--warmup-steps",
+        "2",
+        "--timed-steps",
+        "1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "infeasible, not probed: predicted peak" in result.stdout
+    study = optuna.load_study(
+        study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/trials/autotune.db"
+    )
+    trials = [t for t in study.get_trials() if "duplicate_of" not in t.user_attrs]
+    pruned = [t for t in trials if t.user_attrs.get("pruned_by") == "memory-model"]
+    probed = [t for t in trials if "probe_wall_s" in t.user_attrs]
+    assert len(probed) == 2 and len(pruned) >= 1 and len(trials) > len(probed)
+    for trial in pruned:
+        assert trial.state == optuna.trial.TrialState.PRUNED
+        assert trial.constraints["peak_over_limit_bytes"] > 0
+        assert trial.user_attrs["predicted_peak_bytes"] > 600 * 2**20 * 0.95
+        assert not Path(trial.user_attrs.get("trial_dir", tmp_path / "none")).exists()
+    for trial in probed:
+        # every probe stores its prediction next to what it measured
+        assert trial.user_attrs["predicted_peak_bytes"] > 0 and trial.user_attrs["peak_bytes"] > 0
+    best_label = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+    assert "predicted over the limit (memory-model), not probed" in best_label
+    exported = {t.user_attrs["label"] for t in pruned}
+    assert not any(f"# autotune: {label}\n" in best_label for label in exported)
