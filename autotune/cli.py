@@ -7,6 +7,7 @@ deepspeed, ray) are imported inside the commands, never at import of this module
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -26,7 +27,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-console = Console(highlight=False, soft_wrap=True)
+# Piped or captured output (CI logs, `| less`) is not cut to rich's 80-column default:
+# tables of candidates are wide and a wrapped header is unreadable. COLUMNS still wins.
+_PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 250
+console = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
 error_console = Console(stderr=True, highlight=False)
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
@@ -93,6 +97,14 @@ def run(
         str, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
     ] = "ray",
     probe_timeout: Annotated[str, typer.Option(help="Hard limit of one probe, e.g. 5m.")] = "5m",
+    cold_probes: Annotated[
+        bool,
+        typer.Option(
+            "--cold-probes",
+            help="Start every probe as a new launch (as DeepSpeed's autotuner does) instead of "
+            "keeping warm workers.",
+        ),
+    ] = False,
     no_prune: Annotated[
         bool, typer.Option("--no-prune", help="Probe even what the memory model rules out.")
     ] = False,
@@ -146,6 +158,7 @@ def run(
         warmup_steps=warmup_steps,
         timed_steps=timed_steps,
         prune=not no_prune,
+        warm_workers=not cold_probes,
         memory_margin=memory_margin,
         host_ram_bytes=None if host_ram == "auto" else parse_size(host_ram, flag="--host-ram"),
     )

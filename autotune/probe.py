@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import platform
-import resource
 import signal
 import sys
 import time
@@ -37,8 +37,11 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def _host_peak_bytes() -> int:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Resident memory of this rank now (called at the end of a probe, after the optimizer
+    states exist); a warm worker's lifetime maximum (ru_maxrss) would mix probes."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def _versions() -> dict[str, str]:
@@ -165,41 +168,87 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Probe each ``--spec`` in turn in this process (one launch, many candidates)."""
-    started = time.perf_counter()
-    parser = argparse.ArgumentParser(prog="python -m autotune.probe", description=__doc__)
-    parser.add_argument(
-        "--spec", required=True, type=Path, action="append", help="ProbeSpec JSON (repeatable)."
-    )
-    args = parser.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    for spec_path in args.spec:
-        spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
-        report = RankReport(rank=rank, status="ok")
-        try:
-            engine = run_rank(spec, report, started)
-        except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
-            report.status = "oom" if is_oom(exc) else "error"
-            report.error = _first_line(exc)
-            report.host_peak_bytes = _host_peak_bytes()
-            report.wall_s = time.perf_counter() - started
-            if report.status == "error":
-                import traceback
-
-                traceback.print_exc()
-            _write_report(report, spec_path.parent)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            # Peers may be blocked in a collective: skip interpreter teardown (which would
-            # abort in gloo/NCCL destructors) and let torchrun stop the other ranks.
-            os._exit(1)
+def probe_spec(spec_path: Path, started: float) -> None:
+    """Probe one spec and write this rank's report beside it. On failure the process
+    exits at once: peers may be blocked in a collective, interpreter teardown would abort
+    in gloo/NCCL destructors, and torchrun stops the other ranks."""
+    spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+    report = RankReport(rank=int(os.environ.get("RANK", "0")), status="ok", pid=os.getpid())
+    try:
+        engine = run_rank(spec, report, started)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+        report.status = "oom" if is_oom(exc) else "error"
+        report.error = _first_line(exc)
         report.host_peak_bytes = _host_peak_bytes()
         report.wall_s = time.perf_counter() - started
+        if report.status == "error":
+            import traceback
+
+            traceback.print_exc()
         _write_report(report, spec_path.parent)
-        _release(engine, spec.accelerator)
-        del engine
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    report.host_peak_bytes = _host_peak_bytes()
+    report.wall_s = time.perf_counter() - started
+    _write_report(report, spec_path.parent)
+    _release(engine, spec.accelerator)
+
+
+def serve(inbox: Path) -> None:
+    """Probe the jobs posted to ``inbox`` in order (``job-000001.json`` ...), until a job
+    says stop: a warm worker that pays interpreter start, imports and process-group set-up
+    once for many probes. Every rank reads the same job files, so all agree on the order;
+    each job's output goes to its own ``probe.log``."""
+    number = 1
+    while True:
+        job_path = inbox / f"job-{number:06d}.json"
+        while not job_path.exists():
+            time.sleep(0.02)
+        job = json.loads(job_path.read_text(encoding="utf-8"))
+        if job.get("stop"):
+            return
+        spec_path = Path(job["spec"])
         started = time.perf_counter()
+        with _output_to(spec_path.parent / "probe.log"):
+            probe_spec(spec_path, started)
+        number += 1
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Any:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Probe each ``--spec`` in turn, or serve the jobs of ``--serve INBOX``."""
+    started = time.perf_counter()
+    parser = argparse.ArgumentParser(prog="python -m autotune.probe", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", type=Path, action="append", help="ProbeSpec JSON (repeatable).")
+    source.add_argument("--serve", type=Path, help="Inbox folder of a warm worker.")
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve)
+    else:
+        for spec_path in args.spec:
+            probe_spec(spec_path, started)
+            started = time.perf_counter()
     _leave_process_group()
     return 0
 

@@ -55,6 +55,7 @@ class RankReport(BaseModel):
     warmup_s: float = 0.0
     wall_s: float = 0.0
     threads: int = 0
+    pid: int = Field(default=0, description="The rank's process id (a warm worker keeps it).")
     versions: dict[str, str] = Field(default_factory=dict)
 
 
@@ -136,22 +137,23 @@ def aggregate(
             error=f"probe did not finish within its timeout ({wall_s:.0f} s); killed",
             **common,
         )
-    if errors:
+    missing = sorted(set(range(world_size)) - {r.rank for r in reports})
+    if errors and not missing:
         return ProbeResult(
             status="error", error=f"rank {errors[0].rank}: {errors[0].error}", **common
         )
-    if len(reports) < world_size or exit_code not in (0, None):
-        missing = sorted(set(range(world_size)) - {r.rank for r in reports})
-        cause = torchrun_root_cause(log_tail) or _last_line(log_tail)
-        return ProbeResult(
-            status="error",
-            error=(
-                f"probe exited with code {exit_code}"
-                + (f"; rank(s) {missing} wrote no report" if missing else "")
-                + (f"; {cause}" if cause else "")
-            ),
-            **common,
-        )
+    if missing or exit_code not in (0, None):
+        # A rank that wrote no report died first (a crash, a kill); the errors of the others
+        # (a broken connection) are consequences, named after it.
+        cause = torchrun_root_cause(log_tail) or ("" if errors else _last_line(log_tail))
+        parts = [f"probe exited with code {exit_code}"]
+        if missing:
+            parts.append(f"rank(s) {missing} wrote no report")
+        if cause:
+            parts.append(cause)
+        if errors:
+            parts.append(f"then rank {errors[0].rank}: {errors[0].error}")
+        return ProbeResult(status="error", error="; ".join(parts)[:1000], **common)
     # Ranks step in lockstep (collectives); the slowest rank's time is the step's time.
     step_times = [max(times) for times in zip(*(r.step_times_s for r in reports), strict=True)]
     median_step = statistics.median(step_times)

@@ -150,6 +150,10 @@ class RunSettings(BaseModel):
     executor: Executor = Field(
         default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
     )
+    warm_workers: bool = Field(
+        default=True,
+        description="Keep probe process groups alive between probes (cold: one launch each).",
+    )
     probe_timeout_s: PositiveFloat = Field(
         default=300.0, description="Hard wall-clock limit of one probe, launch to exit."
     )

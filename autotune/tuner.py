@@ -320,7 +320,7 @@ class Tuner:
     def _submit(
         self, executor: Executor, study: optuna.Study, trial: optuna.Trial, candidate: Candidate
     ) -> tuple[int, _InFlight]:
-        from autotune.executor import ProbeJob
+        from autotune.launch import ProbeJob
         from autotune.protocol import ProbeSpec
 
         plan = self.plan
@@ -440,4 +440,5 @@ def default_executor(plan: Plan) -> Executor:
         devices_per_probe=plan.config.gpus_per_trial,
         cuda=plan.hardware.accelerator == "cuda",
         cpu_count=plan.hardware.cpu_count,
+        warm=plan.settings.warm_workers,
     )

@@ -49,7 +49,7 @@ def candidates(global_batch: int, micro_batches: tuple[int, ...]):
 
 
 def measure(ref: str, batch: int, mbs: tuple[int, ...], root: Path) -> list[tuple]:
-    from autotune.executor import ProbeJob, launch_probes
+    from autotune.launch import ProbeJob, launch_probes
     from autotune.memory import MemoryModel
     from autotune.protocol import ProbeSpec
     from autotune.workloads import get_workload

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.executor import ProbeJob, launch_probes
 from autotune.hardware import async_io_problem, detect
+from autotune.launch import ProbeJob, launch_probes
 from autotune.protocol import ProbeSpec
 from autotune.space import combination_problem
 

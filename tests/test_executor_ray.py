@@ -1,4 +1,5 @@
-"""The Ray executor: a probe as a Ray core task, production threading, cancellation."""
+"""The Ray executor: a slot is a Ray actor with a warm probe worker; production threading,
+reuse of the warm ranks, cancellation and close leave no process behind."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.executor import RayExecutor
+from autotune.protocol import RankReport
 from tests.conftest import probe_processes
 from tests.test_probe import make_job
 
@@ -23,26 +25,55 @@ def _wait_result(executor: RayExecutor, timeout_s: float):
     raise AssertionError("no result")
 
 
-def test_probe_runs_as_ray_task_with_production_threads(ray_cluster, tmp_path: Path) -> None:
+def _rank_pids(trial_dir: Path) -> set[int]:
+    reports = [RankReport.model_validate_json(p.read_text()) for p in trial_dir.glob("rank-*")]
+    return {report.pid for report in reports}
+
+
+def _wait_no_probe(timeout_s: float) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while probe_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return probe_processes()
+
+
+def test_warm_actor_reuses_its_ranks_with_production_threads(ray_cluster, tmp_path: Path) -> None:
     executor = RayExecutor(total_devices=2, devices_per_probe=2, cuda=False, cpu_count=2)
-    assert executor.capacity == 1
-    job = make_job(tmp_path).model_copy(update={"threads_per_rank": 2})
-    executor.submit(job)
-    result = _wait_result(executor, 300)
-    assert result.status == "ok", result.error + result.log_tail
-    # Ray exports OMP_NUM_THREADS=<num_cpus of the task>; the probe overrides it.
-    assert result.threads_per_rank == 2
+    try:
+        assert executor.capacity == 1
+        first_job = make_job(tmp_path).model_copy(
+            update={"threads_per_rank": 2, "trial_dir": str(tmp_path / "a")}
+        )
+        executor.submit(first_job)
+        first = _wait_result(executor, 300)
+        assert first.status == "ok", first.error + first.log_tail
+        # Ray exports OMP_NUM_THREADS=<num_cpus of the task>; the probe overrides it.
+        assert first.threads_per_rank == 2
+        executor.submit(first_job.model_copy(update={"trial_dir": str(tmp_path / "b")}))
+        second = _wait_result(executor, 300)
+        assert second.status == "ok", second.error + second.log_tail
+        # The second probe ran in the ranks the first one started: no new interpreter,
+        # no second import of torch and deepspeed (each costs seconds on this machine).
+        assert _rank_pids(tmp_path / "a") == _rank_pids(tmp_path / "b")
+        assert len(_rank_pids(tmp_path / "b")) == 2
+    finally:
+        executor.close()
+    assert _wait_no_probe(30) == []
 
 
 def test_cancel_kills_the_probe_processes(ray_cluster, tmp_path: Path) -> None:
     executor = RayExecutor(total_devices=2, devices_per_probe=2, cuda=False, cpu_count=2)
-    executor.submit(make_job(tmp_path, fault="hang", timeout_s=300))
-    deadline = time.monotonic() + 60
-    while len(probe_processes()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert len(probe_processes()) >= 3  # torchrun agent + 2 ranks
-    executor.cancel_all()
-    deadline = time.monotonic() + 20
-    while probe_processes() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert probe_processes() == []
+    try:
+        executor.submit(make_job(tmp_path, fault="hang", timeout_s=300))
+        deadline = time.monotonic() + 90
+        while len(probe_processes()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(probe_processes()) >= 3  # torchrun agent + 2 ranks
+        executor.cancel_all()
+        assert _wait_no_probe(30) == []
+        # The cancelled probe comes back as a result, not as a lost ticket.
+        result = _wait_result(executor, 30)
+        assert result.status in ("error", "timeout")
+    finally:
+        executor.close()
+    assert _wait_no_probe(30) == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.executor import ProbeJob, launch_probe
+from autotune.launch import ProbeJob, launch_probe
 from autotune.protocol import ProbeSpec
 from tests.conftest import probe_processes
 

@@ -57,8 +57,18 @@ def test_oom_on_one_rank_wins_over_everything() -> None:
 
 def test_timeout_and_error() -> None:
     assert _fold([], exit_code=None, timed_out=True).status == "timeout"
-    error = _fold([RankReport(rank=0, status="error", error="boom")], exit_code=1)
+    both = [
+        RankReport(rank=1, status="error", error="bang"),
+        RankReport(rank=0, status="error", error="boom"),
+    ]
+    error = _fold(both, exit_code=1)
     assert (error.status, error.error) == ("error", "rank 0: boom")
+    # One rank reported an error, the other died without a report: the dead one is the
+    # cause, the survivor's error is named after it.
+    partial = _fold([RankReport(rank=0, status="error", error="boom")], exit_code=1)
+    assert partial.status == "error"
+    assert partial.error.startswith("probe exited with code 1; rank(s) [1] wrote no report")
+    assert partial.error.endswith("then rank 0: boom")
 
 
 def test_crash_names_the_rank_from_torchrun() -> None:

@@ -1,0 +1,242 @@
+"""Launching probe ranks: the command, the environment, signals, and one-shot launches.
+
+:func:`launch_probes` starts ``torchrun --standalone -m autotune.probe --spec ...`` in its
+own process group under a hard timeout and turns whatever happened into
+:class:`~autotune.protocol.ProbeResult` s. Warm workers (:mod:`autotune.worker`) use the same
+command and environment with ``--serve``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.hardware import torch_extensions_dir
+from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
+
+LOG_TAIL_CHARS = 4000
+KILL_GRACE_S = 5.0
+
+
+class ProbeJob(BaseModel):
+    """A probe plus where and how to launch it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec: ProbeSpec
+    trial_dir: str = Field(description="Absolute folder for spec, rank reports and the log.")
+    world_size: int = Field(description="Ranks (devices) of the probe.")
+    timeout_s: float = Field(description="Hard limit, launch to exit.")
+    threads_per_rank: int = Field(description="OMP/MKL threads of each rank, as in production.")
+    cwd: str = Field(description="Working directory (the driver's), for user workload paths.")
+
+
+def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
+    """The environment of a probe: production threading, the accelerator, quiet libraries."""
+    env = dict(os.environ)
+    threads = str(job.threads_per_rank)
+    # A Ray task exports OMP_NUM_THREADS=<its num_cpus>; the probe must instead run with the
+    # threading production has, or its throughput is not the production throughput.
+    env.update(
+        OMP_NUM_THREADS=threads,
+        MKL_NUM_THREADS=threads,
+        PYTHONUNBUFFERED="1",
+        TRANSFORMERS_VERBOSITY="error",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [job.cwd, env.get("PYTHONPATH")]))
+    env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    if job.spec.accelerator == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        # Without LOCAL_SIZE DeepSpeed's CPU backend skips its shared-memory all-reduce, which
+        # only inference uses and which leaves 69 MB per rank in /dev/shm when a probe is
+        # killed; training collectives go through gloo either way.
+        env.pop("LOCAL_SIZE", None)
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
+    return env
+
+
+# Ray workers ignore SIGCHLD and block SIGINT; children inherit both across exec, and then
+# torchrun cannot reap its ranks (py-cpuinfo's helper process, spawned inside
+# deepspeed.initialize, hung forever that way). This prelude restores the defaults, then
+# execs torchrun.
+_CLEAN_SIGNALS_EXEC = (
+    "import os, signal, sys; "
+    "signal.signal(signal.SIGCHLD, signal.SIG_DFL); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+    "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
+)
+
+
+def restore_child_signals() -> None:
+    """Let this process reap its children again.
+
+    A process that runs Ray (the driver after ``ray.init``, every Ray worker) has SIGCHLD
+    ignored at the OS level, where Python's ``signal.getsignal`` does not see it; its
+    children inherit that. ``Popen.wait`` then gets ECHILD and reports exit code 0, and
+    py-cpuinfo's helper (run inside DeepSpeed's op loader) hangs. Only the main thread may
+    set handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
+    """``torchrun`` of ``python -m autotune.probe PROBE_ARGS`` on the job's ranks."""
+    return [
+        sys.executable,
+        "-c",
+        _CLEAN_SIGNALS_EXEC,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={job.world_size}",
+        "--max-restarts=0",
+        "-m",
+        "autotune.probe",
+        *probe_args,
+    ]
+
+
+def launch_probe(job: ProbeJob, visible_devices: str | None = None) -> ProbeResult:
+    """Run one probe to completion or timeout; never raises for what the probe did."""
+    return launch_probes([job], visible_devices)[0]
+
+
+def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> list[ProbeResult]:
+    """Probe several candidates in one torchrun launch, one after the other.
+
+    The ranks pay interpreter start, imports and process-group set-up once for all of them.
+    The jobs must share world size, working directory and threads; the launch's timeout is
+    the sum of theirs. If a candidate fails, the ranks exit and later candidates are
+    reported as not probed.
+    """
+    first = jobs[0]
+    if any(
+        (j.world_size, j.cwd, j.threads_per_rank)
+        != (first.world_size, first.cwd, first.threads_per_rank)
+        for j in jobs
+    ):
+        raise ValueError("jobs launched together must share world size, cwd and threads")
+    restore_child_signals()
+    spec_paths = [prepare_trial_dir(job) for job in jobs]
+    log_path = Path(first.trial_dir) / "probe.log"
+    timeout_s = sum(job.timeout_s for job in jobs)
+    started = time.perf_counter()
+    timed_out = False
+    with open(log_path, "wb") as log:
+        try:
+            process = subprocess.Popen(
+                probe_command(first, [a for p in spec_paths for a in ("--spec", str(p))]),
+                env=probe_env(first, visible_devices),
+                cwd=first.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: killed as one
+            )
+        except OSError as exc:
+            return [ProbeResult(status="error", error=f"cannot start torchrun: {exc}")] * len(jobs)
+        try:
+            exit_code: int | None = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            exit_code = None
+            kill_process_group(process)
+        except BaseException:
+            kill_process_group(process)
+            raise
+        finally:
+            # Ranks that outlived torchrun (e.g. after a crash) die with the group.
+            signal_group(process.pid, signal.SIGKILL)
+    wall_s = time.perf_counter() - started
+    log_tail = read_tail(log_path)
+    results: list[ProbeResult] = []
+    for job in jobs:
+        reports = read_reports(job)
+        if not reports and results and results[-1].status != "ok":
+            results.append(
+                ProbeResult(
+                    status="error",
+                    error="not probed: the launch stopped at an earlier candidate",
+                    exit_code=exit_code,
+                    log_tail=log_tail,
+                )
+            )
+            continue
+        results.append(
+            aggregate(
+                job.spec,
+                reports,
+                world_size=job.world_size,
+                exit_code=exit_code,
+                timed_out=timed_out,
+                wall_s=wall_s if len(jobs) == 1 else max((r.wall_s for r in reports), default=0),
+                log_tail=log_tail,
+            )
+        )
+    return results
+
+
+def prepare_trial_dir(job: ProbeJob) -> Path:
+    """Write the job's spec and DeepSpeed config into its trial folder; return the spec."""
+    trial_dir = Path(job.trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    for stale in trial_dir.glob("rank-*.json"):
+        stale.unlink()
+    spec_path = trial_dir / "spec.json"
+    spec_path.write_text(job.spec.model_dump_json(indent=1), encoding="utf-8")
+    (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.ds_config), encoding="utf-8")
+    return spec_path
+
+
+def read_reports(job: ProbeJob) -> list[RankReport]:
+    """The rank reports written so far in the job's trial folder."""
+    reports = []
+    for path in sorted(Path(job.trial_dir).glob("rank-*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            reports.append(RankReport.model_validate_json(path.read_text(encoding="utf-8")))
+    return reports
+
+
+def kill_process_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the probe's process group, then SIGKILL it after a grace period."""
+    signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def read_tail(path: Path, limit: int = LOG_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            size = log.tell()
+            log.seek(max(0, size - limit))
+            return log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _json_dump(data: object) -> str:
+    import json
+
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

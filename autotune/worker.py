@@ -1,0 +1,170 @@
+"""A warm probe worker: one torchrun process group that probes candidates one after another.
+
+A cold probe pays interpreter start, imports of torch, DeepSpeed and transformers, and
+process-group set-up (about 20 s of the ~25 s a gpt-tiny trial took here) for a second of
+timed steps. A :class:`WarmWorker` keeps ``python -m autotune.probe --serve INBOX`` running
+under torchrun and posts each job as a file; the ranks build, initialise, step and release
+one candidate after the other. A failed, hung or cancelled probe kills the whole group (its
+ranks may be stuck in a collective, or hold a broken device); the next job starts a fresh
+one. So isolation is the same as a cold probe's where it matters, and the start-up cost is
+paid once per failure instead of once per probe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from autotune.launch import (
+    ProbeJob,
+    kill_process_group,
+    prepare_trial_dir,
+    probe_command,
+    probe_env,
+    read_reports,
+    read_tail,
+    restore_child_signals,
+)
+from autotune.protocol import ProbeResult, aggregate
+
+POLL_S = 0.05
+
+
+class WarmWorker:
+    """Runs jobs of one shape (ranks, threads, devices, working folder) in a kept group."""
+
+    def __init__(self, visible_devices: str | None = None) -> None:
+        self.visible_devices = visible_devices
+        self._home = Path(tempfile.mkdtemp(prefix="autotune-worker-"))
+        self._process: subprocess.Popen[bytes] | None = None
+        self._shape: tuple[object, ...] | None = None
+        self._posted = 0
+        self._cancel = threading.Event()
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _start(self, job: ProbeJob) -> None:
+        restore_child_signals()
+        inbox = self._home / f"inbox-{time.monotonic_ns()}"
+        inbox.mkdir()
+        self._inbox, self._posted = inbox, 0
+        self._log = open(self._home / "torchrun.log", "ab")  # noqa: SIM115 - lives with the group
+        self._process = subprocess.Popen(
+            probe_command(job, ["--serve", str(inbox)]),
+            env=probe_env(job, self.visible_devices),
+            cwd=job.cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self._shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+
+    def _post(self, message: dict[str, object]) -> None:
+        self._posted += 1
+        path = self._inbox / f"job-{self._posted:06d}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(message), encoding="utf-8")
+        os.replace(tmp, path)  # ranks never read half a job
+
+    def _kill(self) -> None:
+        if self._process is not None:
+            kill_process_group(self._process)
+            self._process = None
+            self._log.close()
+
+    def run(self, job: ProbeJob) -> ProbeResult:
+        """Probe one job; never raises for what the probe did."""
+        with self._lock:
+            self._cancel.clear()
+            shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+            if not self._alive() or shape != self._shape:
+                self._kill()
+                self._start(job)
+            assert self._process is not None
+            spec_path = prepare_trial_dir(job)
+            started = time.perf_counter()
+            log_start = self._log.tell() if not self._log.closed else 0
+            self._post({"spec": str(spec_path)})
+            deadline = started + job.timeout_s
+            timed_out = cancelled = False
+            while True:
+                reports = read_reports(job)
+                done = len(reports) >= job.world_size
+                failed = any(r.status != "ok" for r in reports)
+                if done and not failed:
+                    break
+                if self._process.poll() is not None:
+                    break
+                if time.perf_counter() > deadline:
+                    timed_out = True
+                    break
+                if self._cancel.is_set():
+                    cancelled = True
+                    break
+                time.sleep(POLL_S)
+            healthy = done and not failed and not timed_out and not cancelled
+            exit_code: int | None = 0 if healthy else self._process.poll()
+            if not healthy:
+                # give the failing rank's peers a moment to be torn down by torchrun
+                if failed and not timed_out:
+                    try:
+                        exit_code = self._process.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        exit_code = None
+                self._kill()
+            wall_s = time.perf_counter() - started
+            log_tail = read_tail(Path(job.trial_dir) / "probe.log")
+            if not healthy:
+                log_tail += _tail_since(self._home / "torchrun.log", log_start)
+            result = aggregate(
+                job.spec,
+                read_reports(job),
+                world_size=job.world_size,
+                exit_code=exit_code,
+                timed_out=timed_out,
+                wall_s=wall_s,
+                log_tail=log_tail,
+            )
+            if cancelled:
+                result = result.model_copy(
+                    update={"status": "error", "error": "cancelled: the run was interrupted"}
+                )
+            return result
+
+    def cancel(self) -> None:
+        """Make a running :meth:`run` kill the group and return (thread-safe)."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        """Stop the group (asking first) and remove the inbox."""
+        if self._alive():
+            self._post({"stop": True})
+            try:
+                assert self._process is not None
+                self._process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+        shutil.rmtree(self._home, ignore_errors=True)
+
+
+def _tail_since(path: Path, offset: int, limit: int = 3000) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            return log.read()[-limit:].decode("utf-8", errors="replace")
+    except OSError:
+        return ""
