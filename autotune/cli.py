@@ -55,18 +55,19 @@ def run(
         str | None,
         typer.Option(help="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function."),
     ] = None,
-    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
-        "default"
-    ),
+    space: Annotated[
+        str | None, typer.Option(help="Search space: a YAML path or a built-in name [default].")
+    ] = None,
     gpus: Annotated[
-        int, typer.Option(help="Devices the study may use (CPU ranks without GPUs).")
-    ] = 1,
+        int | None, typer.Option(help="Devices the study may use (CPU ranks without GPUs) [1].")
+    ] = None,
     gpus_per_trial: Annotated[
         int | None, typer.Option(help="Devices one probe uses (default: all of --gpus).")
     ] = None,
     vram: Annotated[
-        str, typer.Option(help="Memory limit per device, e.g. 80GiB, or 'auto' (device memory).")
-    ] = "auto",
+        str | None,
+        typer.Option(help="Memory limit per device, e.g. 80GiB, or 'auto' (device memory) [auto]."),
+    ] = None,
     global_batch: Annotated[
         str | None,
         typer.Option(
@@ -84,19 +85,29 @@ def run(
     nvme_path: Annotated[
         Path | None, typer.Option(help="Folder on an NVMe disk, for nvme offload candidates.")
     ] = None,
-    budget: Annotated[str, typer.Option(help="Wall-clock budget: 90s, 30m, 2h, 1h30m.")] = "30m",
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            help="The study's total wall-clock budget: 90s, 30m, 2h, 1h30m. A new study gets "
+            "30m; a continued one keeps what is left of its own unless given a new total."
+        ),
+    ] = None,
     max_trials: Annotated[
         int | None, typer.Option(help="Stop after this many new candidates are probed.")
     ] = None,
     study: Annotated[
-        str | None, typer.Option(help="Study name (default: the workload's name).")
+        str | None,
+        typer.Option(help="Study name (default: the workload's name); an existing one continues."),
     ] = None,
     storage: StorageOption = DEFAULT_STORAGE,
     seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
     executor: Annotated[
-        str, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
-    ] = "ray",
-    probe_timeout: Annotated[str, typer.Option(help="Hard limit of one probe, e.g. 5m.")] = "5m",
+        str | None, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
+    ] = None,
+    probe_timeout: Annotated[
+        str | None,
+        typer.Option(help="Hard limit of one probe, e.g. 5m (default: derived from the workload)."),
+    ] = None,
     cold_probes: Annotated[
         bool,
         typer.Option(
@@ -109,60 +120,107 @@ def run(
         bool, typer.Option("--no-prune", help="Probe even what the memory model rules out.")
     ] = False,
     memory_margin: Annotated[
-        float,
-        typer.Option(help="Prune above the limit minus this share of it (0.05 = 5%)."),
-    ] = 0.05,
+        float | None,
+        typer.Option(help="Prune above the limit minus this share of it [0.05 = 5%]."),
+    ] = None,
     host_ram: Annotated[
-        str, typer.Option(help="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's).")
-    ] = "auto",
+        str | None,
+        typer.Option(help="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's) [auto]."),
+    ] = None,
     warmup_steps: Annotated[
-        int, typer.Option(help="Untimed optimizer steps per probe (memory is traced there).")
-    ] = 2,
-    timed_steps: Annotated[int, typer.Option(help="Timed optimizer steps per probe.")] = 5,
+        int | None, typer.Option(help="Untimed optimizer steps per probe [2].")
+    ] = None,
+    timed_steps: Annotated[
+        int | None, typer.Option(help="Timed optimizer steps per probe [5].")
+    ] = None,
     trials_dir: Annotated[
-        Path, typer.Option(help="Folder for per-trial logs and the exported config.")
-    ] = Path("trials"),
+        Path | None, typer.Option(help="Folder for per-trial logs and the export [trials].")
+    ] = None,
     inject_fault: Annotated[
         str,
         typer.Option(hidden=True, help="Testing only: make every probe fail this way."),
     ] = "none",
 ) -> None:
-    """Search the space for the fastest configuration that fits, by real probes."""
-    from autotune.plan import plan_run
-    from autotune.tuner import Tuner
+    """Search the space for the fastest configuration that fits, by real probes.
 
-    if workload is None:
-        raise AutotuneError("--workload is required, e.g. --workload gpt-tiny")
-    if executor not in ("ray", "local"):
-        raise AutotuneError(f"--executor {executor}: choose 'ray' or 'local'")
+    An existing study continues: flags not given are taken from the study, the budget is
+    what the study has left, and interrupted probes are run again once."""
+    from autotune.plan import plan_run
+    from autotune.study import stored_run_flags
+    from autotune.tuner import Tuner
+    from autotune.workloads import workload_study_name
+
     if inject_fault not in ("none", "oom", "error", "crash", "hang"):
         raise AutotuneError(f"--inject-fault {inject_fault}: none, oom, error, crash or hang")
+    given: dict[str, object] = {
+        "workload": workload,
+        "space": str(Path(space).resolve()) if space and Path(space).is_file() else space,
+        "gpus": gpus,
+        "gpus_per_trial": gpus_per_trial,
+        "vram": vram,
+        "global_batch": global_batch,
+        "max_global_batch": max_global_batch,
+        "base_config": None if base_config is None else str(base_config.resolve()),
+        "nvme_path": None if nvme_path is None else str(nvme_path.resolve()),
+        "seed": seed,
+        "executor": executor,
+        "probe_timeout": probe_timeout,
+        "memory_margin": memory_margin,
+        "host_ram": host_ram,
+        "warmup_steps": warmup_steps,
+        "timed_steps": timed_steps,
+        "trials_dir": None if trials_dir is None else str(trials_dir.resolve()),
+        "cold_probes": cold_probes or None,
+        "no_prune": no_prune or None,
+    }
+    if study is None and workload is None:
+        raise AutotuneError(
+            "--workload is required for a new study (e.g. --workload gpt-tiny); to continue a "
+            "study, pass --study NAME"
+        )
+    study_name = study or workload_study_name(workload or "")
+    stored = stored_run_flags(storage, study_name)
+    if not stored and workload is None:
+        raise AutotuneError(
+            f"--study {study_name}: no such study in {storage} to continue; start it with "
+            "--workload W (and the other flags)"
+        )
+    flags = {**RUN_FLAG_DEFAULTS, **stored, **{k: v for k, v in given.items() if v is not None}}
+    if flags["executor"] not in ("ray", "local"):
+        raise AutotuneError(f"--executor {flags['executor']}: choose 'ray' or 'local'")
     settings = RunSettings.build(
-        workload=workload,
-        space=space,
-        gpus=gpus,
-        gpus_per_trial=gpus_per_trial,
-        vram_limit_bytes=None if vram == "auto" else parse_size(vram, flag="--vram"),
-        global_batch=_parse_global_batch(global_batch),
-        max_global_batch=max_global_batch,
-        base_config=base_config,
-        nvme_path=nvme_path,
-        budget_s=parse_duration(budget, flag="--budget"),
+        workload=flags["workload"],
+        space=space or flags["space"],  # as typed, for messages; the study stores it resolved
+        gpus=flags["gpus"],
+        gpus_per_trial=flags["gpus_per_trial"],
+        vram_limit_bytes=_size_or_auto(flags["vram"], "--vram"),
+        global_batch=_parse_global_batch(flags["global_batch"]),
+        max_global_batch=flags["max_global_batch"],
+        base_config=base_config or flags["base_config"],
+        nvme_path=nvme_path or flags["nvme_path"],
+        budget_s=None if budget is None else parse_duration(budget, flag="--budget"),
         max_trials=max_trials,
-        study_name=study,
+        study_name=study_name,
         storage_url=storage,
-        seed=seed,
-        executor=executor,
-        probe_timeout_s=parse_duration(probe_timeout, flag="--probe-timeout"),
-        trials_dir=trials_dir,
-        warmup_steps=warmup_steps,
-        timed_steps=timed_steps,
-        prune=not no_prune,
-        warm_workers=not cold_probes,
-        memory_margin=memory_margin,
-        host_ram_bytes=None if host_ram == "auto" else parse_size(host_ram, flag="--host-ram"),
+        seed=flags["seed"],
+        executor=flags["executor"],
+        probe_timeout_s=None
+        if flags["probe_timeout"] is None
+        else parse_duration(flags["probe_timeout"], flag="--probe-timeout"),
+        trials_dir=trials_dir or flags["trials_dir"],
+        warmup_steps=flags["warmup_steps"],
+        timed_steps=flags["timed_steps"],
+        prune=not flags["no_prune"],
+        warm_workers=not flags["cold_probes"],
+        memory_margin=flags["memory_margin"],
+        host_ram_bytes=_size_or_auto(flags["host_ram"], "--host-ram"),
     )
     plan = plan_run(settings)
+    if stored:
+        inherited = sorted(
+            k for k in stored if given.get(k) is None and stored[k] not in (None, False)
+        )
+        console.print(f"continuing study {study_name!r} with its flags ({', '.join(inherited)})")
     console.print(plan.hardware.describe(settings.gpus))
     batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
     console.print(
@@ -172,12 +230,12 @@ def run(
     )
     for note in plan.notes:
         console.print(f"note: {note}")
-    tuner = Tuner(plan, log=console.print, fault=inject_fault)
+    tuner = Tuner(plan, log=console.print, fault=inject_fault, run_flags=flags)
     summary = tuner.run()
     console.print(
         f"stopped: {summary.stop_reason or 'done'}; {summary.probes} probe(s) in "
-        f"{summary.elapsed_s:.0f} s, {summary.pruned} candidate(s) ruled out by the memory "
-        f"model, {summary.duplicates} duplicate proposal(s) skipped"
+        f"{summary.elapsed_s:.0f} s, {summary.pruned} candidate(s) ruled out without a probe, "
+        f"{summary.duplicates} duplicate proposal(s) skipped"
     )
     if summary.export_path:
         console.print(
@@ -189,6 +247,33 @@ def run(
         console.print(f"exported: {summary.export_path} (with launch.sh and summary.md beside it)")
     if summary.stop_reason == "interrupted":
         raise typer.Exit(130)
+
+
+# What a new study gets for a flag not given (a continued study keeps its own).
+RUN_FLAG_DEFAULTS: dict[str, object] = {
+    "space": "default",
+    "gpus": 1,
+    "gpus_per_trial": None,
+    "vram": "auto",
+    "global_batch": None,
+    "max_global_batch": None,
+    "base_config": None,
+    "nvme_path": None,
+    "seed": None,
+    "executor": "ray",
+    "probe_timeout": None,
+    "memory_margin": 0.05,
+    "host_ram": "auto",
+    "warmup_steps": 2,
+    "timed_steps": 5,
+    "trials_dir": "trials",
+    "cold_probes": False,
+    "no_prune": False,
+}
+
+
+def _size_or_auto(text: object, flag: str) -> int | None:
+    return None if text in (None, "auto") else parse_size(str(text), flag=flag)
 
 
 @app.command()

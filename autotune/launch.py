@@ -70,13 +70,39 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
 # torchrun cannot reap its ranks (py-cpuinfo's helper process, spawned inside
 # deepspeed.initialize, hung forever that way). This prelude restores the defaults, then
 # execs torchrun.
+#
+# It also asks the kernel to SIGKILL torchrun when the process that started it dies (a
+# driver killed with -9, a Ray actor torn down): a warm group must not outlive its driver.
+# The ranks do the same for torchrun (autotune.probe), so the whole tree goes.
 _CLEAN_SIGNALS_EXEC = (
     "import os, signal, sys; "
+    "from autotune.launch import die_with_parent; die_with_parent(); "
     "signal.signal(signal.SIGCHLD, signal.SIG_DFL); "
     "signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "signal.pthread_sigmask(signal.SIG_SETMASK, []); "
     "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
 )
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this process when its parent thread ends (Linux only).
+
+    prctl(PR_SET_PDEATHSIG) survives exec. If the parent is already gone (re-parented to
+    init or a subreaper before the call), exit at once.
+    """
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the timeouts still bound a probe
+        return
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
 
 
 def restore_child_signals() -> None:
@@ -148,6 +174,7 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
             )
         except OSError as exc:
             return [ProbeResult(status="error", error=f"cannot start torchrun: {exc}")] * len(jobs)
+        track_group(process.pid)
         try:
             exit_code: int | None = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -160,6 +187,7 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
         finally:
             # Ranks that outlived torchrun (e.g. after a crash) die with the group.
             signal_group(process.pid, signal.SIGKILL)
+            untrack_group(process.pid)
     wall_s = time.perf_counter() - started
     log_tail = read_tail(log_path)
     results: list[ProbeResult] = []
@@ -210,6 +238,25 @@ def read_reports(job: ProbeJob) -> list[RankReport]:
     return reports
 
 
+# Process groups of this process's live probes, for a last-resort kill (a second Ctrl-C
+# exits at once, without waiting for the executor's orderly cancel).
+_LIVE_GROUPS: set[int] = set()
+
+
+def track_group(pgid: int) -> None:
+    _LIVE_GROUPS.add(pgid)
+
+
+def untrack_group(pgid: int) -> None:
+    _LIVE_GROUPS.discard(pgid)
+
+
+def kill_all_groups() -> None:
+    """SIGKILL every live probe group this process started (async-signal tolerant)."""
+    for pgid in list(_LIVE_GROUPS):
+        signal_group(pgid, signal.SIGKILL)
+
+
 def kill_process_group(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM the probe's process group, then SIGKILL it after a grace period."""
     signal_group(process.pid, signal.SIGTERM)
@@ -218,6 +265,7 @@ def kill_process_group(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         signal_group(process.pid, signal.SIGKILL)
         process.wait()
+    untrack_group(process.pid)
 
 
 def signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -31,6 +31,7 @@ class Plan:
     study_name: str
     config: StudyConfig
     trials_dir: Path
+    probe_timeout_s: float = 300.0
     notes: list[str] = field(default_factory=list)
 
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
@@ -152,6 +153,11 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         threads_per_rank=hardware.threads_per_rank(settings.gpus),
     )
     study_name = settings.study_name or workload_study_name(settings.workload)
+    trials_dir = settings.trials_dir.resolve() / study_name
+    check_writable(settings.trials_dir, flag="--trials-dir")
+    probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
+        workload, hardware, global_batch or settings.max_global_batch or 1, per_trial, settings
+    )
     return Plan(
         settings=settings,
         hardware=hardware,
@@ -160,9 +166,57 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         space=bound,
         study_name=study_name,
         config=config,
-        trials_dir=settings.trials_dir.resolve() / study_name,
+        trials_dir=trials_dir,
+        probe_timeout_s=probe_timeout_s,
         notes=notes,
     )
+
+
+def check_writable(folder: Path, *, flag: str) -> None:
+    """Fail before anything runs if ``folder`` cannot take the run's files (a read-only
+    mount, a full disk, a file in the way); root ignores permission bits, so try a write."""
+    import errno
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".autotune-write-check-") as probe:
+            probe.write(b"x" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise SettingsError(
+            f"{flag} {folder}: cannot write there ({why}); make it writable, free space, or "
+            f"pass {flag} OTHER_FOLDER"
+        ) from None
+
+
+# Seconds a probe may spend before its first step: interpreter, imports, process group,
+# model build, deepspeed.initialize. Measured cold on this project's 2-core CPU machines at
+# ~25 s for gpt-tiny; the margin covers slow shared filesystems and busy hosts.
+PROBE_START_S = 120.0
+# A conservative training rate per device (FLOP/s): far below an H100's bf16 peak and an
+# AVX2 core's fp32 peak, so a healthy probe is never cut off.
+_RATE_FLOP_S = {"cuda": 20e12, "cpu": 2e9}
+
+
+def derived_probe_timeout_s(
+    workload: Workload, hardware: Hardware, global_batch: int, ranks: int, settings: RunSettings
+) -> float:
+    """The default ``--probe-timeout``: start-up plus every probe step at a pessimistic
+    rate, times 4 for offload and recomputation. Training costs ~6 FLOPs per parameter and
+    token (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1)."""
+    from autotune.memory import model_facts
+
+    params = model_facts(workload, 0).params
+    flops_per_rank_step = 6 * params * workload.tokens_per_sample * global_batch / ranks
+    rate = _RATE_FLOP_S[hardware.accelerator]
+    if hardware.accelerator == "cpu":
+        rate *= hardware.threads_per_rank(ranks)
+    steps = settings.warmup_steps + settings.timed_steps
+    build_s = params / 1e8  # random init of the weights, ~1 s per 100M parameters
+    return round(PROBE_START_S + build_s + 4 * steps * flops_per_rank_step / rate)
 
 
 def _absolute_workload_ref(ref: str) -> str:

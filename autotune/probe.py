@@ -80,7 +80,10 @@ def _inject(fault: str, rank: int, world_size: int) -> None:
     if fault == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
     if fault == "hang":
-        while True:  # the peers block in their next collective until the probe timeout
+        # Like a rank stuck inside a collective's C++ code: deaf to SIGTERM, only SIGKILL
+        # (or its parent's death) ends it. The peers block in their next collective.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
             time.sleep(3600)
 
 
@@ -237,7 +240,10 @@ def _output_to(path: Path) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """Probe each ``--spec`` in turn, or serve the jobs of ``--serve INBOX``."""
+    from autotune.launch import die_with_parent
+
     started = time.perf_counter()
+    die_with_parent()  # torchrun killed (its driver died): this rank goes too, even if hung
     parser = argparse.ArgumentParser(prog="python -m autotune.probe", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--spec", type=Path, action="append", help="ProbeSpec JSON (repeatable).")

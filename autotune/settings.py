@@ -91,6 +91,8 @@ def format_duration(seconds: float) -> str:
 
 Executor = Literal["ray", "local"]
 
+DEFAULT_BUDGET_S = 30 * 60.0
+
 # Settings fields whose flag is spelled differently (the flag drops the unit suffix).
 _FLAG_OF_FIELD = {
     "vram_limit_bytes": "--vram",
@@ -133,7 +135,11 @@ class RunSettings(BaseModel):
     nvme_path: Path | None = Field(
         default=None, description="Folder on an NVMe disk for nvme offload candidates."
     )
-    budget_s: PositiveFloat = Field(description="Wall-clock budget of this run, in seconds.")
+    budget_s: PositiveFloat | None = Field(
+        default=None,
+        description="The study's total wall-clock budget in seconds; None: what the study "
+        "stored (continuing), else DEFAULT_BUDGET_S.",
+    )
     max_trials: PositiveInt | None = Field(
         default=None, description="Stop after this many new candidates have been evaluated."
     )
@@ -154,8 +160,9 @@ class RunSettings(BaseModel):
         default=True,
         description="Keep probe process groups alive between probes (cold: one launch each).",
     )
-    probe_timeout_s: PositiveFloat = Field(
-        default=300.0, description="Hard wall-clock limit of one probe, launch to exit."
+    probe_timeout_s: PositiveFloat | None = Field(
+        default=None,
+        description="Hard wall-clock limit of one probe; None: derived from the workload.",
     )
     prune: bool = Field(
         default=True, description="Skip candidates the memory model predicts over the limit."

@@ -9,6 +9,7 @@ wall time) plus a constraint ``peak_over_limit_bytes`` (> 0: infeasible, never b
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 CONSTRAINT = "peak_over_limit_bytes"
 CONFIG_ATTR = "autotune_config"
+FLAGS_ATTR = "autotune_flags"  # the run flags a study was started with; a continue reuses them
 METRIC = "samples_per_s"
 
 
@@ -48,12 +50,44 @@ class StudyConfig(BaseModel):
     threads_per_rank: int = Field(default=1, description="OMP threads of each rank.")
 
     def differences(self, other: StudyConfig) -> list[str]:
+        """One line per setting that differs, naming the flag that sets it."""
         mine, theirs = self.model_dump(), other.model_dump()
-        return [
-            f"{key}: study has {mine[key]!r}, this run asks {theirs[key]!r}"
-            for key in mine
-            if mine[key] != theirs[key]
-        ]
+        lines = []
+        for key in mine:
+            if mine[key] == theirs[key]:
+                continue
+            flag = FLAG_OF_CONFIG[key]
+            if key in ("space", "base_config"):  # whole documents: say that they differ
+                lines.append(f"{flag}: its content differs from the study's")
+            else:
+                lines.append(
+                    f"{flag}: study has {_show(key, mine[key])}, this run asks "
+                    f"{_show(key, theirs[key])}"
+                )
+        return lines
+
+
+# The flag (or what stands behind it) of each StudyConfig field, for error messages.
+FLAG_OF_CONFIG = {
+    "workload": "--workload",
+    "space": "--space",
+    "accelerator": "the accelerator (cuda/cpu)",
+    "gpus_per_trial": "--gpus-per-trial",
+    "global_batch": "--global-batch",
+    "max_global_batch": "--max-global-batch",
+    "vram_limit_bytes": "--vram",
+    "base_config": "--base-config",
+    "nvme_path": "--nvme-path",
+    "threads_per_rank": "threads per rank (--gpus on a CPU machine)",
+}
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "vram_limit_bytes" and isinstance(value, int):
+        from autotune.settings import format_bytes
+
+        return format_bytes(value)
+    return repr(value)
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -73,7 +107,11 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 f"--storage {url}: cannot open the SQLite file {path} ({exc}); check that "
                 "the folder is writable, or pass another --storage"
             ) from None
-    engine_kwargs = {"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {}
+    # How long a write waits for another process's SQLite lock before failing.
+    busy_timeout_s = float(os.environ.get("AUTOTUNE_SQLITE_BUSY_TIMEOUT_S", "30"))
+    engine_kwargs = (
+        {"connect_args": {"timeout": busy_timeout_s}} if url.startswith("sqlite") else {}
+    )
     try:
         return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
@@ -108,6 +146,15 @@ def load_existing_study(url: str, name: str | None) -> optuna.Study:
             f"{', '.join(names) or 'none'} (start one with autotune run)"
         )
     return optuna.load_study(study_name=name, storage=storage)
+
+
+def stored_run_flags(url: str, name: str) -> dict[str, Any]:
+    """The flags study ``name`` was started with, or {} if there is no such study yet."""
+    storage = open_storage(url)
+    for summary in storage.get_all_studies():
+        if summary.study_name == name:
+            return dict(summary.user_attrs.get(FLAGS_ATTR) or {})
+    return {}
 
 
 def study_config(study: optuna.Study) -> StudyConfig | None:
@@ -160,6 +207,9 @@ def record_result(
         "versions": result.versions,
         "feasible": result.status == "ok" and over_bytes <= 0,
     }
+    if result.status != "ok":
+        # the last lines of the probe's log, where a crash says what happened
+        attrs["log_tail"] = "\n".join(result.log_tail.strip().splitlines()[-20:])
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
     if result.status in ("ok", "oom"):

@@ -9,20 +9,26 @@ trial is exported to ``trials/<study>/best/``.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import statistics
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from autotune.candidate import Candidate
 from autotune.errors import StorageError
+from autotune.lock import DriverLock
 from autotune.memory import Calibration
-from autotune.settings import format_bytes, format_duration
+from autotune.settings import DEFAULT_BUDGET_S, format_bytes, format_duration
 from autotune.study import (
+    FLAGS_ATTR,
     METRIC,
     is_duplicate,
     open_storage,
@@ -35,7 +41,6 @@ from autotune.study import (
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.candidate import Candidate
     from autotune.executor import Executor
     from autotune.memory import MemoryModel
     from autotune.plan import Plan
@@ -45,6 +50,24 @@ if TYPE_CHECKING:
 # sampler an unseen candidate (enqueued), so small spaces finish instead of spinning.
 MAX_DUPLICATES_IN_A_ROW = 3
 POLL_S = 1.0
+BUDGET_ATTR = "autotune_budget"  # {"total_s", "spent_s"}: the study's budget, across runs
+DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
+
+
+def _first_line(exc: BaseException) -> str:
+    """The root cause's first line (Optuna wraps SQLAlchemy's error, which wraps the
+    driver's, e.g. sqlite3's "database is locked")."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    import optuna
+    import sqlalchemy.exc
+
+    return (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)
 
 
 class RunSummary(BaseModel):
@@ -86,8 +109,10 @@ class Tuner:
         log: Callable[[str], None] = print,
         executor_factory: Callable[[Plan], Executor] | None = None,
         fault: str = "none",
+        run_flags: dict[str, object] | None = None,
     ) -> None:
         self.plan = plan
+        self.run_flags = run_flags or {}
         self.log = log
         self._executor_factory = executor_factory or default_executor
         self._fault = fault
@@ -95,6 +120,13 @@ class Tuner:
         self._calibration = Calibration()
         self._memory: MemoryModel | None = None
         self._predictions: dict[int, dict[str, object]] = {}
+        self._oom_floor: dict[str, tuple[int, int]] = {}  # shape -> (smallest oom mb, trial)
+        self._retries: list[tuple[str, int]] = []
+        self._stopping = False
+        self._lock: DriverLock | None = None
+        self._spent_before_s = 0.0
+        self._budget_total_s = DEFAULT_BUDGET_S
+        self._run_started = time.monotonic()
 
     # -- study -------------------------------------------------------------------------
     def open_study(self) -> optuna.Study:
@@ -116,33 +148,56 @@ class Tuner:
         stored = study_config(study)
         if stored is None:
             study.set_user_attr("autotune_config", self.plan.config.model_dump(mode="json"))
+            study.set_user_attr(FLAGS_ATTR, self.run_flags)
             study.set_metric_names([METRIC])
         elif stored != self.plan.config:
             diffs = "; ".join(stored.differences(self.plan.config))
             raise StorageError(
-                f"study {self.plan.study_name!r} was started with other settings ({diffs}); "
-                "continue it with its settings, or pass --study NEW_NAME to start a new study"
+                f"study {self.plan.study_name!r} was measured with other settings: {diffs}; "
+                f"drop those flags to continue it with its own, or add --study NEW_NAME to "
+                "start a new study with them"
             )
         return study
 
-    def _known_candidates(self, study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
-        """Evaluated candidates by key; RUNNING trials of a dead driver become FAIL and are
-        enqueued to be probed again."""
+    def _review_history(self, study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
+        """Evaluated candidates by key. Trials a dead driver left RUNNING become FAIL with
+        status ``interrupted``; an interrupted candidate is probed again once (its retry
+        carries ``retry_of``); an interrupted retry is given up."""
         from optuna.trial import TrialState
 
+        trials = [t for t in study.get_trials(deepcopy=False) if not is_duplicate(t)]
+        retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
         known: dict[str, optuna.trial.FrozenTrial] = {}
-        for trial in study.get_trials(deepcopy=False):
+        interrupted: list[optuna.trial.FrozenTrial] = []
+        for trial in trials:
             key = trial.user_attrs.get("candidate_key")
-            if key is None or is_duplicate(trial):
+            if key is None:
                 continue
             if trial.state == TrialState.RUNNING:
-                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
                 study._storage.set_trial_user_attr(trial._trial_id, "status", "interrupted")
-                self.log(f"trial {trial.number} was left running by a stopped driver: retrying")
-                study.enqueue_trial(dict(trial.params))
+                study._storage.set_trial_user_attr(
+                    trial._trial_id, "error", "interrupted: its driver stopped during the probe"
+                )
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+                trial = study.get_trials(deepcopy=False)[trial.number]
+                self.log(f"trial {trial.number} was left running by a stopped driver")
+            status = trial.user_attrs.get("status")
+            if status == "interrupted" and "retry_of" not in trial.user_attrs:
+                if trial.number not in retried:
+                    interrupted.append(trial)
                 continue
             if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
                 known.setdefault(key, trial)
+            if status == "oom":
+                candidate = Candidate.model_validate(trial.user_attrs["candidate"])
+                self._note_oom(candidate, trial.number)
+        self._retries = [
+            (t.user_attrs["candidate_key"], t.number)
+            for t in interrupted
+            if t.user_attrs["candidate_key"] not in known
+        ]
+        if self._retries:
+            self.log(f"{len(self._retries)} interrupted candidate(s) will be probed again, once")
         return known
 
     def _probe_estimate_s(self, study: optuna.Study) -> float:
@@ -153,45 +208,139 @@ class Tuner:
         ]
         return statistics.median(walls) if walls else 0.0
 
+    # -- budget, lock, signals ---------------------------------------------------------
+    def _open_budget(self, study: optuna.Study) -> float:
+        """The seconds this run may use: the study's total less what it spent before. A
+        given --budget sets a new total; otherwise the stored one (or the default) holds."""
+        stored = study.user_attrs.get(BUDGET_ATTR) or {}
+        self._spent_before_s = float(stored.get("spent_s", 0.0))
+        given = self.plan.settings.budget_s
+        total = given if given is not None else float(stored.get("total_s", DEFAULT_BUDGET_S))
+        self._budget_total_s = total
+        self._run_started = time.monotonic()
+        study.set_user_attr(BUDGET_ATTR, self._budget_attr())
+        return total - self._spent_before_s
+
+    def _budget_attr(self) -> dict[str, float]:
+        spent = self._spent_before_s + (time.monotonic() - self._run_started)
+        return {"total_s": self._budget_total_s, "spent_s": round(spent, 1)}
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        """First Ctrl-C: stop asking, the loop cancels probes and exports. Second: kill the
+        probe groups and leave at once; SQLite/PostgreSQL roll back an open transaction."""
+        if self._stopping:
+            from autotune.launch import kill_all_groups
+
+            kill_all_groups()
+            os.write(2, b"autotune: interrupted twice: exiting now, probes killed\n")
+            os._exit(130)
+        self._stopping = True
+        self.log(
+            "interrupt: stopping; running probes are stopped and recorded as interrupted, "
+            "the best so far is exported (Ctrl-C again to exit at once)"
+        )
+
+    def _budget_spent_reason(self) -> str:
+        spent = self._budget_attr()["spent_s"]
+        return (
+            f"budget spent ({format_duration(spent)} of the study's "
+            f"{format_duration(self._budget_total_s)}); to go on, give a larger total: "
+            f"{self.continue_command()} --budget {format_duration(spent + 600)}"
+        )
+
+    def continue_command(self) -> str:
+        command = f"autotune run --study {self.plan.study_name}"
+        if self.plan.settings.storage_url != DEFAULT_STORAGE:
+            command += f" --storage {self.plan.settings.storage_url}"
+        return command
+
     # -- loop --------------------------------------------------------------------------
     def run(self) -> RunSummary:
+        """Hold the study, run it to its budget, export; storage faults become one error."""
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if in_main_thread else None
+        lock: DriverLock | None = None
+        try:
+            study = self.open_study()
+            lock = DriverLock(
+                study, on_beat=lambda: {BUDGET_ATTR: self._budget_attr()}, log=self.log
+            )
+            lock.acquire()
+            self._lock = lock
+            return self._run_held(study)
+        except _storage_errors() as exc:
+            raise StorageError(
+                f"the storage {self.plan.settings.storage_url} failed ({_first_line(exc)}); "
+                "every trial recorded before is kept; fix it (another process holding the "
+                f"database locked?), then continue with {self.continue_command()}"
+            ) from None
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGINT, previous)
+            if lock is not None:
+                lock.release()
+
+    def _run_held(self, study: optuna.Study) -> RunSummary:
         plan = self.plan
         settings = plan.settings
-        started = time.monotonic()
-        deadline = started + settings.budget_s
-        study = self.open_study()
-        known = self._known_candidates(study)
+        budget_s = self._open_budget(study)
+        deadline = time.monotonic() + budget_s
+        known = self._review_history(study)
         self._calibrate_from(study)
         all_candidates = {c.key: c for c in plan.space.candidates()}
         summary = RunSummary(
             study_name=plan.study_name, vram_limit_bytes=plan.config.vram_limit_bytes
         )
+        spent = format_duration(self._spent_before_s)
         self.log(
             f"study {plan.study_name!r}: {len(known)} candidate(s) evaluated before, "
-            f"{len(all_candidates)} valid in the space; budget {format_duration(settings.budget_s)}"
+            f"{len(all_candidates)} valid in the space; budget "
+            f"{format_duration(self._budget_total_s)}, {spent} spent before, "
+            f"{format_duration(max(budget_s, 0))} left; probe timeout "
+            f"{format_duration(plan.probe_timeout_s)}"
         )
+        if budget_s <= 0 or budget_s < self._probe_estimate_s(study):
+            summary.stop_reason = self._budget_spent_reason()
+            self._finish(study, summary)
+            return summary
         self._prepare_ops()
         executor = self._executor_factory(plan)
         inflight: dict[int, _InFlight] = {}
         estimate_s = self._probe_estimate_s(study)
         duplicates_in_a_row = 0
         stop_reason = ""
+        failure: BaseException | None = None
         try:
             while True:
                 while len(inflight) < executor.capacity and not stop_reason:
+                    if self._stopping:
+                        stop_reason = "interrupted"
+                        break
+                    if self._lock is not None and self._lock.lost:
+                        stop_reason = f"another driver took the study over ({self._lock.lost})"
+                        break
                     if settings.max_trials is not None and summary.probes >= settings.max_trials:
                         stop_reason = f"--max-trials {settings.max_trials} reached"
                         break
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or remaining < estimate_s:
-                        stop_reason = "budget spent"
+                        stop_reason = self._budget_spent_reason()
                         break
                     running = {job.candidate.key: job.trial.number for job in inflight.values()}
                     unseen = [k for k in all_candidates if k not in known and k not in running]
                     if not unseen:
                         stop_reason = "every valid candidate has been evaluated"
                         break
-                    if duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
+                    retry_of = None
+                    while self._retries and retry_of is None:
+                        key, number = self._retries.pop(0)
+                        if key in all_candidates and key not in known and key not in running:
+                            study.enqueue_trial(
+                                plan.space.params_of(all_candidates[key]),
+                                user_attrs={"retry_of": number},
+                            )
+                            retry_of = number
+                    if retry_of is None and duplicates_in_a_row >= MAX_DUPLICATES_IN_A_ROW:
                         pick = all_candidates[self._rng.choice(sorted(unseen))]
                         study.enqueue_trial(plan.space.params_of(pick))
                         duplicates_in_a_row = 0
@@ -213,31 +362,69 @@ class Tuner:
                     ticket, job = self._submit(executor, study, trial, candidate)
                     inflight[ticket] = job
                     summary.probes += 1
-                if not inflight:
+                if not inflight or (self._stopping and stop_reason == "interrupted"):
                     break
                 for ticket, result in executor.wait(POLL_S):
                     job = inflight.pop(ticket)
                     self._record(study, job, result)
                     known[job.candidate.key] = study.get_trials(deepcopy=False)[job.trial.number]
                     estimate_s = self._probe_estimate_s(study)
-        except KeyboardInterrupt:
-            stop_reason = "interrupted"
-            executor.cancel_all()
-            from optuna.trial import TrialState
-
-            for job in inflight.values():
-                job.trial.set_user_attr("status", "interrupted")
-                study.tell(job.trial, state=TrialState.FAIL)
-            self.log(
-                f"interrupted: {len(inflight)} running probe(s) stopped; continue with "
-                f"autotune run --study {plan.study_name} (same flags)"
-            )
+                if self._stopping:
+                    stop_reason = "interrupted"
+        except (*_storage_errors(), OSError) as exc:
+            failure = exc
+            stop_reason = "storage failed"
         finally:
+            if inflight:
+                # Whole process groups, ranks included, before anything else happens.
+                executor.cancel_all()
             executor.close()
+        if inflight and failure is None:
+            self._record_interrupted(study, inflight.values())
         summary.stop_reason = stop_reason
-        summary.elapsed_s = time.monotonic() - started
+        summary.elapsed_s = time.monotonic() - self._run_started
+        study.set_user_attr(BUDGET_ATTR, self._budget_attr())
+        if failure is not None:
+            if isinstance(failure, OSError):
+                raise StorageError(
+                    f"cannot write the run's files ({_first_line(failure)}); every trial "
+                    "recorded before is kept; free space or fix the folder, then continue "
+                    f"with {self.continue_command()}"
+                ) from None
+            raise failure
         self._finish(study, summary)
+        if stop_reason == "interrupted":
+            self.log(
+                f"interrupted: {len(inflight)} running probe(s) stopped and recorded as "
+                f"interrupted (probed again on continue); continue with: "
+                f"{self.continue_command()}"
+            )
         return summary
+
+    def _record_interrupted(self, study: optuna.Study, jobs: Iterable[_InFlight]) -> None:
+        from optuna.trial import TrialState
+
+        for job in jobs:
+            prediction = self._predictions.pop(job.trial.number, {})
+            for key, value in prediction.items():
+                job.trial.set_user_attr(key, value)
+            job.trial.set_user_attr("status", "interrupted")
+            job.trial.set_user_attr("error", "interrupted: the run was stopped during the probe")
+            study.tell(job.trial, state=TrialState.FAIL)
+
+    # -- out of memory ---------------------------------------------------------------
+    @staticmethod
+    def _shape_key(candidate: Candidate) -> str:
+        """The candidate without its batch split: what an OOM says about larger batches."""
+        return candidate.model_copy(
+            update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
+        ).key
+
+    def _note_oom(self, candidate: Candidate, trial_number: int) -> None:
+        shape = self._shape_key(candidate)
+        floor = self._oom_floor.get(shape)
+        if floor is None or candidate.micro_batch_size < floor[0]:
+            self._oom_floor[shape] = (candidate.micro_batch_size, trial_number)
 
     # -- memory ----------------------------------------------------------------------
     def _memory_model(self) -> MemoryModel | None:
@@ -271,10 +458,27 @@ class Tuner:
         cannot fit; otherwise remember the prediction for the trial and return False."""
         from autotune.study import record_pruned
 
+        plan = self.plan
+        floor = self._oom_floor.get(self._shape_key(candidate))
+        if floor is not None and candidate.micro_batch_size > floor[0]:
+            reason = (
+                f"micro-batch {candidate.micro_batch_size} is larger than "
+                f"{floor[0]}, which ran out of memory in trial {floor[1]}"
+            )
+            record_pruned(
+                study,
+                trial,
+                candidate,
+                pruned_by=f"oom at micro-batch {floor[0]}",
+                reason=reason,
+                over_bytes=1.0,
+                attrs={"vram_limit_bytes": plan.config.vram_limit_bytes, "oom_trial": floor[1]},
+            )
+            self.log(f"trial {trial.number}: {candidate.label} -> infeasible, not probed: {reason}")
+            return True
         model = self._memory_model()
         if model is None:
             return False
-        plan = self.plan
         estimate = model.predict(candidate)
         predicted = estimate.tracked_bytes(plan.hardware.accelerator)
         host = estimate.host_bytes * plan.config.gpus_per_trial
@@ -361,7 +565,7 @@ class Tuner:
             spec=spec,
             trial_dir=str(trial_dir),
             world_size=candidate.data_parallel_size,
-            timeout_s=settings.probe_timeout_s,
+            timeout_s=plan.probe_timeout_s,
             threads_per_rank=plan.config.threads_per_rank,
             cwd=str(Path.cwd()),
         )
@@ -374,6 +578,8 @@ class Tuner:
         prediction = self._predictions.pop(job.trial.number, {})
         for key, value in prediction.items():
             job.trial.set_user_attr(key, value)
+        if result.status == "oom":
+            self._note_oom(job.candidate, job.trial.number)
         if result.status == "ok" and prediction.get("predicted_raw_bytes"):
             # the uncorrected prediction is what calibration compares against
             raw = int(prediction["predicted_raw_bytes"])  # type: ignore[call-overload]

@@ -30,6 +30,7 @@ from autotune.launch import (
     read_reports,
     read_tail,
     restore_child_signals,
+    track_group,
 )
 from autotune.protocol import ProbeResult, aggregate
 
@@ -70,6 +71,7 @@ class WarmWorker:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        track_group(self._process.pid)
         self._shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
 
     def _post(self, message: dict[str, object]) -> None:

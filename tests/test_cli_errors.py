@@ -69,6 +69,26 @@ BAD_INPUTS = [
     (["export", "-o", "out", "--storage", "sqlite:///x.db", "--study", "s"], "no such study"),
     (["space", "--space", "fp8.yaml"], "fp8.yaml:1: precision[1]"),
     (["frobnicate"], "No such command 'frobnicate'"),
+    (["run", "--workload", "gpt-tiny", "--gpus", "64"], "CPU cores; pass --gpus"),
+    (
+        ["run", "--workload", "gpt-tiny", "--gpus", "2", "--gpus-per-trial", "3"],
+        "--gpus-per-trial 3 exceeds --gpus 2",
+    ),
+    (["run", "--study", "nosuch"], "--study nosuch: no such study in"),
+    (
+        ["run", "--workload", "gpt-tiny", "--storage", "postgresql+psycopg2://u:p@127.0.0.1:9/db"],
+        "--storage postgresql+psycopg2://u:p@127.0.0.1:9/db: cannot open",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--probe-timeout", "soon"],
+        "--probe-timeout: cannot read duration 'soon'",
+    ),
+    (
+        ["run", "--workload", "gpt-tiny", "--memory-margin", "1.5"],
+        "--memory-margin: input should be less than 1",
+    ),
+    (["plan", "--workload", "gpt-tiny", "--gpus", "2", "--vram", "2x"], "--vram: cannot read size"),
+    (["plan", "--workload", "nope", "--gpus", "1", "--vram", "8GiB"], "unknown workload 'nope'"),
 ]
 
 

@@ -54,7 +54,10 @@ def test_plan_llama_70b_on_this_cpu_machine(tmp_path: Path) -> None:
     assert len(rows) >= 396
     fitting = [r for r in rows if r.startswith("│ yes")]
     assert fitting, out[:3000]
-    assert all("z3" in r and "param:cpu" in r for r in fitting)  # 70B needs ZeRO-Infinity
+    # 70B on 4x80 GiB needs ZeRO-3 and offload: 16 bytes of model states per parameter
+    # sharded 4 ways is 276 GB per rank; with the optimizer on the host, 2+2 bytes remain.
+    assert all("z3" in r and ("param:cpu" in r or "opt:cpu" in r) for r in fitting)
+    assert any("param:cpu" in r for r in fitting)
     assert any("z1 bf16" in r and "no (device)" in r for r in rows)
     assert peak_rss < 4 * 2**30
     print(f"plan llama-70b: {wall_s:.0f} s, peak RSS {peak_rss / 2**30:.2f} GiB")

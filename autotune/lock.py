@@ -1,0 +1,160 @@
+"""One live driver per study, held in the study's own storage.
+
+The driver is the only writer of a study (DESIGN: ask/tell in one process). The lock is a
+study user attr ``autotune_driver`` = host, pid, start time, token and a heartbeat that a
+background thread renews every :data:`HEARTBEAT_S`. It lives in the storage rather than in
+a lock file so that it works the same for drivers on different hosts sharing a PostgreSQL
+study. A holder is dead when it stopped heart-beating for :data:`STALE_S`, or at once when
+it ran on this host and its pid is gone (a driver killed with -9); a dead holder is taken
+over with a note. Optuna's storage has no compare-and-swap, so acquisition writes, waits
+:data:`SETTLE_S` and reads back: of two drivers starting in the same instant the later
+writer wins and the other refuses; every heartbeat checks the token again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import StorageError
+
+if TYPE_CHECKING:
+    import optuna
+
+LOCK_ATTR = "autotune_driver"
+HEARTBEAT_S = 5.0
+STALE_S = 60.0
+SETTLE_S = 0.5
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def holder_state(holder: dict[str, Any] | None, now: float | None = None) -> str:
+    """'free', 'live' or 'dead' for a lock record as stored."""
+    if not holder:
+        return "free"
+    now = time.time() if now is None else now
+    if now - float(holder.get("heartbeat", 0.0)) > STALE_S:
+        return "dead"
+    if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
+        return "dead"
+    return "live"
+
+
+def describe_holder(holder: dict[str, Any], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    beat_s = max(0.0, now - float(holder.get("heartbeat", now)))
+    return (
+        f"pid {holder.get('pid')} on host {holder.get('host')}, running since "
+        f"{holder.get('since')} (last heartbeat {beat_s:.0f} s ago)"
+    )
+
+
+class DriverLock:
+    """Acquire with :meth:`acquire`, renew in a thread, give back with :meth:`release`.
+
+    ``on_beat`` runs in the heartbeat thread before each renewal and returns extra study
+    attrs to write with it (the tuner stores the budget spent so far there, so a driver
+    killed with -9 loses at most one heartbeat of accounting).
+    """
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        *,
+        on_beat: Callable[[], dict[str, Any]] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.study = study
+        self.on_beat = on_beat
+        self.log = log
+        self.token = uuid.uuid4().hex
+        self.since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        self.lost: str = ""  # set by the heartbeat thread when another driver took the study
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._storage = study._storage
+        self._study_id = study._study_id
+
+    def _record(self) -> dict[str, Any]:
+        return {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": self.since,
+            "heartbeat": time.time(),
+            "token": self.token,
+        }
+
+    def _read(self) -> dict[str, Any] | None:
+        return self._storage.get_study_user_attrs(self._study_id).get(LOCK_ATTR) or None
+
+    def _write(self, value: dict[str, Any] | None) -> None:
+        self._storage.set_study_user_attr(self._study_id, LOCK_ATTR, value)
+
+    def acquire(self) -> None:
+        """Hold the study, or raise StorageError naming the live holder."""
+        holder = self._read()
+        state = holder_state(holder)
+        if state == "live":
+            assert holder is not None
+            raise StorageError(
+                f"study {self.study.study_name!r} is being run by another driver: "
+                f"{describe_holder(holder)}; wait for it to finish or stop it, or pass "
+                "--study NEW_NAME to start a separate study"
+            )
+        if state == "dead":
+            assert holder is not None
+            self.log(
+                f"taking over study {self.study.study_name!r} from a stopped driver: "
+                f"{describe_holder(holder)}"
+            )
+        self._write(self._record())
+        time.sleep(SETTLE_S)
+        now_holder = self._read()
+        if not now_holder or now_holder.get("token") != self.token:
+            raise StorageError(
+                f"study {self.study.study_name!r} was taken by another driver starting at the "
+                f"same time ({describe_holder(now_holder or {})}); pass --study NEW_NAME to "
+                "start a separate study"
+            )
+        self._thread = threading.Thread(target=self._beat, name="autotune-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                holder = self._read()
+                if holder and holder.get("token") != self.token:
+                    self.lost = describe_holder(holder)
+                    return
+                for key, value in (self.on_beat() if self.on_beat else {}).items():
+                    self._storage.set_study_user_attr(self._study_id, key, value)
+                self._write(self._record())
+            except Exception as exc:  # noqa: BLE001 - the main loop reports storage faults
+                self.log(f"warning: heartbeat not written ({type(exc).__name__}: {exc})")
+
+    def release(self) -> None:
+        """Stop heart-beating and clear the record if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_S + 5)
+        try:
+            holder = self._read()
+            if holder and holder.get("token") == self.token:
+                self._write(None)
+        except Exception:  # noqa: BLE001 - a dead storage leaves a lock that goes stale
+            pass
