@@ -131,8 +131,30 @@ def run(
         int | None, typer.Option(help="Untimed optimizer steps per probe [2].")
     ] = None,
     timed_steps: Annotated[
-        int | None, typer.Option(help="Timed optimizer steps per probe [5].")
+        int | None, typer.Option(help="Timed optimizer steps per probe, at least [3].")
     ] = None,
+    max_timed_steps: Annotated[
+        int | None,
+        typer.Option(help="Timed steps at most; a probe stops once its spread is under 2% [20]."),
+    ] = None,
+    sampler: Annotated[
+        str | None,
+        typer.Option(
+            help="autotune (model-guided, default), tpe, gp, random, or grid (every valid "
+            "candidate once)."
+        ),
+    ] = None,
+    no_confirm: Annotated[
+        bool,
+        typer.Option(
+            "--no-confirm",
+            help="Skip the confirmation round (re-probing the top candidates, interleaved).",
+        ),
+    ] = False,
+    no_early_stop: Annotated[
+        bool,
+        typer.Option("--no-early-stop", help="Time every probe in full, even when clearly slower."),
+    ] = False,
     trials_dir: Annotated[
         Path | None, typer.Option(help="Folder for per-trial logs and the export [trials].")
     ] = None,
@@ -172,6 +194,10 @@ def run(
         "trials_dir": None if trials_dir is None else str(trials_dir.resolve()),
         "cold_probes": cold_probes or None,
         "no_prune": no_prune or None,
+        "max_timed_steps": max_timed_steps,
+        "sampler": sampler,
+        "no_early_stop": no_early_stop or None,
+        "no_confirm": no_confirm or None,
     }
     if study is None and workload is None:
         raise AutotuneError(
@@ -214,6 +240,10 @@ def run(
         warm_workers=not flags["cold_probes"],
         memory_margin=flags["memory_margin"],
         host_ram_bytes=_size_or_auto(flags["host_ram"], "--host-ram"),
+        max_timed_steps=flags["max_timed_steps"],
+        sampler=flags["sampler"],
+        early_stop=not flags["no_early_stop"],
+        confirm=not flags["no_confirm"],
     )
     plan = plan_run(settings)
     if stored:
@@ -237,6 +267,8 @@ def run(
         f"{summary.elapsed_s:.0f} s, {summary.pruned} candidate(s) ruled out without a probe, "
         f"{summary.duplicates} duplicate proposal(s) skipped"
     )
+    if summary.confirmation:
+        console.print(f"confirmed: {summary.confirmation}")
     if summary.export_path:
         console.print(
             f"best: trial {summary.best_trial} {summary.best_label}: "
@@ -265,7 +297,11 @@ RUN_FLAG_DEFAULTS: dict[str, object] = {
     "memory_margin": 0.05,
     "host_ram": "auto",
     "warmup_steps": 2,
-    "timed_steps": 5,
+    "timed_steps": 3,
+    "max_timed_steps": 20,
+    "sampler": "autotune",
+    "no_early_stop": False,
+    "no_confirm": False,
     "trials_dir": "trials",
     "cold_probes": False,
     "no_prune": False,

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.candidate import Candidate
 from autotune.errors import ExportError
-from autotune.study import is_duplicate, study_config
+from autotune.study import is_duplicate, is_repeat, study_config
 
 if TYPE_CHECKING:
     import optuna
@@ -44,15 +44,28 @@ def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
     feasible = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("feasible") and not is_duplicate(t) and t.value is not None
+        if t.user_attrs.get("feasible") and not is_repeat(t) and t.value is not None
     ]
     return sorted(feasible, key=lambda t: t.value, reverse=True)
 
 
 def best_trial(study: optuna.Study) -> FrozenTrial | None:
     """The fastest COMPLETE trial whose peak memory stayed within the limit."""
+    from autotune.confirm import load
+
     ranked = feasible_trials(study)
-    return ranked[0] if ranked else None
+    if not ranked:
+        return None
+    verdict = load(study)
+    if verdict is None or verdict.winner is None:
+        return ranked[0]
+    by_number = {t.number: t for t in ranked}
+    winner = by_number.get(verdict.winner)
+    # A trial measured after the round that beats the confirmed mean outright wins instead.
+    newer = [t for t in ranked if t.number > verdict.after_trial]
+    if winner is None or (newer and newer[0].value > verdict.contenders[0].mean):
+        return ranked[0]
+    return winner
 
 
 def validate_ds_config(config: dict[str, Any], world_size: int) -> None:

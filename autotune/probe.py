@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune import steps
 from autotune.protocol import ProbeSpec, RankReport
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror")
@@ -130,18 +131,29 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float) -> Any:
         batch = workload.make_batch(candidate.micro_batch_size, device)
         _inject(spec.fault, rank, world_size)
         warmup_started = time.perf_counter()
-        for _ in range(spec.warmup_steps):
-            _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
+        max_warmup = spec.max_warmup_steps or spec.warmup_steps
+        while not steps.warmed_up(report.warmup_step_times_s, spec.warmup_steps, max_warmup):
+            report.warmup_step_times_s.append(
+                _timed_step(engine, workload, batch, candidate, device)
+            )
         report.warmup_s = time.perf_counter() - warmup_started
 
-    for _ in range(spec.timed_steps):
-        if cuda:
-            torch.cuda.synchronize(device)
-        step_started = time.perf_counter()
-        _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
-        if cuda:
-            torch.cuda.synchronize(device)
-        report.step_times_s.append(time.perf_counter() - step_started)
+    # Adaptive length and early stop decide on the agreed (slowest-rank) times, so all
+    # ranks stop after the same step.
+    max_timed = spec.max_timed_steps or spec.timed_steps
+    while not steps.timed_enough(
+        report.step_times_s,
+        min_steps=spec.timed_steps,
+        max_steps=max_timed,
+        target=spec.target_spread,
+        max_s=spec.max_timed_s,
+    ):
+        report.step_times_s.append(_timed_step(engine, workload, batch, candidate, device))
+        if steps.clearly_slower(
+            report.step_times_s, candidate.train_batch_size, spec.stop_below_samples_per_s
+        ):
+            report.stopped_early = True
+            break
 
     if cuda:
         report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
@@ -149,6 +161,24 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float) -> Any:
     else:
         report.peak_allocated_bytes = tracker.peak_bytes
     return engine
+
+
+def _timed_step(engine: Any, workload: Any, batch: Any, candidate: Any, device: Any) -> float:
+    """One optimizer step's time, the slowest rank's (all ranks get the same number)."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
+    if cuda:
+        torch.cuda.synchronize(device)
+    elapsed = torch.tensor([time.perf_counter() - started], device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
 
 
 def _optimizer_step(engine: Any, workload: Any, batch: Any, accumulation_steps: int) -> None:

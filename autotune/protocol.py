@@ -33,8 +33,25 @@ class ProbeSpec(BaseModel):
     accelerator: Literal["cuda", "cpu"] = Field(description="Device kind of the ranks.")
     vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
     device_memory_bytes: int = Field(description="Physical memory of one device.")
-    warmup_steps: int = Field(default=2, description="Untimed optimizer steps.")
-    timed_steps: int = Field(default=5, description="Timed optimizer steps.")
+    warmup_steps: int = Field(default=2, description="Untimed optimizer steps, at least.")
+    max_warmup_steps: int | None = Field(
+        default=None, description="Warm up until step time settles, at most this (None: fixed)."
+    )
+    timed_steps: int = Field(default=5, description="Timed optimizer steps, at least.")
+    max_timed_steps: int | None = Field(
+        default=None,
+        description="Time until the 95% interval is within target_spread, at most this many "
+        "steps (None: exactly timed_steps).",
+    )
+    target_spread: float = Field(
+        default=0.02, description="Relative half-width of the step time's 95% interval."
+    )
+    max_timed_s: float = Field(default=60.0, description="Cap on time spent in timed steps.")
+    stop_below_samples_per_s: float = Field(
+        default=0.0,
+        description="Stop early once clearly slower than this (the best so far, less a "
+        "margin); 0: never.",
+    )
     tokens_per_sample: int = Field(default=1, description="For tokens/s.")
     fault: Fault = Field(default="none", description="Injected fault, for tests only.")
 
@@ -56,6 +73,8 @@ class RankReport(BaseModel):
     wall_s: float = 0.0
     threads: int = 0
     pid: int = Field(default=0, description="The rank's process id (a warm worker keeps it).")
+    warmup_step_times_s: list[float] = Field(default_factory=list)
+    stopped_early: bool = Field(default=False, description="Clearly slower than the best.")
     versions: dict[str, str] = Field(default_factory=dict)
 
 
@@ -90,6 +109,10 @@ class ProbeResult(BaseModel):
     exit_code: int | None = Field(default=None, description="torchrun's exit code.")
     log_tail: str = Field(default="", description="Last lines of the probe's log.")
     versions: dict[str, str] = Field(default_factory=dict)
+    warmup_steps: int = Field(default=0, description="Untimed steps it took to settle.")
+    stopped_early: bool = Field(
+        default=False, description="Stopped as clearly slower than the best so far."
+    )
 
     @property
     def peak_bytes(self) -> int:
@@ -126,6 +149,8 @@ def aggregate(
         "exit_code": exit_code,
         "log_tail": log_tail,
         "versions": reports[0].versions if reports else {},
+        "warmup_steps": max((len(r.warmup_step_times_s) for r in reports), default=0),
+        "stopped_early": any(r.stopped_early for r in reports),
     }
     oom = [r for r in reports if r.status == "oom"]
     errors = [r for r in reports if r.status == "error"]

@@ -66,9 +66,21 @@ def trials_table(study: optuna.Study) -> Table:
             f"{rate:.1f}{spread}" if ok else "",
             f"{attrs.get('tokens_per_s', 0):.0f}" if ok else "",
             ",".join(f"{p / 2**30:.2f}" for p in peaks),
-            "" if ok else str(attrs.get("error", ""))[:120],
+            _note(attrs, ok),
         )
     return table
+
+
+def _note(attrs: dict, ok: bool) -> str:
+    if "confirmation_of" in attrs:
+        return f"confirmation probe of trial {attrs['confirmation_of']}"
+    if attrs.get("stopped_early"):
+        return "stopped early: clearly slower than the best so far"
+    if "retry_of" in attrs:
+        return f"retry of interrupted trial {attrs['retry_of']}" + (
+            "" if ok else f"; {attrs.get('error', '')}"[:100]
+        )
+    return "" if ok else str(attrs.get("error", ""))[:120]
 
 
 def _best_number(study: optuna.Study) -> int | None:

@@ -179,7 +179,26 @@ class RunSettings(BaseModel):
     warmup_steps: PositiveInt = Field(
         default=2, description="Optimizer steps run before timing (also where memory is traced)."
     )
-    timed_steps: PositiveInt = Field(default=5, description="Optimizer steps that are timed.")
+    timed_steps: PositiveInt = Field(
+        default=3, description="Timed optimizer steps, at least (more until the spread settles)."
+    )
+    max_timed_steps: PositiveInt = Field(
+        default=20,
+        description="Timed steps at most: a probe times until the 95% interval of its step "
+        "time is within 2% of the mean, or this many steps.",
+    )
+    sampler: Literal["autotune", "tpe", "gp", "random", "grid"] = Field(
+        default="autotune",
+        description="autotune: model-guided (memory + cost model); tpe/gp/random: Optuna's; "
+        "grid: every valid candidate once.",
+    )
+    confirm: bool = Field(
+        default=True,
+        description="Re-probe the top candidates, interleaved, before choosing the winner.",
+    )
+    early_stop: bool = Field(
+        default=True, description="Stop a probe once it is clearly slower than the best so far."
+    )
 
     @classmethod
     def build(cls, **values: object) -> RunSettings:

@@ -194,6 +194,7 @@ def record_result(
         "samples_per_s_max": result.samples_per_s_max,
         "tokens_per_s": result.tokens_per_s,
         "step_time_s": result.step_time_s,
+        "warmup_steps": result.warmup_steps,
         "step_times_s": result.step_times_s,
         "peak_bytes_per_rank": result.peak_bytes_per_rank,
         "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
@@ -212,9 +213,15 @@ def record_result(
         attrs["log_tail"] = "\n".join(result.log_tail.strip().splitlines()[-20:])
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
+    if result.stopped_early:
+        trial.set_user_attr("stopped_early", True)
+        trial.set_user_attr("pruned_by", "early stop: clearly slower than the best so far")
     if result.status in ("ok", "oom"):
         set_constraint(study, trial, float(over_bytes))
-    if result.status == "ok":
+    if result.status == "ok" and result.stopped_early:
+        # measured, feasible, but a partial measurement of a loser: never the best
+        study.tell(trial, state=TrialState.PRUNED)
+    elif result.status == "ok":
         study.tell(trial, result.samples_per_s)
     elif result.status == "oom":
         study.tell(trial, state=TrialState.PRUNED)
@@ -289,3 +296,13 @@ def set_constraint(study: optuna.Study, trial: optuna.Trial, value: float) -> No
 
 def is_duplicate(trial: FrozenTrial) -> bool:
     return "duplicate_of" in trial.user_attrs
+
+
+def is_confirmation(trial: FrozenTrial) -> bool:
+    """A re-probe of an evaluated candidate in the confirmation round (confirm.py)."""
+    return "confirmation_of" in trial.user_attrs
+
+
+def is_repeat(trial: FrozenTrial) -> bool:
+    """Not an evaluation of its own: a duplicate proposal or a confirmation probe."""
+    return is_duplicate(trial) or is_confirmation(trial)

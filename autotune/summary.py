@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from autotune.candidate import Candidate
 from autotune.settings import format_bytes
-from autotune.study import is_duplicate
+from autotune.study import is_repeat
 
 if TYPE_CHECKING:
     import optuna
@@ -136,7 +136,7 @@ def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig)
 
     candidate = Candidate.model_validate(trial.user_attrs["candidate"])
     attrs = trial.user_attrs
-    evaluated = [t for t in study.get_trials(deepcopy=False) if not is_duplicate(t)]
+    evaluated = [t for t in study.get_trials(deepcopy=False) if not is_repeat(t)]
     evaluated = [t for t in evaluated if "candidate" in t.user_attrs]
     ranked = feasible_trials(study)
     best_rate = trial.value or 0.0
@@ -179,6 +179,27 @@ def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig)
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
         host = attrs.get("host_peak_bytes_per_rank") or []
         lines.append(f"- Host memory (resident, per rank process): {_peaks(host)}.")
+    from autotune.confirm import load
+
+    verdict = load(study)
+    if verdict is not None and verdict.contenders:
+        lines += [
+            "",
+            "## Confirmation round",
+            "",
+            f"The top {len(verdict.contenders)} were probed again, interleaved, in "
+            f"{verdict.rounds} round(s) ({verdict.seconds:.0f} s of the budget); means with "
+            "their 95% intervals over every probe of each:",
+            "",
+        ]
+        for contender in verdict.contenders:
+            chosen = " (chosen)" if contender.trial == trial.number else ""
+            lines.append(f"- trial {contender.trial} {contender.describe()}{chosen}")
+        if verdict.tie:
+            lines.append(
+                "- The best two overlap within the noise of this machine: either is a sound "
+                "choice; the higher mean was taken."
+            )
     if len(ranked) > 1:
         lines += [
             "",

@@ -31,6 +31,7 @@ from autotune.study import (
     FLAGS_ATTR,
     METRIC,
     is_duplicate,
+    is_repeat,
     open_storage,
     record_duplicate,
     record_result,
@@ -41,6 +42,7 @@ from autotune.study import (
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.cost import CostModel
     from autotune.executor import Executor
     from autotune.memory import MemoryModel
     from autotune.plan import Plan
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 # sampler an unseen candidate (enqueued), so small spaces finish instead of spinning.
 MAX_DUPLICATES_IN_A_ROW = 3
 POLL_S = 1.0
+EARLY_STOP_MARGIN = 0.05  # stop a probe whose fast end is 5% below the best so far
 BUDGET_ATTR = "autotune_budget"  # {"total_s", "spent_s"}: the study's budget, across runs
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
@@ -88,6 +91,7 @@ class RunSummary(BaseModel):
     best_peak_bytes: int = 0
     vram_limit_bytes: int = 0
     export_path: str | None = None
+    confirmation: str = ""
 
 
 @dataclass
@@ -121,6 +125,8 @@ class Tuner:
         self._memory: MemoryModel | None = None
         self._predictions: dict[int, dict[str, object]] = {}
         self._oom_floor: dict[str, tuple[int, int]] = {}  # shape -> (smallest oom mb, trial)
+        self._fit_ceiling: dict[str, int] = {}  # shape -> largest micro-batch that fitted
+        self._verdicts: dict[str, tuple[str, float, dict[str, object]]] = {}
         self._retries: list[tuple[str, int]] = []
         self._stopping = False
         self._lock: DriverLock | None = None
@@ -137,7 +143,7 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         storage = open_storage(self.plan.settings.storage_url)
-        sampler = optuna.samplers.TPESampler(seed=self.plan.settings.seed)
+        sampler = self._make_sampler()
         study = optuna.create_study(
             study_name=self.plan.study_name,
             storage=storage,
@@ -159,13 +165,49 @@ class Tuner:
             )
         return study
 
+    def _make_sampler(self) -> optuna.samplers.BaseSampler:
+        import optuna
+
+        settings = self.plan.settings
+        seed = settings.seed
+        if settings.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed)
+        if settings.sampler == "gp":
+            return optuna.samplers.GPSampler(seed=seed)
+        if settings.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        from autotune.sampler import CandidatePolicy, CandidateSampler
+
+        mode = "grid" if settings.sampler == "grid" else "model"
+        policy = CandidatePolicy(
+            list(self.plan.space.candidates()),
+            cost=self.cost_model() if mode == "model" else None,
+            may_fit=self._may_fit if settings.prune else None,
+            mode=mode,
+        )
+        return CandidateSampler(self.plan.space, policy, seed=seed)
+
+    def cost_model(self) -> CostModel:
+        from autotune.cost import CostModel, WorkloadFacts
+        from autotune.memory import model_facts
+
+        workload = self.plan.workload
+        facts = WorkloadFacts(model_facts(workload, 0).params, workload.tokens_per_sample)
+        return CostModel(
+            facts, self.plan.hardware.accelerator, threads=self.plan.config.threads_per_rank
+        )
+
+    def _may_fit(self, candidate: Candidate) -> bool:
+        """What the memory model says before any probe (the sampler skips the rest)."""
+        return self._memory_verdict(candidate)[0] == ""
+
     def _review_history(self, study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
         """Evaluated candidates by key. Trials a dead driver left RUNNING become FAIL with
         status ``interrupted``; an interrupted candidate is probed again once (its retry
         carries ``retry_of``); an interrupted retry is given up."""
         from optuna.trial import TrialState
 
-        trials = [t for t in study.get_trials(deepcopy=False) if not is_duplicate(t)]
+        trials = [t for t in study.get_trials(deepcopy=False) if not is_repeat(t)]
         retried = {t.user_attrs["retry_of"] for t in trials if "retry_of" in t.user_attrs}
         known: dict[str, optuna.trial.FrozenTrial] = {}
         interrupted: list[optuna.trial.FrozenTrial] = []
@@ -188,9 +230,9 @@ class Tuner:
                 continue
             if trial.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL):
                 known.setdefault(key, trial)
-            if status == "oom":
+            if status in ("oom", "ok"):
                 candidate = Candidate.model_validate(trial.user_attrs["candidate"])
-                self._note_oom(candidate, trial.number)
+                self._note_outcome(candidate, status, trial.number)
         self._retries = [
             (t.user_attrs["candidate_key"], t.number)
             for t in interrupted
@@ -307,6 +349,7 @@ class Tuner:
         executor = self._executor_factory(plan)
         inflight: dict[int, _InFlight] = {}
         estimate_s = self._probe_estimate_s(study)
+        reserve_s = self._confirmation_reserve_s(study, budget_s, estimate_s)
         duplicates_in_a_row = 0
         stop_reason = ""
         failure: BaseException | None = None
@@ -322,7 +365,7 @@ class Tuner:
                     if settings.max_trials is not None and summary.probes >= settings.max_trials:
                         stop_reason = f"--max-trials {settings.max_trials} reached"
                         break
-                    remaining = deadline - time.monotonic()
+                    remaining = deadline - time.monotonic() - reserve_s
                     if remaining <= 0 or remaining < estimate_s:
                         stop_reason = self._budget_spent_reason()
                         break
@@ -369,6 +412,11 @@ class Tuner:
                     self._record(study, job, result)
                     known[job.candidate.key] = study.get_trials(deepcopy=False)[job.trial.number]
                     estimate_s = self._probe_estimate_s(study)
+                    reserve_s = self._confirmation_reserve_s(study, budget_s, estimate_s)
+                if self._stopping:
+                    stop_reason = "interrupted"
+            if not self._stopping and settings.confirm:
+                summary.confirmation = self._confirm(study, executor, inflight, deadline)
                 if self._stopping:
                     stop_reason = "interrupted"
         except (*_storage_errors(), OSError) as exc:
@@ -401,6 +449,80 @@ class Tuner:
             )
         return summary
 
+    # -- confirmation --------------------------------------------------------------------
+    def _confirmation_reserve_s(
+        self, study: optuna.Study, budget_s: float, estimate_s: float
+    ) -> float:
+        if not self.plan.settings.confirm:
+            return 0.0
+        from autotune import confirm
+        from autotune.export import feasible_trials
+
+        estimate_s = estimate_s or 20.0  # before the first probe: a warm gpt-tiny probe ~5 s
+        return confirm.reserve_s(estimate_s, len(feasible_trials(study)) or confirm.TOP, budget_s)
+
+    def _confirm(
+        self,
+        study: optuna.Study,
+        executor: Executor,
+        inflight: dict[int, _InFlight],
+        deadline: float,
+    ) -> str:
+        """Probe the contenders again, interleaved, and store the verdict (see confirm.py)."""
+        from autotune import confirm
+        from autotune.export import feasible_trials
+
+        chosen = confirm.contenders(feasible_trials(study))
+        if len(chosen) < 2:
+            return ""
+        verdict = confirm.Confirmation(
+            contenders=[
+                confirm.Contender(
+                    trial=t.number, label=t.user_attrs["label"], samples_per_s=[float(t.value)]
+                )
+                for t in chosen
+            ]
+        )
+        started = time.monotonic()
+        by_trial = {c.trial: c for c in verdict.contenders}
+        self.log(
+            f"confirming {len(chosen)} contender(s), interleaved: "
+            + ", ".join(t.user_attrs["label"] for t in chosen)
+        )
+        for _ in range(confirm.ROUNDS):
+            round_s = len(chosen) * max(self._probe_estimate_s(study), 1.0)
+            if self._stopping or time.monotonic() + round_s > deadline:
+                break
+            for original in chosen:
+                if self._stopping:
+                    break
+                candidate = Candidate.model_validate(original.user_attrs["candidate"])
+                study.enqueue_trial(
+                    self.plan.space.params_of(candidate),
+                    user_attrs={"confirmation_of": original.number},
+                )
+                trial = study.ask()
+                candidate = self.plan.space.suggest(trial)
+                ticket, job = self._submit(executor, study, trial, candidate, early_stop=False)
+                inflight[ticket] = job
+                result = None
+                while result is None and not self._stopping:
+                    for done_ticket, done in executor.wait(POLL_S):
+                        inflight.pop(done_ticket)
+                        self._record(study, job, done)
+                        result = done
+                if result is not None and result.status == "ok":
+                    by_trial[original.number].samples_per_s.append(result.samples_per_s)
+            else:
+                verdict.rounds += 1
+        verdict.seconds = round(time.monotonic() - started, 1)
+        verdict.after_trial = len(study.get_trials(deepcopy=False)) - 1
+        verdict.decide()
+        study.set_user_attr(confirm.CONFIRMATION_ATTR, verdict.model_dump(mode="json"))
+        text = verdict.describe()
+        self.log(f"confirmation ({verdict.rounds} round(s), {verdict.seconds:.0f} s): {text}")
+        return text
+
     def _record_interrupted(self, study: optuna.Study, jobs: Iterable[_InFlight]) -> None:
         from optuna.trial import TrialState
 
@@ -420,11 +542,17 @@ class Tuner:
             update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
         ).key
 
-    def _note_oom(self, candidate: Candidate, trial_number: int) -> None:
+    def _note_outcome(self, candidate: Candidate, status: str, trial_number: int) -> None:
+        """Memory is monotonic in the micro-batch: an OOM at m rules out larger ones; a fit
+        at m vouches for smaller ones (the memory model is not asked about those)."""
         shape = self._shape_key(candidate)
-        floor = self._oom_floor.get(shape)
-        if floor is None or candidate.micro_batch_size < floor[0]:
-            self._oom_floor[shape] = (candidate.micro_batch_size, trial_number)
+        if status == "oom":
+            floor = self._oom_floor.get(shape)
+            if floor is None or candidate.micro_batch_size < floor[0]:
+                self._oom_floor[shape] = (candidate.micro_batch_size, trial_number)
+        elif status == "ok":
+            ceiling = self._fit_ceiling.get(shape, 0)
+            self._fit_ceiling[shape] = max(ceiling, candidate.micro_batch_size)
 
     # -- memory ----------------------------------------------------------------------
     def _memory_model(self) -> MemoryModel | None:
@@ -479,35 +607,15 @@ class Tuner:
         model = self._memory_model()
         if model is None:
             return False
-        estimate = model.predict(candidate)
-        predicted = estimate.tracked_bytes(plan.hardware.accelerator)
-        host = estimate.host_bytes * plan.config.gpus_per_trial
-        limit = plan.config.vram_limit_bytes
-        threshold = limit * (1.0 - plan.settings.memory_margin)
-        host_ram = plan.settings.host_ram_bytes or plan.hardware.host_memory_bytes
-        raw = int(predicted / estimate.correction)
-        attrs = {
-            "predicted_peak_bytes": predicted,
-            "predicted_raw_bytes": raw,
-            "predicted_host_bytes": estimate.host_bytes,
-            "predicted_phase": estimate.phase,
-            "memory_correction": estimate.correction,
-        }
+        reason, over, attrs = self._memory_verdict(candidate)
         self._predictions[trial.number] = attrs
-        reason = ""
-        if predicted > threshold:
-            reason = (
-                f"predicted peak {format_bytes(predicted)} per rank exceeds the limit "
-                f"{format_bytes(limit)} less the {100 * plan.settings.memory_margin:.0f}% margin"
-            )
-            over = predicted - threshold
-        elif plan.hardware.accelerator == "cuda" and host > host_ram:
-            reason = (
-                f"predicted host memory {format_bytes(host)} per node exceeds --host-ram "
-                f"{format_bytes(host_ram)}"
-            )
-            over = host - host_ram
         if not reason:
+            return False
+        if candidate.micro_batch_size <= self._fit_ceiling.get(self._shape_key(candidate), 0):
+            self.log(
+                f"trial {trial.number}: {candidate.label}: the memory model says it will not "
+                "fit, but a larger micro-batch of it did; probing it"
+            )
             return False
         record_pruned(
             study,
@@ -516,13 +624,52 @@ class Tuner:
             pruned_by="memory-model",
             reason=reason,
             over_bytes=over,
-            attrs={**attrs, "vram_limit_bytes": limit},
+            attrs={**attrs, "vram_limit_bytes": plan.config.vram_limit_bytes},
         )
         self.log(f"trial {trial.number}: {candidate.label} -> infeasible, not probed: {reason}")
         return True
 
+    def _memory_verdict(self, candidate: Candidate) -> tuple[str, float, dict[str, object]]:
+        """(why it cannot fit or "", by how many bytes, the prediction's attrs)."""
+        plan = self.plan
+        model = self._memory_model()
+        if model is None:
+            return "", 0.0, {}
+        estimate = model.predict(candidate)
+        predicted = estimate.tracked_bytes(plan.hardware.accelerator)
+        host = estimate.host_bytes * plan.config.gpus_per_trial
+        limit = plan.config.vram_limit_bytes
+        threshold = limit * (1.0 - plan.settings.memory_margin)
+        host_ram = plan.settings.host_ram_bytes or plan.hardware.host_memory_bytes
+        attrs: dict[str, object] = {
+            "predicted_peak_bytes": predicted,
+            "predicted_raw_bytes": int(predicted / estimate.correction),
+            "predicted_host_bytes": estimate.host_bytes,
+            "predicted_phase": estimate.phase,
+            "memory_correction": estimate.correction,
+        }
+        if predicted > threshold:
+            reason = (
+                f"predicted peak {format_bytes(predicted)} per rank exceeds the limit "
+                f"{format_bytes(limit)} less the {100 * plan.settings.memory_margin:.0f}% margin"
+            )
+            return reason, predicted - threshold, attrs
+        if plan.hardware.accelerator == "cuda" and host > host_ram:
+            reason = (
+                f"predicted host memory {format_bytes(host)} per node exceeds --host-ram "
+                f"{format_bytes(host_ram)}"
+            )
+            return reason, host - host_ram, attrs
+        return "", 0.0, attrs
+
     def _submit(
-        self, executor: Executor, study: optuna.Study, trial: optuna.Trial, candidate: Candidate
+        self,
+        executor: Executor,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        candidate: Candidate,
+        *,
+        early_stop: bool = True,
     ) -> tuple[int, _InFlight]:
         from autotune.launch import ProbeJob
         from autotune.protocol import ProbeSpec
@@ -557,7 +704,10 @@ class Tuner:
             vram_limit_bytes=plan.config.vram_limit_bytes,
             device_memory_bytes=plan.hardware.device_memory_bytes,
             warmup_steps=settings.warmup_steps,
+            max_warmup_steps=settings.warmup_steps + 4,
             timed_steps=settings.timed_steps,
+            max_timed_steps=max(settings.max_timed_steps, settings.timed_steps),
+            stop_below_samples_per_s=self._early_stop_threshold(study) if early_stop else 0.0,
             tokens_per_sample=plan.workload.tokens_per_sample,
             fault=self._fault,
         )
@@ -573,13 +723,24 @@ class Tuner:
         self.log(f"trial {trial.number}: probing {candidate.label}")
         return ticket, _InFlight(trial, candidate, ds_config, trial_dir, time.monotonic())
 
+    def _early_stop_threshold(self, study: optuna.Study) -> float:
+        """Samples/s below which a probe may stop early: the best so far less a margin
+        (none for grid runs, which measure everything in full)."""
+        settings = self.plan.settings
+        if not settings.early_stop or settings.sampler == "grid":
+            return 0.0
+        from autotune.export import best_trial
+
+        best = best_trial(study)
+        return float(best.value) * (1.0 - EARLY_STOP_MARGIN) if best and best.value else 0.0
+
     def _record(self, study: optuna.Study, job: _InFlight, result: ProbeResult) -> None:
         limit = self.plan.config.vram_limit_bytes
         prediction = self._predictions.pop(job.trial.number, {})
         for key, value in prediction.items():
             job.trial.set_user_attr(key, value)
-        if result.status == "oom":
-            self._note_oom(job.candidate, job.trial.number)
+        if result.status in ("oom", "ok"):
+            self._note_outcome(job.candidate, result.status, job.trial.number)
         if result.status == "ok" and prediction.get("predicted_raw_bytes"):
             # the uncorrected prediction is what calibration compares against
             raw = int(prediction["predicted_raw_bytes"])  # type: ignore[call-overload]
@@ -594,7 +755,12 @@ class Tuner:
             trial_dir=str(job.trial_dir),
         )
         peak = f"peak {format_bytes(result.peak_bytes)} of {format_bytes(limit)}"
-        if result.status == "ok":
+        if result.status == "ok" and result.stopped_early:
+            outcome = (
+                f"stopped early after {len(result.step_times_s)} step(s): "
+                f"{result.samples_per_s:.1f} samples/s, clearly below the best so far"
+            )
+        elif result.status == "ok":
             outcome = (
                 f"{result.samples_per_s:.1f} samples/s (±{100 * result.spread / 2:.0f}%), "
                 f"{result.tokens_per_s:.0f} tokens/s, {peak}"

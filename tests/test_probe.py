@@ -101,3 +101,56 @@ def test_hung_rank_is_killed_at_the_timeout(tmp_path: Path) -> None:
     assert result.status == "timeout"
     assert time.monotonic() - started < 40 + 15
     assert_no_probe_left()
+
+
+def test_adaptive_length_and_early_stop_in_one_warm_group(tmp_path: Path) -> None:
+    """Warm-up until steps settle, timing until the interval is tight (or the cap), and an
+    early stop once clearly slower than a threshold; all ranks stop after the same step."""
+    from autotune.worker import WarmWorker
+
+    worker = WarmWorker()
+    try:
+        base = make_job(tmp_path)
+        adaptive = base.model_copy(
+            update={
+                "trial_dir": str(tmp_path / "adaptive"),
+                "spec": base.spec.model_copy(
+                    update={
+                        "max_warmup_steps": 6,
+                        "timed_steps": 3,
+                        "max_timed_steps": 12,
+                        "target_spread": 0.5,  # loose: three steps are enough
+                    }
+                ),
+            }
+        )
+        result = worker.run(adaptive)
+        assert result.status == "ok", result.error + result.log_tail
+        assert len(result.step_times_s) == 3 and 1 <= result.warmup_steps <= 6
+        assert not result.stopped_early
+
+        tight = adaptive.model_copy(
+            update={
+                "trial_dir": str(tmp_path / "tight"),
+                "spec": adaptive.spec.model_copy(
+                    update={"target_spread": 1e-6, "max_timed_steps": 7}
+                ),
+            }
+        )
+        result = worker.run(tight)
+        assert result.status == "ok" and len(result.step_times_s) == 7  # hit the cap
+
+        hopeless = adaptive.model_copy(
+            update={
+                "trial_dir": str(tmp_path / "hopeless"),
+                "spec": adaptive.spec.model_copy(
+                    update={"target_spread": 1e-6, "stop_below_samples_per_s": 1e9}
+                ),
+            }
+        )
+        result = worker.run(hopeless)
+        assert result.status == "ok" and result.stopped_early
+        assert len(result.step_times_s) == 3  # the minimum for a verdict
+    finally:
+        worker.close()
+    assert_no_probe_left()

@@ -1,0 +1,129 @@
+"""The confirmation round: pick the winner on repeated, interleaved measurements.
+
+One short probe moves by about ±10% on a shared machine, so the search's ranking of close
+candidates is partly luck. Before the export, the top candidates (:data:`TOP`, plus every
+candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) are probed
+again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them
+alike. Each probe's samples/s is one sample; the winner is the highest mean, and the
+summary states each contender's mean with its 95% interval (Student's t over the samples:
+the search's probe plus every confirmation probe).
+
+The round's time is reserved from the budget before the search starts
+(:func:`reserve_s`), so it is never skipped because the search used everything.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.steps import mean_interval
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+TOP = 3
+MAX_CONTENDERS = 5
+ROUNDS = 3
+CONFIRMATION_ATTR = "autotune_confirmation"
+
+
+class Contender(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int = Field(description="The search trial of this candidate.")
+    label: str
+    samples_per_s: list[float] = Field(description="One value per probe: search + confirmation.")
+    mean: float = 0.0
+    half_width: float = Field(default=0.0, description="95% interval of the mean, samples/s.")
+
+    def summarize(self) -> None:
+        self.mean = statistics.fmean(self.samples_per_s) if self.samples_per_s else 0.0
+        _, half = mean_interval(self.samples_per_s) if len(self.samples_per_s) > 1 else (0, 0)
+        self.half_width = 0.0 if math.isinf(half) else half
+
+    def describe(self) -> str:
+        interval = f" ±{self.half_width:.1f}" if len(self.samples_per_s) > 1 else ""
+        return (
+            f"{self.label}: {self.mean:.1f} samples/s{interval} "
+            f"(95% interval, {len(self.samples_per_s)} probes)"
+        )
+
+
+class Confirmation(BaseModel):
+    """The round's outcome, stored as a study user attr and read by the export."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    contenders: list[Contender]
+    rounds: int = 0
+    seconds: float = 0.0
+    winner: int | None = Field(default=None, description="Trial number of the winner.")
+    after_trial: int = Field(default=-1, description="Last trial number when it was decided.")
+
+    def decide(self) -> None:
+        for contender in self.contenders:
+            contender.summarize()
+        ranked = sorted(self.contenders, key=lambda c: c.mean, reverse=True)
+        self.contenders = ranked
+        self.winner = ranked[0].trial if ranked else None
+
+    @property
+    def tie(self) -> bool:
+        """The winner's and the runner-up's intervals overlap: statistically a tie."""
+        if len(self.contenders) < 2 or self.rounds == 0:
+            return False
+        first, second = self.contenders[0], self.contenders[1]
+        return first.mean - first.half_width <= second.mean + second.half_width
+
+    def describe(self) -> str:
+        if not self.contenders:
+            return "no confirmation round"
+        lines = [f"winner {self.contenders[0].describe()}"]
+        lines += [f"runner-up {c.describe()}" for c in self.contenders[1:]]
+        if self.tie:
+            lines.append("the best two overlap within noise: the higher mean was taken")
+        return "; ".join(lines)
+
+
+def step_interval(trial: FrozenTrial) -> tuple[float, float]:
+    """A search trial's samples/s and the half-width of its 95% interval, from its steps."""
+    attrs = trial.user_attrs
+    times = attrs.get("step_times_s") or []
+    rate = float(attrs.get("samples_per_s", 0.0))
+    if len(times) < 2 or rate <= 0:
+        return rate, rate * 0.1  # one step: assume the ±10% noise of this machine class
+    mean, half = mean_interval(times)
+    batch = rate * statistics.median(times)
+    return batch / mean, batch / max(mean - half, 1e-9) - batch / mean
+
+
+def contenders(feasible: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The top :data:`TOP` plus any within the best's noise band, fastest first."""
+    if not feasible:
+        return []
+    best_rate, best_half = step_interval(feasible[0])
+    chosen = []
+    for index, trial in enumerate(feasible):
+        rate, half = step_interval(trial)
+        if index < TOP or rate + half >= best_rate - best_half:
+            chosen.append(trial)
+        if len(chosen) >= MAX_CONTENDERS:
+            break
+    return chosen
+
+
+def reserve_s(probe_estimate_s: float, candidates: int, remaining_s: float) -> float:
+    """Budget held back for the round: ROUNDS of TOP probes, at most a quarter of what is
+    left (the search must still have room to find something worth confirming)."""
+    wanted = ROUNDS * min(TOP, max(candidates, 1)) * max(probe_estimate_s, 1.0)
+    return min(wanted, 0.25 * max(remaining_s, 0.0))
+
+
+def load(study: optuna.Study) -> Confirmation | None:
+    raw: Any = study.user_attrs.get(CONFIRMATION_ATTR)
+    return Confirmation.model_validate(raw) if raw else None

@@ -1,0 +1,174 @@
+"""Cost model: an analytic estimate of a candidate's optimizer-step time, calibrated by the
+probes of the study.
+
+The step time is a sum of terms, each a volume divided by a nominal rate of the hardware,
+times a weight that calibration fits (prior 1):
+
+- compute, per precision: ~6 FLOPs per parameter and token for forward + backward (Kaplan
+  et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1), 8 with activation
+  checkpointing (one more forward, Chen et al. 2016, "Training Deep Nets with Sublinear
+  Memory Cost");
+- a fixed cost per micro-step (kernel launches, Python, DeepSpeed's hooks), which dominates
+  small models and makes micro-batch 1 with 16 accumulation steps slow;
+- communication of ZeRO (Rajbhandari et al. 2020, "ZeRO", sec. 7): stages 0-1 all-reduce
+  the gradients once per step (2 (d-1)/d Ψ elements), stage 1-2 all-gather the updated
+  parameters once per step, stage 2 reduce-scatters every micro-step, stage 3 all-gathers
+  parameters twice and reduce-scatters gradients every micro-step (3 (d-1)/d Ψ);
+- the optimizer step: on the device, proportional to the parameters this rank updates;
+  with CPU offload, DeepSpeed's CPU Adam over them plus gradients to and parameters from
+  the host (ZeRO-Offload, Ren et al. 2021); NVMe adds the swap volume at disk speed;
+- parameter offload (ZeRO-Infinity, Rajbhandari et al. 2021): parameters fetched from the
+  host for forward and backward, every micro-step.
+
+Calibration solves for the weights by least squares on relative errors with a ridge pull
+toward 1, so two probes already move the model and a dozen pin it down.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autotune.candidate import Candidate
+
+# Nominal rates; calibration corrects them, they only need the right order of magnitude.
+_FLOPS = {  # per rank per second
+    ("cuda", "fp32"): 20e12,  # TF32 tensor cores, sustained
+    ("cuda", "bf16"): 150e12,
+    ("cuda", "fp16"): 150e12,
+    ("cpu", "fp32"): 4e9,  # per thread
+    ("cpu", "bf16"): 0.5e9,  # per thread, AVX2 without native bf16 (measured ~10x slower)
+    ("cpu", "fp16"): 0.5e9,
+}
+_LINK_BYTES_S = {"cuda": 50e9, "cpu": 1e9}  # collective bandwidth per rank (NVLink / gloo)
+_MICRO_STEP_S = {"cuda": 0.005, "cpu": 0.01}
+_DEVICE_OPTIM_PARAMS_S = {"cuda": 2e10, "cpu": 2e8}  # Adam updates per second per rank
+_CPU_ADAM_PARAMS_S = 5e8  # DeepSpeed's vectorised CPU Adam, per node
+_HOST_LINK_BYTES_S = {"cuda": 12e9, "cpu": 5e9}  # PCIe / memcpy
+_NVME_BYTES_S = 2e9
+
+TERMS = (
+    "compute_fp32",
+    "compute_bf16",
+    "compute_fp16",
+    "micro_steps",
+    "communication",
+    "device_optimizer",
+    "host_optimizer",
+    "host_transfer",
+    "nvme",
+)
+RIDGE = 0.3  # pull of each weight toward its prior 1, against relative errors
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    params: int
+    tokens_per_sample: int
+
+
+def terms(candidate: Candidate, facts: WorkloadFacts, accelerator: str, threads: int) -> dict:
+    """Each term's seconds per optimizer step at nominal rates (weights 1)."""
+    psi = float(facts.params)
+    mb, gas, dp = (
+        candidate.micro_batch_size,
+        candidate.gradient_accumulation_steps,
+        candidate.data_parallel_size,
+    )
+    stage = candidate.zero_stage
+    width = 4.0 if candidate.precision == "fp32" else 2.0
+    flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
+    rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
+    compute = flops_per_token * psi * facts.tokens_per_sample * mb * gas / rate
+    share = (dp - 1) / dp if dp > 1 else 0.0
+    link = _LINK_BYTES_S[accelerator]
+    if stage == 0:
+        elements = 2 * share * psi
+    elif stage == 1:
+        elements = 2 * share * psi + share * psi
+    elif stage == 2:
+        elements = gas * share * psi + share * psi
+    else:
+        elements = gas * 3 * share * psi
+    communication = elements * width / link
+    updated = psi if stage == 0 else psi / dp
+    ratio = candidate.offload_optimizer_ratio if candidate.offload_optimizer != "none" else 0.0
+    device_optimizer = (1 - ratio) * updated / _DEVICE_OPTIM_PARAMS_S[accelerator]
+    host_optimizer = ratio * updated / _CPU_ADAM_PARAMS_S * dp  # dp ranks share the host
+    host = _HOST_LINK_BYTES_S[accelerator]
+    host_transfer = ratio * updated * 2 * width / host
+    nvme = 0.0
+    if candidate.offload_optimizer == "nvme":
+        nvme += ratio * updated * 12 * 2 / _NVME_BYTES_S  # fp32 states out and in
+    if candidate.offload_param != "none":
+        host_transfer += gas * 2 * psi / dp * width / host
+        if candidate.offload_param == "nvme":
+            nvme += gas * 2 * psi / dp * width / _NVME_BYTES_S
+    values = dict.fromkeys(TERMS, 0.0)
+    values[f"compute_{candidate.precision}"] = compute
+    values.update(
+        micro_steps=gas * _MICRO_STEP_S[accelerator],
+        communication=communication,
+        device_optimizer=device_optimizer,
+        host_optimizer=host_optimizer,
+        host_transfer=host_transfer,
+        nvme=nvme,
+    )
+    return values
+
+
+class CostModel:
+    """Predicts step time and samples/s; :meth:`fit` calibrates on measured probes."""
+
+    def __init__(self, facts: WorkloadFacts, accelerator: str, threads: int = 1) -> None:
+        self.facts = facts
+        self.accelerator = accelerator
+        self.threads = max(1, threads)
+        self.weights = dict.fromkeys(TERMS, 1.0)
+        self.observations = 0
+
+    def terms(self, candidate: Candidate) -> dict[str, float]:
+        return terms(candidate, self.facts, self.accelerator, self.threads)
+
+    def step_time_s(self, candidate: Candidate) -> float:
+        values = self.terms(candidate)
+        return sum(self.weights[k] * v for k, v in values.items())
+
+    def samples_per_s(self, candidate: Candidate) -> float:
+        return candidate.train_batch_size / max(self.step_time_s(candidate), 1e-12)
+
+    def fit(self, measured: list[tuple[Candidate, float]]) -> None:
+        """Weights from (candidate, measured step time) pairs: least squares on relative
+        errors, each weight pulled toward 1 by :data:`RIDGE`, kept positive."""
+        import numpy as np
+
+        self.observations = len(measured)
+        if not measured:
+            self.weights = dict.fromkeys(TERMS, 1.0)
+            return
+        rows, targets = [], []
+        for candidate, step_s in measured:
+            values = self.terms(candidate)
+            rows.append([values[k] / step_s for k in TERMS])
+            targets.append(1.0)
+        for index in range(len(TERMS)):
+            prior = [0.0] * len(TERMS)
+            prior[index] = RIDGE
+            rows.append(prior)
+            targets.append(RIDGE)
+        a, b = np.array(rows), np.array(targets)
+        weights = np.ones(len(TERMS))
+        # Projected least squares: solve, clamp to a floor, re-solve the free ones.
+        active = np.ones(len(TERMS), dtype=bool)
+        for _ in range(len(TERMS)):
+            solution, *_ = np.linalg.lstsq(a[:, active], b - a[:, ~active] @ weights[~active])
+            weights[active] = solution
+            low = weights < 0.02
+            if not low.any():
+                break
+            weights[low] = 0.02
+            active &= ~low
+        self.weights = {k: float(w) for k, w in zip(TERMS, weights, strict=True)}
+
+    def relative_error(self, candidate: Candidate, step_s: float) -> float:
+        return abs(math.log(self.step_time_s(candidate) / step_s))

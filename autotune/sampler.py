@@ -1,0 +1,212 @@
+"""autotune's own Optuna sampler: it proposes whole candidates, ordered by the models.
+
+Optuna's samplers see a define-by-run space of conditional categoricals and learn it from
+scratch; autotune knows much more before the first probe: which candidates cannot fit (the
+memory model, and monotonicity in the micro-batch), and roughly how fast each one will be
+(the cost model). :class:`CandidateSampler` picks the next candidate in
+:meth:`~optuna.samplers.BaseSampler.before_trial` and answers each
+``suggest_categorical`` of that trial with the candidate's value, so Optuna's storage,
+dashboard and enqueue/retry machinery work unchanged.
+
+Policies:
+
+- ``model`` (``--sampler autotune``): among unevaluated candidates that may fit, the
+  highest predicted samples/s of the calibrated cost model, times an exploration bonus for
+  values no probe has measured yet (a ZeRO stage, precision, offload target, checkpointing
+  or micro-batch the model has no data on is where it is least certain). The bonus decays
+  as probes accumulate.
+- ``grid`` (``--sampler grid``): every valid candidate once, in the space's order, for
+  exhaustive tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from autotune.candidate import Candidate
+from autotune.cost import CostModel
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.trial import FrozenTrial
+
+    from autotune.space import BoundSpace
+
+EXPLORATION = 0.6  # bonus of a fully novel candidate over its predicted samples/s, at start
+NOVELTY_ATTRIBUTES = (
+    "precision",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_param",
+    "activation_checkpointing",
+    "micro_batch_size",
+)
+
+
+def shape_key(candidate: Candidate) -> str:
+    """The candidate without its batch split (what memory monotonicity speaks about)."""
+    return candidate.model_copy(
+        update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
+    ).key
+
+
+class History:
+    """What a study's trials say about candidates (shared by sampler and replays)."""
+
+    def __init__(self) -> None:
+        self.evaluated: set[str] = set()
+        self.measured: list[tuple[Candidate, float]] = []  # (candidate, step time s)
+        self.oom_floor: dict[str, int] = {}  # shape -> smallest micro-batch that OOMed
+        self.fit_ceiling: dict[str, int] = {}  # shape -> largest micro-batch that fitted
+
+    def add(self, candidate: Candidate, status: str, step_time_s: float | None) -> None:
+        self.evaluated.add(candidate.key)
+        shape = shape_key(candidate)
+        if status == "oom":
+            self.oom_floor[shape] = min(
+                self.oom_floor.get(shape, candidate.micro_batch_size), candidate.micro_batch_size
+            )
+        elif status == "ok":
+            self.fit_ceiling[shape] = max(
+                self.fit_ceiling.get(shape, 0), candidate.micro_batch_size
+            )
+            if step_time_s:
+                self.measured.append((candidate, step_time_s))
+
+    @classmethod
+    def of_study(cls, study: optuna.Study) -> History:
+        history = cls()
+        for trial in study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if "candidate" not in attrs or "duplicate_of" in attrs or "confirmation_of" in attrs:
+                continue
+            candidate = Candidate.model_validate(attrs["candidate"])
+            if trial.state == optuna.trial.TrialState.RUNNING:
+                history.evaluated.add(candidate.key)
+                continue
+            if attrs.get("status") == "interrupted":
+                continue  # probed again by the tuner's retry, not by the sampler
+            step_time_s = attrs.get("step_time_s") if attrs.get("status") == "ok" else None
+            history.add(candidate, attrs.get("status", ""), step_time_s)
+        return history
+
+    def known_to_fit(self, candidate: Candidate) -> bool:
+        return candidate.micro_batch_size <= self.fit_ceiling.get(shape_key(candidate), 0)
+
+    def known_not_to_fit(self, candidate: Candidate) -> bool:
+        floor = self.oom_floor.get(shape_key(candidate))
+        return floor is not None and candidate.micro_batch_size >= floor
+
+
+class CandidatePolicy:
+    """Chooses the next candidate from a history; pure, so benchmarks replay it offline."""
+
+    def __init__(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        cost: CostModel | None,
+        may_fit: Callable[[Candidate], bool] | None = None,
+        mode: str = "model",
+    ) -> None:
+        self.candidates = list(candidates)
+        self.cost = cost
+        self.may_fit = may_fit
+        self.mode = mode
+        self._may_fit_cache: dict[str, bool] = {}
+
+    def _open(self, history: History) -> list[Candidate]:
+        open_ = []
+        for candidate in self.candidates:
+            if candidate.key in history.evaluated or history.known_not_to_fit(candidate):
+                continue
+            checked = self.mode != "grid" and self.may_fit is not None
+            if checked and not history.known_to_fit(candidate) and not self._fits(candidate):
+                continue
+            open_.append(candidate)
+        return open_
+
+    def _fits(self, candidate: Candidate) -> bool:
+        fits = self._may_fit_cache.get(candidate.key)
+        if fits is None:
+            assert self.may_fit is not None
+            fits = self._may_fit_cache[candidate.key] = self.may_fit(candidate)
+        return fits
+
+    def choose(self, history: History) -> Candidate | None:
+        open_ = self._open(history)
+        if not open_:
+            return None
+        if self.mode == "grid" or self.cost is None:
+            return open_[0]
+        self.cost.fit(history.measured)
+        seen = {
+            attribute: {getattr(c, attribute) for c, _ in history.measured}
+            for attribute in NOVELTY_ATTRIBUTES
+        }
+        bonus = EXPLORATION / (1.0 + len(history.measured) / 4.0)
+
+        def score(candidate: Candidate) -> float:
+            novel = sum(getattr(candidate, a) not in seen[a] for a in NOVELTY_ATTRIBUTES)
+            assert self.cost is not None
+            return self.cost.samples_per_s(candidate) * (
+                1.0 + bonus * novel / len(NOVELTY_ATTRIBUTES)
+            )
+
+        return max(open_, key=score)
+
+
+class CandidateSampler(optuna.samplers.BaseSampler):
+    """An Optuna sampler whose trials are whole candidates chosen by a :class:`CandidatePolicy`
+    (see the module docstring); parameters it has no value for come from a RandomSampler."""
+
+    def __init__(self, space: BoundSpace, policy: CandidatePolicy, seed: int | None = None):
+        self.space = space
+        self.policy = policy
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+        self._chosen: dict[int, dict[str, Any]] = {}
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        pick = self.policy.choose(History.of_study(study))
+        if pick is not None:
+            self._chosen[trial.number] = self.space.params_of(pick)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        params = self._chosen.get(trial.number, {})
+        if param_name in params:
+            value = params[param_name]
+            choices = getattr(param_distribution, "choices", None)
+            if choices is None or value in choices:
+                return value
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: optuna.trial.TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._chosen.pop(trial.number, None)

@@ -1,0 +1,439 @@
+"""How close does each search strategy get to the best configuration, in how many probes?
+
+(a) Exhaustive tables: every valid candidate of a space probed on real hardware with
+    ``--sampler grid``, then dumped to ``benchmarks/data/table_<name>.json``::
+
+        autotune run --workload gpt-tiny --gpus 2 --space benchmarks/spaces/cpu_table.yaml \\
+            --sampler grid --no-prune --max-timed-steps 10 --executor local --budget 45m \\
+            --storage sqlite:////tmp/tables/tables.db --study table-gpt-tiny
+        python benchmarks/search_efficiency.py dump --storage sqlite:////tmp/tables/tables.db \\
+            --study table-gpt-tiny --out benchmarks/data/table_gpt-tiny.json
+
+(b) Replays: each strategy searches the table many times (different seeds, and a 3%
+    Gaussian noise on every looked-up throughput, about what a short probe measures here),
+    under a memory limit applied to the measured peaks. For budgets of 5, 10 and 20 probes
+    it reports best-found / best-possible (median and worst over the repeats) and the
+    probes needed to get within 2% of the best::
+
+        python benchmarks/search_efficiency.py replay --table benchmarks/data/table_gpt-tiny.json \\
+            --limit 1.5GiB --repeats 30
+
+Strategies: autotune's sampler (memory model + calibrated cost model, see
+autotune/sampler.py), Optuna's TPE and random samplers (the tuner's memory screen and
+de-duplication apply to them as in a real run), and a re-implementation of DeepSpeed's
+autotuner "fast" strategy (deepspeed/autotuning/autotuner.py, documented below). A
+proposal the memory model rules out costs no probe, as in a real run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autotune.candidate import Candidate  # noqa: E402
+
+BUDGETS = (5, 10, 20)
+NOISE = 0.03
+WITHIN = 0.02
+
+
+# -- tables ----------------------------------------------------------------------------
+def dump(storage: str, study_name: str, out: Path) -> None:
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    rows = []
+    for trial in study.get_trials():
+        attrs = trial.user_attrs
+        if "candidate" not in attrs or "duplicate_of" in attrs:
+            continue
+        rows.append(
+            {
+                "candidate": attrs["candidate"],
+                "label": attrs["label"],
+                "status": attrs.get("status"),
+                "samples_per_s": attrs.get("samples_per_s", 0.0),
+                "step_times_s": attrs.get("step_times_s", []),
+                "peak_bytes": attrs.get("peak_bytes", 0),
+                "probe_wall_s": attrs.get("probe_wall_s", 0.0),
+            }
+        )
+    config = study.user_attrs["autotune_config"]
+    flags = study.user_attrs.get("autotune_flags", {})
+    table = {
+        "study": study_name,
+        "workload": config["workload"],
+        "ranks": config["gpus_per_trial"],
+        "global_batch": config["global_batch"],
+        "accelerator": config["accelerator"],
+        "threads_per_rank": config["threads_per_rank"],
+        "space": flags.get("space"),
+        "rows": rows,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    ok = [r for r in rows if r["status"] == "ok"]
+    print(f"{out}: {len(rows)} candidates, {len(ok)} measured ok")
+
+
+@dataclass
+class Table:
+    rows: dict[str, dict]
+    candidates: list[Candidate]
+    limit_bytes: int
+    meta: dict
+
+    @classmethod
+    def load(cls, path: Path, limit_bytes: int) -> Table:
+        data = json.loads(path.read_text())
+        rows, candidates = {}, []
+        for row in data["rows"]:
+            candidate = Candidate.model_validate(row["candidate"])
+            rows[candidate.key] = row
+            candidates.append(candidate)
+        return cls(rows, candidates, limit_bytes, data)
+
+    def feasible(self, key: str) -> bool:
+        row = self.rows[key]
+        return row["status"] == "ok" and 0 < row["peak_bytes"] <= self.limit_bytes
+
+    def best_possible(self) -> float:
+        return max(self.rows[k]["samples_per_s"] for k in self.rows if self.feasible(k))
+
+    def probe(self, candidate: Candidate, rng: random.Random) -> tuple[str, float]:
+        """(status, samples/s) as a probe would measure it: noisy, limit applied."""
+        row = self.rows[candidate.key]
+        if row["status"] != "ok":
+            return row["status"], 0.0
+        if row["peak_bytes"] > self.limit_bytes:
+            return "oom", 0.0
+        return "ok", row["samples_per_s"] * max(0.5, rng.gauss(1.0, NOISE))
+
+
+@dataclass
+class Trajectory:
+    """Best true throughput found after each probe (the table's value of the candidate the
+    strategy believes best: what an export would hand to production)."""
+
+    believed: list[float] = field(default_factory=list)
+
+    def at(self, budget: int) -> float:
+        if not self.believed:
+            return 0.0
+        return self.believed[min(budget, len(self.believed)) - 1]
+
+
+class Search:
+    """Bookkeeping shared by strategies: probes, de-duplication, the memory screen."""
+
+    def __init__(self, table: Table, may_fit: Callable[[Candidate], bool], seed: int) -> None:
+        self.table = table
+        self.may_fit = may_fit
+        self.rng = random.Random(seed)
+        self.measured: dict[str, float] = {}  # key -> measured samples/s (noisy)
+        self.status: dict[str, str] = {}
+        self.trajectory = Trajectory()
+
+    def probe(self, candidate: Candidate) -> tuple[str, float]:
+        status, value = self.table.probe(candidate, self.rng)
+        self.status[candidate.key] = status
+        if status == "ok":
+            self.measured[candidate.key] = value
+        believed_best = max(self.measured, key=self.measured.get, default=None)
+        true = self.table.rows[believed_best]["samples_per_s"] if believed_best else 0.0
+        assert believed_best is None or self.table.feasible(believed_best)  # never infeasible
+        self.trajectory.believed.append(true)
+        return status, value
+
+    @property
+    def probes(self) -> int:
+        return len(self.trajectory.believed)
+
+
+# -- strategies --------------------------------------------------------------------------
+def run_autotune(table: Table, search: Search, max_probes: int, models: Models) -> None:
+    from autotune.sampler import CandidatePolicy, History
+
+    policy = CandidatePolicy(
+        table.candidates, cost=models.cost(), may_fit=search.may_fit, mode="model"
+    )
+    history = History()
+    while search.probes < max_probes:
+        pick = policy.choose(history)
+        if pick is None:
+            break
+        status, value = search.probe(pick)
+        step_s = pick.train_batch_size / value if value else None
+        history.add(pick, status, step_s)
+
+
+def run_optuna(table: Table, search: Search, max_probes: int, sampler_name: str) -> None:
+    import optuna
+
+    from autotune.space import SpaceSpec
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    seed = search.rng.randrange(2**31)
+    sampler = (
+        optuna.samplers.TPESampler(seed=seed)
+        if sampler_name == "tpe"
+        else optuna.samplers.RandomSampler(seed=seed)
+    )
+    space = table_space(table)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    keys = {c.key for c in table.candidates}
+    in_a_row = 0
+    asked = 0
+    while search.probes < max_probes and asked < 50 * max_probes:
+        asked += 1
+        if in_a_row >= 3:  # the tuner's rule: hand the sampler an unseen candidate
+            unseen = [c for c in table.candidates if c.key not in search.status]
+            if not unseen:
+                break
+            study.enqueue_trial(space.params_of(search.rng.choice(unseen)))
+            in_a_row = 0
+        trial = study.ask()
+        candidate = space.suggest(trial)
+        if candidate.key not in keys:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        if candidate.key in search.status:
+            in_a_row += 1
+            previous = search.status[candidate.key]
+            if previous == "ok":
+                study.tell(trial, search.measured[candidate.key])
+            else:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        in_a_row = 0
+        if not search.may_fit(candidate):
+            search.status[candidate.key] = "pruned"
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        status, value = search.probe(candidate)
+        if status == "ok":
+            study.tell(trial, value)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    del SpaceSpec
+
+
+def run_deepspeed_fast(table: Table, search: Search, max_probes: int) -> None:
+    """DeepSpeed's autotuner, "fast" tuner type, re-implemented on the table.
+
+    As in deepspeed/autotuning/autotuner.py (``tune`` -> ``tune_space`` per stage): ZeRO
+    stages in increasing order; for each stage the largest micro-batch its memory estimate
+    admits (``get_max_train_micro_batch_size``; here the memory model at the limit), then
+    ``num_tuning_micro_batch_sizes`` (3) micro-batches from that maximum down, halving; the
+    stage's best is kept, and tuning stops when a stage is not at least 5% better than the
+    best so far. It has no notion of offload, checkpointing or precision: it keeps the
+    user's config (here fp32, the fastest precision on these CPUs, no offload, no
+    checkpointing), and it does not search gradient accumulation beyond what the global
+    batch implies.
+    """
+    base = {"offload_optimizer": "none", "offload_param": "none", "activation_checkpointing": False}
+    precision = "fp32"
+    best_so_far = 0.0
+    for stage in (0, 1, 2, 3):
+        options = sorted(
+            (
+                c
+                for c in table.candidates
+                if c.zero_stage == stage
+                and c.precision == precision
+                and all(getattr(c, k) == v for k, v in base.items())
+                and not c.zero_knobs.items()
+            ),
+            key=lambda c: c.micro_batch_size,
+        )
+        fitting = [c for c in options if search.may_fit(c)]
+        if not fitting:
+            continue
+        largest = fitting[-1].micro_batch_size
+        tries, mbs = [], largest
+        while len(tries) < 3 and mbs >= 1:
+            tries += [c for c in fitting if c.micro_batch_size == mbs]
+            mbs //= 2
+        stage_best = 0.0
+        for candidate in tries:
+            if search.probes >= max_probes:
+                return
+            status, value = search.probe(candidate)
+            stage_best = max(stage_best, value if status == "ok" else 0.0)
+        if best_so_far and stage_best < best_so_far * 1.05:
+            return
+        best_so_far = max(best_so_far, stage_best)
+
+
+# -- models used offline ----------------------------------------------------------------
+class Models:
+    """The memory model at the table's limit and the cost model, for the table's workload."""
+
+    def __init__(self, table: Table, margin: float = 0.05) -> None:
+        from autotune.memory import MemoryModel
+        from autotune.workloads import get_workload
+
+        self.table = table
+        self.workload = get_workload(table.meta["workload"])
+        self.memory = MemoryModel(self.workload)
+        self.threshold = table.limit_bytes * (1 - margin)
+        self._fits: dict[str, bool] = {}
+
+    def may_fit(self, candidate: Candidate) -> bool:
+        if candidate.key not in self._fits:
+            estimate = self.memory.predict(candidate)
+            self._fits[candidate.key] = (
+                estimate.tracked_bytes(self.table.meta["accelerator"]) <= self.threshold
+            )
+        return self._fits[candidate.key]
+
+    def cost(self):
+        from autotune.cost import CostModel, WorkloadFacts
+        from autotune.memory import model_facts
+
+        facts = WorkloadFacts(model_facts(self.workload, 0).params, self.workload.tokens_per_sample)
+        return CostModel(
+            facts, self.table.meta["accelerator"], threads=self.table.meta["threads_per_rank"]
+        )
+
+
+def table_space(table: Table):
+    """A bound space whose candidates are the table's (for Optuna's samplers)."""
+    from autotune.hardware import detect
+    from autotune.space import load_space
+
+    spec = load_space(table.meta["space"])
+    hardware = detect()
+    return spec.bind(
+        hardware,
+        data_parallel_size=table.meta["ranks"],
+        global_batch=table.meta["global_batch"],
+        max_global_batch=None,
+        nvme_path=None,
+        nvme_unavailable=None,
+        partial_offload_supported=True,
+    )
+
+
+def replay(path: Path, limit_bytes: int, repeats: int, max_probes: int, out: Path | None) -> dict:
+    table = Table.load(path, limit_bytes)
+    models = Models(table)
+    best = table.best_possible()
+    feasible = sum(table.feasible(k) for k in table.rows)
+    strategies: dict[str, Callable[[Search], None]] = {
+        "autotune": lambda s: run_autotune(table, s, max_probes, models),
+        "optuna-tpe": lambda s: run_optuna(table, s, max_probes, "tpe"),
+        "random": lambda s: run_optuna(table, s, max_probes, "random"),
+        "deepspeed-fast": lambda s: run_deepspeed_fast(table, s, max_probes),
+    }
+    results: dict[str, dict] = {}
+    for name, strategy in strategies.items():
+        fractions: dict[int, list[float]] = {b: [] for b in BUDGETS}
+        needed: list[int | None] = []
+        probes_used: list[int] = []
+        for seed in range(repeats):
+            search = Search(table, models.may_fit, seed)
+            strategy(search)
+            probes_used.append(search.probes)
+            for budget in BUDGETS:
+                fractions[budget].append(search.trajectory.at(budget) / best)
+            within = [
+                i + 1 for i, v in enumerate(search.trajectory.believed) if v >= best * (1 - WITHIN)
+            ]
+            needed.append(within[0] if within else None)
+        reached = [n for n in needed if n is not None]
+        results[name] = {
+            "median": {b: statistics.median(fractions[b]) for b in BUDGETS},
+            "worst": {b: min(fractions[b]) for b in BUDGETS},
+            "probes_to_within_2pct_median": statistics.median(reached)
+            if len(reached) > repeats // 2
+            else None,
+            "reached_within_2pct": f"{len(reached)}/{repeats}",
+            "probes_used_median": statistics.median(probes_used),
+        }
+    report = {
+        "table": str(path.resolve().relative_to(ROOT))
+        if path.resolve().is_relative_to(ROOT)
+        else str(path),
+        "limit_bytes": limit_bytes,
+        "candidates": len(table.rows),
+        "feasible": feasible,
+        "best_samples_per_s": best,
+        "best_label": next(
+            table.rows[k]["label"]
+            for k in table.rows
+            if table.feasible(k) and table.rows[k]["samples_per_s"] == best
+        ),
+        "repeats": repeats,
+        "noise": NOISE,
+        "results": results,
+    }
+    print_report(report)
+    if out:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def print_report(report: dict) -> None:
+    from autotune.settings import format_bytes
+
+    print(
+        f"{report['table']}: {report['candidates']} candidates, {report['feasible']} feasible "
+        f"under {format_bytes(report['limit_bytes'])}; best {report['best_label']} "
+        f"{report['best_samples_per_s']:.1f} samples/s; {report['repeats']} repeats, "
+        f"{100 * report['noise']:.0f}% probe noise"
+    )
+    header = "| strategy | " + " | ".join(f"{b} probes: median (worst)" for b in BUDGETS)
+    print(header + " | probes to within 2% (median; runs that got there) |")
+    print("|" + " --- |" * (len(BUDGETS) + 2))
+    for name, r in report["results"].items():
+        cells = [f"{r['median'][b]:.3f} ({r['worst'][b]:.3f})" for b in BUDGETS]
+        needed = r["probes_to_within_2pct_median"]
+        needed_text = f"{needed:g}" if needed is not None else "-"
+        print(
+            f"| {name} | " + " | ".join(cells) + f" | {needed_text} ({r['reached_within_2pct']}) |"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autotune.settings import parse_size
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("dump", help="write a grid study's table as JSON")
+    d.add_argument("--storage", required=True)
+    d.add_argument("--study", required=True)
+    d.add_argument("--out", type=Path, required=True)
+    r = sub.add_parser("replay", help="replay strategies against a table")
+    r.add_argument("--table", type=Path, required=True)
+    r.add_argument("--limit", default="64GiB", help="memory limit per rank applied to the peaks")
+    r.add_argument("--repeats", type=int, default=30)
+    r.add_argument("--max-probes", type=int, default=40)
+    r.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "dump":
+        dump(args.storage, args.study, args.out)
+    else:
+        replay(
+            args.table,
+            parse_size(args.limit, flag="--limit"),
+            args.repeats,
+            args.max_probes,
+            args.out,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
