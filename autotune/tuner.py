@@ -537,10 +537,9 @@ class Tuner:
     # -- out of memory ---------------------------------------------------------------
     @staticmethod
     def _shape_key(candidate: Candidate) -> str:
-        """The candidate without its batch split: what an OOM says about larger batches."""
-        return candidate.model_copy(
-            update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
-        ).key
+        from autotune.sampler import shape_key
+
+        return shape_key(candidate)
 
     def _note_outcome(self, candidate: Candidate, status: str, trial_number: int) -> None:
         """Memory is monotonic in the micro-batch: an OOM at m rules out larger ones; a fit

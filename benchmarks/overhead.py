@@ -10,8 +10,12 @@ reads the trials back from its SQLite study. For each evaluated trial it reports
 - timed: the sum of the timed optimizer steps,
 - overhead = trial wall - timed.
 
-Reproduce:  python benchmarks/overhead.py --probes 5 --executor ray
+Reproduce:  python benchmarks/overhead.py --probes 5 --executor ray          # warm workers
+            python benchmarks/overhead.py --probes 5 --executor ray --cold   # a launch per probe
             python benchmarks/overhead.py --probes 5 --executor local
+
+Each probe runs exactly 2 warm-up and 5 timed steps (adaptive length, early stop and the
+confirmation round are switched off), so that runs compare with the baseline.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload", default="gpt-tiny")
     parser.add_argument("--space", default="default")
+    parser.add_argument(
+        "--cold", action="store_true", help="--cold-probes: one torchrun launch per probe"
+    )
     args = parser.parse_args()
 
     import optuna
@@ -56,6 +63,15 @@ def main() -> int:
         str(args.probes),
         "--executor",
         args.executor,
+        "--warmup-steps",
+        "2",
+        "--max-timed-steps",
+        "5",
+        "--timed-steps",
+        "5",
+        "--no-early-stop",
+        "--no-confirm",
+        *(["--cold-probes"] if args.cold else []),
     ]
     started = time.monotonic()
     run = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
@@ -88,7 +104,7 @@ def main() -> int:
 
     print(
         f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
-        f"{args.executor}, {len(rows)} probes"
+        f"{args.executor}, {'cold launches' if args.cold else 'warm workers'}, {len(rows)} probes"
     )
     print(f"command: (cd {workdir} && autotune {' '.join(command[3:])})")
     print(

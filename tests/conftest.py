@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,7 +66,24 @@ def run_cli(
     )
 
 
+# Every process this test session starts inherits this tag, orphans included: the "no
+# probe left" checks look only at probes of this session, not at another study running on
+# the same machine (a benchmark, a second checkout's tests).
+TEST_TAG = os.environ.setdefault("AUTOTUNE_TEST_TAG", uuid.uuid4().hex)
+
+
 def probe_processes() -> list[str]:
-    """Command lines of live probe processes (torchrun agents and ranks) on this machine."""
-    out = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "autotune.probe" in line and "ps -eww" not in line]
+    """Command lines of live probe processes (torchrun agents and ranks) of this session."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            cmdline = " ".join(process.info["cmdline"] or [])
+            if "autotune.probe" not in cmdline:
+                continue
+            if process.environ().get("AUTOTUNE_TEST_TAG") == TEST_TAG:
+                found.append(cmdline)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found

@@ -77,6 +77,7 @@ def test_tight_limit_prunes_without_probing(tmp_path: Path) -> None:
         "8m",
         "--max-trials",
         "2",
+        "--no-confirm",
         "--seed",
         "3",
         "--warmup-steps",

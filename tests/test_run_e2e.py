@@ -34,6 +34,9 @@ RUN = [
     "1",
     "--timed-steps",
     "3",
+    "--max-timed-steps",
+    "6",
+    "--no-early-stop",  # three COMPLETE trials, so the confirmation round has contenders
     "--base-config",
     "production.json",
 ]
@@ -46,7 +49,11 @@ PRODUCTION = {
 
 
 def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials() if "duplicate_of" not in t.user_attrs]
+    return [
+        t
+        for t in study.get_trials()
+        if "duplicate_of" not in t.user_attrs and "confirmation_of" not in t.user_attrs
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +64,7 @@ def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no CUDA GPU: running 2 CPU rank(s)" in result.stdout
     assert "exported:" in result.stdout
+    (workdir / "first-run.log").write_text(result.stdout)
     return workdir
 
 
@@ -87,15 +95,38 @@ def test_study_records_every_probe(study_dir: Path) -> None:
     assert probe_processes() == []
 
 
+def test_confirmation_round_decides_the_export(study_dir: Path) -> None:
+    from autotune.confirm import load as load_confirmation
+    from autotune.export import best_trial
+
+    out = (study_dir / "first-run.log").read_text()
+    assert "confirming 3 contender(s), interleaved" in out
+    study = load(study_dir)
+    verdict = load_confirmation(study)
+    assert verdict is not None and verdict.rounds >= 1 and len(verdict.contenders) == 3
+    searched = {t.number for t in evaluated(study)}
+    repeats = [t for t in study.get_trials() if "confirmation_of" in t.user_attrs]
+    assert len(repeats) >= 3 * verdict.rounds
+    assert {t.user_attrs["confirmation_of"] for t in repeats} == searched
+    # interleaved: A B C A B C
+    order = [t.user_attrs["confirmation_of"] for t in repeats]
+    assert order[:3] == order[3:6] or len(order) < 6
+    for contender in verdict.contenders:
+        assert len(contender.samples_per_s) == 1 + verdict.rounds
+    assert best_trial(study).number == verdict.winner
+    summary = (study_dir / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+    assert "## Confirmation round" in summary and "(chosen)" in summary
+
+
 def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
     best_dir = study_dir / "trials" / "gpt-tiny" / "best"
     path = best_dir / "ds_config.json"
     config = json.loads(path.read_text())
     validate_ds_config(config, world_size=2)
-    best = max(
-        (t for t in evaluated(load(study_dir)) if t.user_attrs.get("feasible")),
-        key=lambda t: t.value,
-    )
+    from autotune.export import best_trial
+
+    best = best_trial(load(study_dir))  # the confirmation round's winner
+    assert best is not None and best.user_attrs.get("feasible")
     assert config == best.user_attrs["ds_config"]
     for key in ("optimizer", "scheduler", "gradient_clipping", "steps_per_print"):
         assert config[key] == PRODUCTION[key]

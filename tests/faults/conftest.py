@@ -27,7 +27,12 @@ micro_batch_size: [1, 2, 4, 8]
 gradient_accumulation_steps: [1, 2, 4, 8]
 activation_checkpointing: [false]
 """
-FAST = ["--warmup-steps", "1", "--timed-steps", "2"]
+# Short fixed-length probes; no early stop and no confirmation round, so that trial counts
+# and states are what each test sets up (those features have their own tests).
+FAST = [
+    "--warmup-steps", "1", "--timed-steps", "2", "--max-timed-steps", "2",
+    "--no-early-stop", "--no-confirm",
+]  # fmt: skip
 
 
 def base_args(workdir: Path, *extra: str) -> list[str]:
@@ -41,7 +46,11 @@ def load(workdir: Path, name: str = "gpt-tiny") -> optuna.Study:
 
 
 def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    return [t for t in study.get_trials() if "duplicate_of" not in t.user_attrs]
+    return [
+        t
+        for t in study.get_trials()
+        if "duplicate_of" not in t.user_attrs and "confirmation_of" not in t.user_attrs
+    ]
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
