@@ -54,8 +54,10 @@ def dump(storage: str, study_name: str, out: Path) -> None:
     rows = []
     for trial in study.get_trials():
         attrs = trial.user_attrs
-        if "candidate" not in attrs or "duplicate_of" in attrs:
+        if "candidate" not in attrs or "duplicate_of" in attrs or "confirmation_of" in attrs:
             continue
+        if attrs.get("status") in ("interrupted", "running"):
+            continue  # its retry is the measurement
         rows.append(
             {
                 "candidate": attrs["candidate"],

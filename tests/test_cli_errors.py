@@ -89,6 +89,7 @@ BAD_INPUTS = [
     ),
     (["plan", "--workload", "gpt-tiny", "--gpus", "2", "--vram", "2x"], "--vram: cannot read size"),
     (["plan", "--workload", "nope", "--gpus", "1", "--vram", "8GiB"], "unknown workload 'nope'"),
+    (["run", "--workload", "gpt-tiny", "--sampler", "bayes"], "--sampler: input should be"),
 ]
 
 

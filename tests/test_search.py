@@ -158,3 +158,27 @@ def test_sampler_drives_an_optuna_study_with_whole_candidates() -> None:
     study.enqueue_trial(fixed)
     trial = study.ask()
     assert space.suggest(trial) == next(space.candidates())
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("autotune", "CandidateSampler"),
+        ("grid", "CandidateSampler"),
+        ("tpe", "TPESampler"),
+        ("gp", "GPSampler"),
+        ("random", "RandomSampler"),
+    ],
+)
+def test_sampler_flag_selects_the_sampler(name: str, kind: str, tmp_path) -> None:
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    settings = RunSettings.build(
+        workload="gpt-tiny", gpus=2, sampler=name, trials_dir=tmp_path / "trials"
+    )
+    sampler = Tuner(plan_run(settings))._make_sampler()
+    assert type(sampler).__name__ == kind
+    if name == "grid":
+        assert sampler.policy.mode == "grid" and sampler.policy.cost is None

@@ -203,9 +203,11 @@ def test_crashed_probe_is_an_error_with_its_log(tmp_path: Path) -> None:
 
 
 def test_oom_is_infeasible_and_rules_out_larger_micro_batches(tmp_path: Path) -> None:
+    # The grid goes up from micro-batch 1: its OOM rules out 2, 4 and 8 without a probe.
     args = base_args(
-        tmp_path, "--executor", "local", "--inject-fault", "oom", "--budget", "6m", "--seed", "1"
-    )
+        tmp_path, "--executor", "local", "--inject-fault", "oom", "--budget", "6m", "--sampler",
+        "grid",
+    )  # fmt: skip
     result = run_cli(*args, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "every valid candidate has been evaluated" in result.stdout
@@ -213,7 +215,8 @@ def test_oom_is_infeasible_and_rules_out_larger_micro_batches(tmp_path: Path) ->
     assert len(trials) == 4  # micro-batch 1, 2, 4, 8 of one shape
     probed = [t for t in trials if "probe_wall_s" in t.user_attrs]
     ruled_out = [t for t in trials if "oom at micro-batch" in t.user_attrs.get("pruned_by", "")]
-    assert probed and all(t.user_attrs["status"] == "oom" for t in probed)
+    assert [t.user_attrs["status"] for t in probed] == ["oom"]
+    assert len(ruled_out) == 3
     for trial in trials:
         assert trial.state == TrialState.PRUNED  # infeasible, never "failed", never best
         assert trial.constraints["peak_over_limit_bytes"] > 0
