@@ -160,8 +160,14 @@ def repredict(paths: list[Path]) -> int:
             print(f"\n## {name} (re-predicted from {path.name})\n")
             print("| candidate | phase | predicted MiB | measured MiB | error |")
             print("|---|---|---|---|---|")
+            # files written before candidate_json was stored: match the label
+            by_label = {c.label: c for c in candidates(*WORKLOADS[name][1:])}
             for record in rows:
-                candidate = Candidate.model_validate(record["candidate_json"])
+                candidate = (
+                    Candidate.model_validate(record["candidate_json"])
+                    if "candidate_json" in record
+                    else by_label[record["candidate"]]
+                )
                 estimate = model.predict(candidate)
                 predicted, measured = estimate.tracked_bytes("cpu"), record["measured_bytes"]
                 error = (predicted - measured) / measured
