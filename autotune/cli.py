@@ -30,8 +30,10 @@ app = typer.Typer(
 # Piped or captured output (CI logs, `| less`) is not cut to rich's 80-column default:
 # tables of candidates are wide and a wrapped header is unreadable. COLUMNS still wins.
 _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 250
-console = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH)
-error_console = Console(stderr=True, highlight=False)
+# No markup: log lines and table cells carry text from probes and users (a gloo error
+# quotes "[.../pair.cc:553]"), which rich would otherwise parse as tags and fail on.
+console = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH, markup=False)
+error_console = Console(stderr=True, highlight=False, markup=False)
 
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 StorageOption = Annotated[
@@ -264,7 +266,8 @@ def run(
     summary = tuner.run()
     console.print(
         f"stopped: {summary.stop_reason or 'done'}; {summary.probes} probe(s) in "
-        f"{summary.elapsed_s:.0f} s, {summary.pruned} candidate(s) ruled out without a probe, "
+        f"{summary.elapsed_s:.0f} s, {summary.pruned + summary.screened} candidate(s) ruled "
+        "out without a probe, "
         f"{summary.duplicates} duplicate proposal(s) skipped"
     )
     if summary.confirmation:

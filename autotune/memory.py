@@ -17,6 +17,9 @@ and precision with the probe's tensor tracker on GPT-2 124M and a 0.9M GPT-2 (se
 
 - ZeRO 1-2 reduce gradients through a bucket of ``reduce_bucket_size`` elements (default
   5e8, 1.9 GB in fp32) allocated in backward; ZeRO-3 keeps it for the whole run.
+- With gradient accumulation ZeRO 0-1 keep each parameter's gradient across micro-batches
+  (the next one's gradient briefly exists beside it: traced), and ZeRO-2 keeps the rank's
+  reduced gradient partition (width x P/N; on the host with optimizer offload).
 - ZeRO 0 in fp32 all-reduces gradients through flattened copies of at most 5e8 elements.
 - ZeRO 0 in bf16 runs DeepSpeed's BF16_Optimizer, which keeps an fp32 gradient buffer of
   the whole model next to bf16 gradients.
@@ -244,10 +247,12 @@ class MemoryModel:
                 device=device, host=host, phase="model states", correction=correction
             )
         # With accumulation, later micro-batches run with the gradients of earlier ones held
-        # (ZeRO 0 keeps parameter gradients until the step); ZeRO 2-3 drop each gradient
-        # into a bucket as it is produced.
+        # (ZeRO 0-1 keep parameter gradients until the step, and each new gradient exists
+        # beside the held one until autograd adds it: for GPT-2 at ZeRO-1, one more copy of
+        # the tied embedding's gradient, measured +154 MB fp32); ZeRO 2-3 drop each
+        # gradient into a bucket as it is produced.
         accumulating = candidate.gradient_accumulation_steps > 1
-        kind = {0: "accumulate" if accumulating else "kept", 1: "kept"}.get(stage, "dropped")
+        kind = ("accumulate" if accumulating else "kept") if stage <= 1 else "dropped"
         act = profile(
             self.workload,
             candidate.micro_batch_size,
@@ -276,6 +281,16 @@ class MemoryModel:
             phases["backward"] = Breakdown(
                 activations=act.backward_peak_bytes, buckets=self._bucket(candidate)
             )
+            if stage == 2 and accumulating:
+                # ZeRO-2 holds the rank's reduced gradient partition from one micro-batch to
+                # the next (stage_1_and_2.py: accumulated in the gradient accumulation dtype,
+                # the model's by default), on the host with optimizer offload. Measured on
+                # GPT-2 124M fp32 at 2 ranks: +255 MB at mb1x2 over mb2x1, 4 B x P/N = 249 MB.
+                held = width * p / n
+                if candidate.offload_optimizer != "none":
+                    host = host.plus(Breakdown(grads=held))
+                else:
+                    phases["backward"].grads += held
             phases["step"] = Breakdown(workspace=9.0 * p / n)  # measured 4.5P at 2 ranks
         else:
             # Parameters gathered for compute stay until backward (default live limit and

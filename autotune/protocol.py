@@ -170,7 +170,7 @@ def aggregate(
     if missing or exit_code not in (0, None):
         # A rank that wrote no report died first (a crash, a kill); the errors of the others
         # (a broken connection) are consequences, named after it.
-        cause = torchrun_root_cause(log_tail) or ("" if errors else _last_line(log_tail))
+        cause = torchrun_root_cause(log_tail, missing) or ("" if errors else _last_line(log_tail))
         parts = [f"probe exited with code {exit_code}"]
         if missing:
             parts.append(f"rank(s) {missing} wrote no report")
@@ -196,20 +196,31 @@ def aggregate(
     )
 
 
-_ROOT_CAUSE = re.compile(
-    r"Root Cause.*?rank\s*:\s*(?P<rank>\d+).*?exitcode\s*:\s*(?P<code>-?\d+)[^\n]*"
-    r"(?:.*?traceback\s*:\s*(?P<trace>[^\n]*))?",
-    re.DOTALL,
+# One entry of torchrun's failure report ("Failures:" and "Root Cause (first observed
+# failure):" blocks of torch.distributed.elastic): rank, exit code, traceback line.
+_FAILURE = re.compile(
+    r"rank\s*:\s*(?P<rank>\d+)[^\n]*\n\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*"
+    r"(?:\n\s*error_file[^\n]*)?(?:\n\s*traceback\s*:\s*(?P<trace>[^\n]*))?"
 )
 
 
-def torchrun_root_cause(log: str) -> str:
-    """torchrun's "Root Cause (first observed failure)" block as one line, if present."""
-    match = _ROOT_CAUSE.search(log)
-    if match is None:
+def torchrun_root_cause(log: str, missing: list[int] | None = None) -> str:
+    """The rank that died first, as one line, from torchrun's failure report.
+
+    torchrun's "Root Cause" is the first failure it *observed*: when a rank is killed, its
+    peer may fail on the broken connection and be polled first. A rank that wrote no report
+    (in ``missing``) is the one that died, so its entry wins over torchrun's root cause.
+    """
+    failures = {int(m.group("rank")): m for m in _FAILURE.finditer(log)}
+    if not failures:
         return ""
-    trace = (match.group("trace") or "").strip()
-    text = f"rank {match.group('rank')} died first with exit code {match.group('code')}"
+    root = log.find("Root Cause")
+    chosen = next((failures[r] for r in missing or [] if r in failures), None)
+    if chosen is None:
+        after = [m for m in _FAILURE.finditer(log) if m.start() > root >= 0]
+        chosen = after[0] if after else next(iter(failures.values()))
+    trace = (chosen.group("trace") or "").strip()
+    text = f"rank {chosen.group('rank')} died first with exit code {chosen.group('code')}"
     if trace and trace != "<N/A>" and "To enable traceback" not in trace:
         text += f" ({trace})"
     return text

@@ -224,6 +224,13 @@ def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig)
     )
     for reason, count in infeasible.most_common():
         lines.append(f"  - infeasible, {reason}: {count}")
+    evaluated_keys = {t.user_attrs.get("candidate_key") for t in evaluated}
+    screened = set(study.user_attrs.get("autotune_screened") or []) - evaluated_keys
+    if screened:
+        lines.append(
+            f"- {len(screened)} more candidates were predicted over the limit by the memory "
+            "model and never proposed (`autotune plan --all` shows each prediction)."
+        )
     for status, count in failed.most_common():
         lines.append(f"  - {status}: {count}")
     lines += ["", "## What you must do", ""]

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 # After this many proposals in a row of already-evaluated candidates, the tuner hands the
 # sampler an unseen candidate (enqueued), so small spaces finish instead of spinning.
+SCREENED_ATTR = "autotune_screened"
 MAX_DUPLICATES_IN_A_ROW = 3
 POLL_S = 1.0
 EARLY_STOP_MARGIN = 0.05  # stop a probe whose fast end is 5% below the best so far
@@ -92,6 +93,7 @@ class RunSummary(BaseModel):
     vram_limit_bytes: int = 0
     export_path: str | None = None
     confirmation: str = ""
+    screened: int = 0  # unevaluated candidates the memory model rules out before sampling
 
 
 @dataclass
@@ -200,6 +202,36 @@ class Tuner:
     def _may_fit(self, candidate: Candidate) -> bool:
         """What the memory model says before any probe (the sampler skips the rest)."""
         return self._memory_verdict(candidate)[0] == ""
+
+    def _report_screened(
+        self,
+        study: optuna.Study,
+        all_candidates: dict[str, Candidate],
+        known: dict[str, optuna.trial.FrozenTrial],
+    ) -> int:
+        """With autotune's sampler, candidates the memory model rules out are never
+        proposed (so never become trials); say how many, and keep their keys in the study
+        (``autotune_screened``) so that summary.md counts them too."""
+        settings = self.plan.settings
+        if not settings.prune or settings.sampler != "autotune" or self._memory_model() is None:
+            return 0
+        screened = [
+            key
+            for key, candidate in all_candidates.items()
+            if key not in known
+            and candidate.micro_batch_size > self._fit_ceiling.get(self._shape_key(candidate), 0)
+            and not self._may_fit(candidate)
+        ]
+        study.set_user_attr(SCREENED_ATTR, screened)
+        if screened:
+            limit = self.plan.config.vram_limit_bytes / 2**30
+            self.log(
+                f"memory model: {len(screened)} of {len(all_candidates) - len(known)} "
+                f"unevaluated candidate(s) predicted over the {limit:.2f} GiB limit per rank "
+                "(or the host's memory); the sampler skips them (autotune plan --all shows "
+                "each prediction)"
+            )
+        return len(screened)
 
     def _review_history(self, study: optuna.Study) -> dict[str, optuna.trial.FrozenTrial]:
         """Evaluated candidates by key. Trials a dead driver left RUNNING become FAIL with
@@ -341,6 +373,7 @@ class Tuner:
             f"{format_duration(max(budget_s, 0))} left; probe timeout "
             f"{format_duration(plan.probe_timeout_s)}"
         )
+        summary.screened = self._report_screened(study, all_candidates, known)
         if budget_s <= 0 or budget_s < self._probe_estimate_s(study):
             summary.stop_reason = self._budget_spent_reason()
             self._finish(study, summary)

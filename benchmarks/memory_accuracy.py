@@ -50,40 +50,25 @@ def candidates(global_batch: int, micro_batches: tuple[int, ...]):
         )
 
 
-def measure(ref: str, batch: int, mbs: tuple[int, ...], root: Path) -> list[tuple]:
-    from autotune.launch import ProbeJob, launch_probes
+def measure(
+    ref: str, batch: int, mbs: tuple[int, ...], root: Path, warmup_steps: int = 2
+) -> list[tuple]:
+    from autotune.launch import cpu_probe_jobs, launch_probes
     from autotune.memory import MemoryModel
-    from autotune.protocol import ProbeSpec
     from autotune.workloads import get_workload
 
-    workload = get_workload(ref)
-    model = MemoryModel(workload)
-    jobs, predictions = [], []
-    for index, candidate in enumerate(candidates(batch, mbs)):
+    model = MemoryModel(get_workload(ref))
+    chosen = list(candidates(batch, mbs))
+    predictions = []
+    for candidate in chosen:
         started = time.perf_counter()
         estimate = model.predict(candidate)
         predictions.append((estimate, time.perf_counter() - started))
-        spec = ProbeSpec(
-            workload=ref,
-            candidate=candidate,
-            ds_config=candidate.to_ds_config(),
-            accelerator="cpu",
-            vram_limit_bytes=20 * 2**30,
-            device_memory_bytes=24 * 2**30,
-            tokens_per_sample=workload.tokens_per_sample,
-            warmup_steps=2,  # the second step is the first with optimizer states
-            timed_steps=1,
-        )
-        jobs.append(
-            ProbeJob(
-                spec=spec,
-                trial_dir=str(root / f"{index:02d}"),
-                world_size=2,
-                timeout_s=900,
-                threads_per_rank=1,
-                cwd=str(root),
-            )
-        )
+    # the second step is the first with optimizer states: its backward and step hold
+    # everything a steady step holds
+    jobs = cpu_probe_jobs(
+        ref, chosen, root, warmup_steps=warmup_steps, timed_steps=1, timeout_s=900
+    )
     results = launch_probes(jobs)
     rows = []
     for job, (estimate, predict_s), result in zip(jobs, predictions, results, strict=True):
@@ -99,6 +84,12 @@ def main() -> int:
     parser.add_argument(
         "--repredict", type=Path, nargs="+", help="JSON of earlier runs: predict again, no probe"
     )
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=2,
+        help="steps before the timed one (1 still measures a step with optimizer states)",
+    )
     args = parser.parse_args()
     if args.repredict:
         return repredict(args.repredict)
@@ -107,7 +98,7 @@ def main() -> int:
     for name in args.workloads:
         ref, batch, mbs = WORKLOADS[name]
         with tempfile.TemporaryDirectory(prefix="autotune-memory-") as tmp:
-            rows = measure(ref, batch, mbs, Path(tmp))
+            rows = measure(ref, batch, mbs, Path(tmp), args.warmup_steps)
         print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
         print("| candidate | phase | predicted MiB | measured MiB | error |")
         print("|---|---|---|---|---|")

@@ -123,3 +123,19 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
     result = run_cli("--debug", "run", "--workload", "gpt-tiny", "--budget", "2x", cwd=workdir)
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "SettingsError" in result.stderr
+
+
+def test_probe_text_with_brackets_prints_as_is(capsys: pytest.CaptureFixture[str]) -> None:
+    """A probe's error quotes gloo ("[/__w/.../pair.cc:553]"); rich markup would raise
+    MarkupError on it and the run would die with a traceback."""
+    from rich.table import Table
+
+    from autotune.cli import console
+
+    line = "trial 0: z0 fp32 mb8x1 -> error ([/__w/gloo/transport/tcp/pair.cc:553] closed)"
+    console.print(line)
+    table = Table("error")
+    table.add_row("[/pair.cc:553] [bold]")
+    console.print(table)
+    out = capsys.readouterr().out
+    assert line in out and "[/pair.cc:553] [bold]" in out

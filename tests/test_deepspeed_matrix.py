@@ -12,38 +12,22 @@ import pytest
 
 from autotune.candidate import Candidate
 from autotune.hardware import async_io_problem, detect
-from autotune.launch import ProbeJob, launch_probes
-from autotune.protocol import ProbeSpec
+from autotune.launch import cpu_probe_jobs, launch_probes
 from autotune.space import combination_problem
 
 pytestmark = pytest.mark.slow
 
 
 def jobs_for(candidates: list[Candidate], root: Path, nvme_path: str | None = None):
-    jobs = []
-    for index, candidate in enumerate(candidates):
-        spec = ProbeSpec(
-            workload="gpt-tiny",
-            candidate=candidate,
-            ds_config=candidate.to_ds_config(nvme_path=nvme_path),
-            accelerator="cpu",
-            vram_limit_bytes=8 * 2**30,
-            device_memory_bytes=24 * 2**30,
-            tokens_per_sample=64,
-            warmup_steps=1,
-            timed_steps=1,
-        )
-        jobs.append(
-            ProbeJob(
-                spec=spec,
-                trial_dir=str(root / f"{index:02d}"),
-                world_size=2,
-                timeout_s=120,
-                threads_per_rank=1,
-                cwd=str(root),
-            )
-        )
-    return jobs
+    return cpu_probe_jobs(
+        "gpt-tiny",
+        candidates,
+        root,
+        warmup_steps=1,
+        timed_steps=1,
+        timeout_s=120,
+        nvme_path=nvme_path,
+    )
 
 
 def candidate(precision, stage, opt="none", param="none", ckpt=False) -> Candidate:

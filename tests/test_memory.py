@@ -17,6 +17,7 @@ from autotune.memory import (
     zero_model_states,
 )
 from autotune.workloads import get_workload
+from tests.conftest import ROOT
 
 
 def candidate(stage: int, opt: str = "none", param: str = "none", n: int = 4, **kw) -> Candidate:
@@ -123,3 +124,25 @@ def test_calibration_uses_the_same_class_first() -> None:
     estimate = model.predict(c2.model_copy(update={"data_parallel_size": 2}))
     assert estimate.correction == pytest.approx(0.95)
     assert estimate.device_bytes == int(estimate.device.total * 0.95)
+
+
+def test_gradient_accumulation_holds_what_deepspeed_holds() -> None:
+    """Measured on GPT-2 124M fp32 at 2 CPU ranks (benchmarks/data/table_gpt2-seq32.json):
+    mb1x2 peaks above mb2x1 by one fp32 gradient partition at ZeRO-2 (+255 MB) and by one
+    more copy of the tied embedding's gradient at ZeRO-1 (+154 MB); at ZeRO-3 not at all."""
+    workload = get_workload(f"{ROOT / 'benchmarks' / 'workloads.py'}:gpt2_seq32")
+    model = MemoryModel(workload)
+    params = model_facts(workload, 100_000).params
+    embedding = 50257 * 768
+
+    def peak(stage: int, micro: int, opt: str = "none") -> int:
+        return model.predict(
+            candidate(stage, opt, n=2, precision="fp32").model_copy(
+                update={"micro_batch_size": micro, "gradient_accumulation_steps": 2 // micro}
+            )
+        ).tracked_bytes("cpu")
+
+    assert peak(2, 1) - peak(2, 2) == pytest.approx(4 * params / 2, rel=0.05)
+    assert peak(2, 1, "cpu") - peak(2, 2, "cpu") == pytest.approx(4 * params / 2, rel=0.05)
+    assert peak(1, 1) - peak(1, 2) == pytest.approx(4 * embedding, rel=0.1)
+    assert abs(peak(3, 1) - peak(3, 2)) < 0.02 * 4 * params / 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -34,6 +35,8 @@ def test_plan_llama_70b_on_this_cpu_machine(tmp_path: Path) -> None:
             "--all",
         ],
         cwd=tmp_path,
+        # pytest leaves COLUMNS=80 in its children's environment; the rows must not wrap
+        env={**os.environ, "COLUMNS": "250"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -65,29 +68,19 @@ def test_plan_llama_70b_on_this_cpu_machine(tmp_path: Path) -> None:
 
 def test_tight_limit_prunes_without_probing(tmp_path: Path) -> None:
     # ZeRO 1-3 hold DeepSpeed's 5e8-element reduce bucket (0.9-1.9 GiB): over 600 MiB.
-    result = run_cli(
-        "run",
-        "--workload",
-        "gpt-tiny",
-        "--gpus",
-        "2",
-        "--vram",
-        "600MiB",
-        "--budget",
-        "8m",
-        "--max-trials",
-        "2",
-        "--no-confirm",
-        "--seed",
-        "3",
-        "--warmup-steps",
-        "2",
-        "--timed-steps",
-        "1",
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "infeasible, not probed: predicted peak" in result.stdout
+    common = ("--workload", "gpt-tiny", "--gpus", "2", "--vram", "600MiB", "--budget", "8m")
+    fast = ("--max-trials", "1", "--no-confirm", "--warmup-steps", "2", "--timed-steps", "1")
+    # autotune's sampler never proposes what the memory model rules out, and says so
+    first = run_cli("run", *common, *fast, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "unevaluated candidate(s) predicted over the 0.59 GiB limit" in first.stdout
+    assert "infeasible, not probed" not in first.stdout
+    summary_md = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+    assert "predicted over the limit by the memory model and never proposed" in summary_md
+    # a sampler that knows nothing of memory proposes them; each is recorded, not probed
+    second = run_cli("run", *common, *fast, "--sampler", "random", "--seed", "3", cwd=tmp_path)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "infeasible, not probed: predicted peak" in second.stdout
     study = optuna.load_study(
         study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/trials/autotune.db"
     )

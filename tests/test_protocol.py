@@ -88,3 +88,33 @@ Root Cause (first observed failure):
     assert "rank(s) [1] wrote no report" in result.error
     assert "rank 1 died first with exit code -9 (Signal 9 (SIGKILL)" in result.error
     assert torchrun_root_cause("no failure here") == ""
+
+
+def test_the_rank_without_a_report_died_first_whatever_torchrun_observed() -> None:
+    """torchrun polled the survivor first (it failed on the broken connection) and named it
+    the root cause; the SIGKILLed rank, which wrote no report, is the cause."""
+    log = """
+Failures:
+[1]:
+  time      : 2026-12-01_00:21:44
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 9025)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 9025
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_00:21:44
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 9024)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+=====
+"""
+    survivor = RankReport(rank=0, status="error", error="RuntimeError: Connection closed")
+    result = _fold([survivor], exit_code=1, log_tail=log)
+    assert "rank 1 died first with exit code -9 (Signal 9 (SIGKILL)" in result.error
+    assert result.error.endswith("then rank 0: RuntimeError: Connection closed")
+    assert torchrun_root_cause(log) == "rank 0 died first with exit code 1"

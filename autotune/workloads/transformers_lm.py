@@ -96,9 +96,11 @@ class CausalLMWorkload(Workload):
         return f"{self.name} ({cfg.model_type}, {cfg.num_hidden_layers} layers, seq {self.seq_len})"
 
 
-def _gpt2(
+def gpt2_like(
     name: str, *, layers: int, hidden: int, heads: int, seq_len: int, batch: int
 ) -> CausalLMWorkload:
+    """A GPT-2 of the given dimensions (vocabulary 50257, 1024 positions, random init)."""
+
     def config() -> PretrainedConfig:
         from transformers import GPT2Config
 
@@ -111,12 +113,12 @@ def _gpt2(
 
 def gpt2() -> CausalLMWorkload:
     """GPT-2 small (124M), sequence 1024."""
-    return _gpt2("gpt2", layers=12, hidden=768, heads=12, seq_len=1024, batch=512)
+    return gpt2_like("gpt2", layers=12, hidden=768, heads=12, seq_len=1024, batch=512)
 
 
 def gpt2_xl() -> CausalLMWorkload:
     """GPT-2 XL (1.5B), sequence 1024."""
-    return _gpt2("gpt2-xl", layers=48, hidden=1600, heads=25, seq_len=1024, batch=512)
+    return gpt2_like("gpt2-xl", layers=48, hidden=1600, heads=25, seq_len=1024, batch=512)
 
 
 def _llama(

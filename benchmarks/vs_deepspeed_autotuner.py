@@ -1,0 +1,336 @@
+"""autotune against DeepSpeed's own autotuner, side by side, on the same workload and ranks.
+
+Each repeat runs, back to back on 2 CPU ranks (gpt-tiny, bf16, global batch 16):
+
+1. DeepSpeed's autotuner, ``deepspeed --autotuning tune --num_gpus 2
+   benchmarks/ds_autotuner_train.py ...`` (``DS_ACCELERATOR=cpu``, ``LOCAL_SIZE=2``, and a
+   stand-in ``pdsh`` that runs its per-experiment clean-up ``pkill`` on this machine, as
+   there is one node and no pdsh): its default fast mode over every ZeRO stage
+   (``"stage": "all"``) and micro-batches up to the global batch (``max_train_batch_size``),
+   the same AdamW and threads per rank as autotune's probes.
+2. ``autotune run`` on the space DeepSpeed's autotuner can express
+   (``benchmarks/spaces/ds_comparable.yaml``: ZeRO 0-3 x micro-batch, bf16) with
+   ``--budget`` set to DeepSpeed's wall time, so it never has more time.
+3. ``autotune run`` on its full default space (precision, offload, checkpointing too), the
+   same budget.
+
+Then one common harness re-measures every pick and the exhaustive grid of the comparable
+space: fixed-length probes (3 warm-up, 6 timed steps), all candidates of a round in one
+torchrun launch with the order rotated each round, so that drift hits all alike; a config's
+throughput is its median over the rounds, with the min..max spread. Each pick is reported as
+a fraction of the best grid config.
+
+Reproduce:
+    python benchmarks/vs_deepspeed_autotuner.py --repeats 3 \\
+        --out benchmarks/data/vs_deepspeed_autotuner.json
+    python benchmarks/vs_deepspeed_autotuner.py --report benchmarks/data/vs_deepspeed_autotuner.json
+
+Targets (issue 7): autotune's pick >= 0.97 of the grid's best in every repeat, in no more
+wall time than DeepSpeed's autotuner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORKLOAD = "gpt-tiny"
+RANKS = 2
+GLOBAL_BATCH = 16
+COMPARABLE_SPACE = HERE / "spaces" / "ds_comparable.yaml"
+
+# DeepSpeed's autotuner cleans up after each experiment with
+# ``pdsh -f N -w HOSTS pkill -f EXP_NAME`` (autotuning/scheduler.py, clean_up) and exits if
+# that fails; on one machine without pdsh this stand-in runs the command here.
+PDSH_SHIM = """#!/bin/sh
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -f|-w) shift 2 ;;
+    *) break ;;
+  esac
+done
+exec "$@"
+"""
+
+
+def _threads_per_rank() -> int:
+    return max(1, (os.cpu_count() or RANKS) // RANKS)
+
+
+def run_deepspeed_autotuner(workdir: Path) -> dict[str, Any]:
+    """DeepSpeed's autotuner, fast mode, every ZeRO stage; its pick and what it cost."""
+    from autotune.candidate import DEFAULT_BASE_CONFIG
+
+    workdir.mkdir(parents=True)
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pdsh").write_text(PDSH_SHIM)
+    (bin_dir / "pdsh").chmod(0o755)
+    config = {
+        **DEFAULT_BASE_CONFIG,
+        "train_micro_batch_size_per_gpu": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": "all"},
+        "autotuning": {
+            "enabled": True,
+            "fast": True,
+            "metric": "throughput",
+            "max_train_batch_size": GLOBAL_BATCH,
+            "results_dir": str(workdir / "autotuning_results"),
+            "exps_dir": str(workdir / "autotuning_exps"),
+            "overwrite": True,
+        },
+    }
+    config_path = workdir / "ds_config.json"
+    config_path.write_text(json.dumps(config, indent=2))
+    threads = str(_threads_per_rank())
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "LOCAL_SIZE": str(RANKS),
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
+    }
+    env.pop("MLFLOW_RUN_ID", None)
+    command = [
+        "deepspeed",
+        "--autotuning",
+        "tune",
+        "--num_gpus",
+        str(RANKS),
+        str(HERE / "ds_autotuner_train.py"),
+        "--workload",
+        WORKLOAD,
+        "--deepspeed_config",
+        str(config_path),
+    ]
+    started = time.monotonic()
+    with open(workdir / "autotuner.log", "wb") as log:
+        returncode = subprocess.run(
+            command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
+        ).returncode
+    wall_s = time.monotonic() - started
+    results = workdir / "autotuning_results"
+    optimal = results / "ds_config_optimal.json"
+    experiments = sorted(p.parent.name for p in results.glob("*/exp.json"))
+    if returncode != 0 or not optimal.exists():
+        tail = (workdir / "autotuner.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"DeepSpeed's autotuner failed (exit {returncode}):\n{tail}")
+    chosen = json.loads(optimal.read_text())
+    candidate = {
+        "precision": "bf16",
+        "zero_stage": int(chosen.get("zero_optimization", {}).get("stage", 0)),
+        "micro_batch_size": int(chosen["train_micro_batch_size_per_gpu"]),
+        "gradient_accumulation_steps": int(chosen.get("gradient_accumulation_steps", 1)),
+        "data_parallel_size": RANKS,
+    }
+    return {
+        "tuner": "deepspeed",
+        "wall_s": wall_s,
+        "probes": len(experiments),
+        "experiments": experiments,
+        "candidate": candidate,
+    }
+
+
+def run_autotune(workdir: Path, space: str, budget_s: float, seed: int) -> dict[str, Any]:
+    """``autotune run`` as a user types it; its pick (the exported trial) and cost."""
+    import optuna
+
+    from autotune.export import best_trial
+
+    workdir.mkdir(parents=True)
+    storage = f"sqlite:///{workdir / 'autotune.db'}"
+    command = [
+        sys.executable,
+        "-m",
+        "autotune.cli",
+        "run",
+        "--workload",
+        WORKLOAD,
+        "--gpus",
+        str(RANKS),
+        "--global-batch",
+        str(GLOBAL_BATCH),
+        "--space",
+        space,
+        "--budget",
+        f"{int(budget_s)}s",
+        "--seed",
+        str(seed),
+        "--study",
+        "vs-ds",
+        "--storage",
+        storage,
+    ]
+    started = time.monotonic()
+    with open(workdir / "autotune.log", "wb") as log:
+        returncode = subprocess.run(
+            command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, check=False
+        ).returncode
+    wall_s = time.monotonic() - started
+    if returncode != 0:
+        tail = (workdir / "autotune.log").read_text(errors="replace")[-3000:]
+        raise SystemExit(f"autotune run failed (exit {returncode}):\n{tail}")
+    study = optuna.load_study(study_name="vs-ds", storage=storage)
+    best = best_trial(study)
+    if best is None:
+        raise SystemExit(f"autotune run found no feasible config; see {workdir}/autotune.log")
+    probes = [t for t in study.get_trials(deepcopy=False) if "probe_wall_s" in t.user_attrs]
+    return {
+        "tuner": f"autotune ({Path(space).stem})",
+        "wall_s": wall_s,
+        "probes": len(probes),
+        "candidate": best.user_attrs["candidate"],
+    }
+
+
+def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
+    """Samples/s of each candidate by the same fixed-length probe, interleaved in rounds."""
+    from autotune.candidate import Candidate
+    from autotune.launch import cpu_probe_jobs, launch_probes
+
+    parsed = {Candidate.model_validate(c).key: Candidate.model_validate(c) for c in candidates}
+    ordered = list(parsed.values())
+    rates: dict[str, list[float]] = {key: [] for key in parsed}
+    for index in range(rounds):
+        shift = index * max(1, len(ordered) // rounds)
+        order = ordered[shift:] + ordered[:shift]
+        with tempfile.TemporaryDirectory(prefix="autotune-vs-ds-") as tmp:
+            jobs = cpu_probe_jobs(
+                WORKLOAD,
+                order,
+                Path(tmp),
+                warmup_steps=3,
+                timed_steps=6,
+                timeout_s=300,
+                ranks=RANKS,
+                threads_per_rank=_threads_per_rank(),
+            )
+            for job, result in zip(jobs, launch_probes(jobs), strict=True):
+                if result.status == "ok" and result.samples_per_s:
+                    rates[job.spec.candidate.key].append(result.samples_per_s)
+        print(f"harness round {index + 1}/{rounds} done", flush=True)
+    return {
+        key: {
+            "label": parsed[key].label,
+            "candidate": parsed[key].model_dump(mode="json"),
+            "samples_per_s": rates[key],
+            "median": statistics.median(rates[key]) if rates[key] else 0.0,
+        }
+        for key in parsed
+    }
+
+
+def grid() -> list[dict[str, Any]]:
+    from autotune.hardware import detect
+    from autotune.space import load_space
+
+    space = load_space(str(COMPARABLE_SPACE)).bind(
+        detect(), data_parallel_size=RANKS, global_batch=GLOBAL_BATCH
+    )
+    return [c.model_dump(mode="json") for c in space.candidates()]
+
+
+def report(data: dict[str, Any]) -> None:
+    from autotune.candidate import Candidate
+
+    measured = data["harness"]
+    grid_keys = {Candidate.model_validate(c).key for c in data["grid"]}
+    best_key = max(grid_keys, key=lambda k: measured[k]["median"])
+    best = measured[best_key]["median"]
+    print(
+        f"\nworkload {WORKLOAD}, {RANKS} CPU ranks, bf16 grid of {len(grid_keys)} configs; "
+        f"best {measured[best_key]['label']} at {best:.2f} samples/s "
+        f"({data['rounds']} interleaved rounds)\n"
+    )
+    print("| repeat | tuner | wall | probes | pick | samples/s (min..max) | of best |")
+    print("|---|---|---|---|---|---|---|")
+    for run in data["runs"]:
+        key = Candidate.model_validate(run["candidate"]).key
+        rates = measured[key]["samples_per_s"]
+        spread = f"{min(rates):.2f}..{max(rates):.2f}" if rates else "-"
+        print(
+            f"| {run['repeat']} | {run['tuner']} | {run['wall_s']:.0f} s | {run['probes']} | "
+            f"{measured[key]['label']} | {measured[key]['median']:.2f} ({spread}) | "
+            f"{measured[key]['median'] / best:.3f} |"
+        )
+    print("\ngrid, by the common harness:\n")
+    print("| config | samples/s median | min..max |")
+    print("|---|---|---|")
+    for key in sorted(grid_keys, key=lambda k: -measured[k]["median"]):
+        rates = measured[key]["samples_per_s"]
+        spread = f"{min(rates):.2f}..{max(rates):.2f}" if rates else "-"
+        print(f"| {measured[key]['label']} | {measured[key]['median']:.2f} | {spread} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="harness rounds")
+    parser.add_argument("--out", type=Path, default=HERE / "data" / "vs_deepspeed_autotuner.json")
+    parser.add_argument("--report", type=Path, help="print the tables of an earlier run")
+    parser.add_argument(
+        "--no-full-space", action="store_true", help="skip autotune on its full space"
+    )
+    args = parser.parse_args()
+    if args.report:
+        report(json.loads(args.report.read_text()))
+        return 0
+    if shutil.which("deepspeed", path=f"{Path(sys.executable).parent}") is None:
+        raise SystemExit("the deepspeed launcher is not installed beside this Python")
+    scratch = Path(tempfile.mkdtemp(prefix="autotune-vs-ds-"))
+    runs: list[dict[str, Any]] = []
+    for repeat in range(1, args.repeats + 1):
+        ds = run_deepspeed_autotuner(scratch / f"r{repeat}-deepspeed")
+        runs.append({"repeat": repeat, **ds})
+        print(
+            f"repeat {repeat}: deepspeed {ds['wall_s']:.0f} s, {ds['probes']} experiments, "
+            f"pick {ds['candidate']}",
+            flush=True,
+        )
+        spaces = [str(COMPARABLE_SPACE)] + ([] if args.no_full_space else ["default"])
+        for space in spaces:
+            name = Path(space).stem
+            at = run_autotune(scratch / f"r{repeat}-{name}", space, ds["wall_s"], seed=repeat)
+            runs.append({"repeat": repeat, **at})
+            print(
+                f"repeat {repeat}: {at['tuner']} {at['wall_s']:.0f} s, {at['probes']} probes, "
+                f"pick {at['candidate']}",
+                flush=True,
+            )
+    grid_candidates = grid()
+    measured = harness(grid_candidates + [run["candidate"] for run in runs], args.rounds)
+    data = {
+        "workload": WORKLOAD,
+        "ranks": RANKS,
+        "global_batch": GLOBAL_BATCH,
+        "threads_per_rank": _threads_per_rank(),
+        "rounds": args.rounds,
+        "runs": runs,
+        "grid": grid_candidates,
+        "harness": measured,
+        "scratch": str(scratch),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(data, indent=1))
+    report(data)
+    print(f"\nwritten to {args.out}; logs in {scratch}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
