@@ -245,13 +245,15 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
                 )
             )
             continue
+        # A candidate every rank finished is not failed by a later one that ended the launch.
+        finished = len(jobs) > 1 and {r.rank for r in reports} == set(range(job.world_size))
         results.append(
             aggregate(
                 job.spec,
                 reports,
                 world_size=job.world_size,
-                exit_code=exit_code,
-                timed_out=timed_out,
+                exit_code=0 if finished else exit_code,
+                timed_out=timed_out and not finished,
                 wall_s=wall_s if len(jobs) == 1 else max((r.wall_s for r in reports), default=0),
                 log_tail=log_tail,
             )

@@ -302,6 +302,24 @@ def _release(engine: Any, accelerator: str) -> None:
     if accelerator == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    else:
+        _trim_host_heap()
+
+
+def _trim_host_heap() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): without it a warm
+    worker's resident memory ratchets up over candidates of a 124M model until the kernel's
+    OOM killer takes a rank (seen at 11 GB after 30 candidates on a 24 GB host)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        return
 
 
 def _leave_process_group() -> None:

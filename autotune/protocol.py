@@ -204,21 +204,25 @@ _FAILURE = re.compile(
 )
 
 
+SIGTERM_EXIT = -15  # how torchrun ends the surviving ranks once one has failed
+
+
 def torchrun_root_cause(log: str, missing: list[int] | None = None) -> str:
     """The rank that died first, as one line, from torchrun's failure report.
 
     torchrun's "Root Cause" is the first failure it *observed*: when a rank is killed, its
-    peer may fail on the broken connection and be polled first. A rank that wrote no report
-    (in ``missing``) is the one that died, so its entry wins over torchrun's root cause.
+    peer may fail on the broken connection and be polled first, or be stopped by torchrun
+    itself (SIGTERM). So a rank that wrote no report (in ``missing``) and was not stopped by
+    torchrun is the cause; then torchrun's root cause; SIGTERMed ranks come last.
     """
-    failures = {int(m.group("rank")): m for m in _FAILURE.finditer(log)}
-    if not failures:
+    entries = list(_FAILURE.finditer(log))
+    if not entries:
         return ""
     root = log.find("Root Cause")
-    chosen = next((failures[r] for r in missing or [] if r in failures), None)
-    if chosen is None:
-        after = [m for m in _FAILURE.finditer(log) if m.start() > root >= 0]
-        chosen = after[0] if after else next(iter(failures.values()))
+    after_root = [m for m in entries if root >= 0 and m.start() > root]
+    by_rank = {int(m.group("rank")): m for m in entries}
+    ordered = [by_rank[r] for r in missing or [] if r in by_rank] + after_root + entries
+    chosen = next((m for m in ordered if int(m.group("code")) != SIGTERM_EXIT), ordered[0])
     trace = (chosen.group("trace") or "").strip()
     text = f"rank {chosen.group('rank')} died first with exit code {chosen.group('code')}"
     if trace and trace != "<N/A>" and "To enable traceback" not in trace:

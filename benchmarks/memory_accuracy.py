@@ -64,8 +64,8 @@ def measure(
         started = time.perf_counter()
         estimate = model.predict(candidate)
         predictions.append((estimate, time.perf_counter() - started))
-    # the second step is the first with optimizer states: its backward and step hold
-    # everything a steady step holds
+    # the third step is the first whose peak is steady: the second already has optimizer
+    # states, but GPT-2's steps 1-2 peak 4 bytes x parameters below step 3 (measured)
     jobs = cpu_probe_jobs(
         ref, chosen, root, warmup_steps=warmup_steps, timed_steps=1, timeout_s=900
     )
@@ -88,7 +88,8 @@ def main() -> int:
         "--warmup-steps",
         type=int,
         default=2,
-        help="steps before the timed one (1 still measures a step with optimizer states)",
+        help="steps before the timed one; below 2 the peak is not yet steady (a 2-step "
+        "probe of GPT-2 peaks 4 bytes x parameters lower than the third step does)",
     )
     args = parser.parse_args()
     if args.repredict:

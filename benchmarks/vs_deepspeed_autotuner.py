@@ -10,7 +10,8 @@ Each repeat runs, back to back on 2 CPU ranks (gpt-tiny, bf16, global batch 16):
    the same AdamW and threads per rank as autotune's probes.
 2. ``autotune run`` on the space DeepSpeed's autotuner can express
    (``benchmarks/spaces/ds_comparable.yaml``: ZeRO 0-3 x micro-batch, bf16) with
-   ``--budget`` set to DeepSpeed's wall time, so it never has more time.
+   ``--budget`` set to DeepSpeed's wall time (or a fraction of it, ``--budget-fraction``),
+   so it never has more time.
 3. ``autotune run`` on its full default space (precision, offload, checkpointing too), the
    same budget.
 
@@ -21,7 +22,7 @@ throughput is its median over the rounds, with the min..max spread. Each pick is
 a fraction of the best grid config.
 
 Reproduce:
-    python benchmarks/vs_deepspeed_autotuner.py --repeats 3 \\
+    python benchmarks/vs_deepspeed_autotuner.py --repeats 3 --budget-fraction 0.5 \\
         --out benchmarks/data/vs_deepspeed_autotuner.json
     python benchmarks/vs_deepspeed_autotuner.py --report benchmarks/data/vs_deepspeed_autotuner.json
 
@@ -255,7 +256,8 @@ def report(data: dict[str, Any]) -> None:
     print(
         f"\nworkload {WORKLOAD}, {RANKS} CPU ranks, bf16 grid of {len(grid_keys)} configs; "
         f"best {measured[best_key]['label']} at {best:.2f} samples/s "
-        f"({data['rounds']} interleaved rounds)\n"
+        f"({data['rounds']} interleaved rounds); autotune's budget: "
+        f"{data.get('budget_fraction', 1.0):g} x DeepSpeed's wall time of the same repeat\n"
     )
     print("| repeat | tuner | wall | probes | pick | samples/s (min..max) | of best |")
     print("|---|---|---|---|---|---|---|")
@@ -286,6 +288,12 @@ def main() -> int:
     parser.add_argument(
         "--no-full-space", action="store_true", help="skip autotune on its full space"
     )
+    parser.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=1.0,
+        help="autotune's --budget as a fraction of DeepSpeed's wall time (at most 1)",
+    )
     args = parser.parse_args()
     if args.report:
         report(json.loads(args.report.read_text()))
@@ -305,7 +313,8 @@ def main() -> int:
         spaces = [str(COMPARABLE_SPACE)] + ([] if args.no_full_space else ["default"])
         for space in spaces:
             name = Path(space).stem
-            at = run_autotune(scratch / f"r{repeat}-{name}", space, ds["wall_s"], seed=repeat)
+            budget_s = ds["wall_s"] * min(1.0, args.budget_fraction)
+            at = run_autotune(scratch / f"r{repeat}-{name}", space, budget_s, seed=repeat)
             runs.append({"repeat": repeat, **at})
             print(
                 f"repeat {repeat}: {at['tuner']} {at['wall_s']:.0f} s, {at['probes']} probes, "
@@ -320,6 +329,7 @@ def main() -> int:
         "global_batch": GLOBAL_BATCH,
         "threads_per_rank": _threads_per_rank(),
         "rounds": args.rounds,
+        "budget_fraction": min(1.0, args.budget_fraction),
         "runs": runs,
         "grid": grid_candidates,
         "harness": measured,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.launch import ProbeJob, launch_probe
+from autotune.launch import ProbeJob, launch_probe, launch_probes
 from autotune.protocol import ProbeSpec
 from tests.conftest import probe_processes
 
@@ -153,4 +153,17 @@ def test_adaptive_length_and_early_stop_in_one_warm_group(tmp_path: Path) -> Non
         assert len(result.step_times_s) == 3  # the minimum for a verdict
     finally:
         worker.close()
+    assert_no_probe_left()
+
+
+def test_a_crash_in_a_shared_launch_fails_only_its_own_candidate(tmp_path: Path) -> None:
+    """Candidates probed in one launch: the first finished on every rank before the second
+    crashed the launch, so it stays ``ok``; the second is the error."""
+    first = make_job(tmp_path).model_copy(update={"trial_dir": str(tmp_path / "a")})
+    second = make_job(tmp_path, fault="crash").model_copy(
+        update={"trial_dir": str(tmp_path / "b")}
+    )
+    ok, crashed = launch_probes([first, second])
+    assert ok.status == "ok" and ok.samples_per_s > 0, ok.error
+    assert crashed.status == "error" and "rank 1 died first" in crashed.error
     assert_no_probe_left()

@@ -118,3 +118,27 @@ Root Cause (first observed failure):
     assert "rank 1 died first with exit code -9 (Signal 9 (SIGKILL)" in result.error
     assert result.error.endswith("then rank 0: RuntimeError: Connection closed")
     assert torchrun_root_cause(log) == "rank 0 died first with exit code 1"
+
+
+def test_a_rank_torchrun_stopped_is_not_the_cause() -> None:
+    """Neither rank wrote a report: torchrun SIGTERMed rank 0 after rank 1 was SIGKILLed
+    (and may list rank 0 as its root cause); rank 1 is named."""
+    log = """
+Failures:
+[1]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12600)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 12600
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 12599)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 12599
+=====
+"""
+    result = _fold([], exit_code=1, log_tail=log)
+    assert "rank(s) [0, 1] wrote no report" in result.error
+    assert "rank 1 died first with exit code -9" in result.error
