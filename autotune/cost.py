@@ -67,8 +67,53 @@ class WorkloadFacts:
     tokens_per_sample: int
 
 
-def terms(candidate: Candidate, facts: WorkloadFacts, accelerator: str, threads: int) -> dict:
-    """Each term's seconds per optimizer step at nominal rates (weights 1)."""
+def measure_cpu_matmul_flops(precisions: tuple[str, ...], threads: int) -> dict[str, float]:
+    """FLOP/s of a 256x256 matmul per precision on this CPU with ``threads`` threads (~0.1 s
+    each). CPUs differ by more than any prior can cover: bf16 is emulated and ~10x slower
+    than fp32 on AVX2, but ~5x faster with AMX (measured 0.11 vs 0.54 TFLOP/s per thread on
+    a Xeon with AMX), and a cost model that assumes the wrong one never tries the winner."""
+    import time
+
+    import torch
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    rates: dict[str, float] = {}
+    try:
+        for precision in precisions:
+            a = torch.randn(256, 256, dtype=dtypes[precision])
+            b = torch.randn(256, 256, dtype=dtypes[precision])
+            for _ in range(3):
+                a @ b
+            count, started = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - started) < 0.1:
+                a @ b
+                count += 1
+            rates[precision] = count * 2 * 256**3 / elapsed
+    finally:
+        torch.set_num_threads(previous)
+    return rates
+
+
+def compute_scale_from(flops: dict[str, float]) -> dict[str, float]:
+    """Measured matmul rates as factors on the nominal per-precision rates (fp32's nominal
+    rate stays the anchor; calibration then fits the absolute scale)."""
+    if "fp32" not in flops or flops["fp32"] <= 0:
+        return {}
+    nominal = _FLOPS[("cpu", "fp32")]
+    return {p: rate / flops["fp32"] * nominal / _FLOPS[("cpu", p)] for p, rate in flops.items()}
+
+
+def terms(
+    candidate: Candidate,
+    facts: WorkloadFacts,
+    accelerator: str,
+    threads: int,
+    compute_scale: dict[str, float] | None = None,
+) -> dict:
+    """Each term's seconds per optimizer step at nominal rates (weights 1); ``compute_scale``
+    multiplies a precision's nominal compute rate (this machine's measured ratio)."""
     psi = float(facts.params)
     mb, gas, dp = (
         candidate.micro_batch_size,
@@ -79,6 +124,7 @@ def terms(candidate: Candidate, facts: WorkloadFacts, accelerator: str, threads:
     width = 4.0 if candidate.precision == "fp32" else 2.0
     flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
     rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
+    rate *= (compute_scale or {}).get(candidate.precision, 1.0)
     compute = flops_per_token * psi * facts.tokens_per_sample * mb * gas / rate
     share = (dp - 1) / dp if dp > 1 else 0.0
     link = _LINK_BYTES_S[accelerator]
@@ -120,15 +166,22 @@ def terms(candidate: Candidate, facts: WorkloadFacts, accelerator: str, threads:
 class CostModel:
     """Predicts step time and samples/s; :meth:`fit` calibrates on measured probes."""
 
-    def __init__(self, facts: WorkloadFacts, accelerator: str, threads: int = 1) -> None:
+    def __init__(
+        self,
+        facts: WorkloadFacts,
+        accelerator: str,
+        threads: int = 1,
+        compute_scale: dict[str, float] | None = None,
+    ) -> None:
         self.facts = facts
         self.accelerator = accelerator
         self.threads = max(1, threads)
+        self.compute_scale = dict(compute_scale or {})
         self.weights = dict.fromkeys(TERMS, 1.0)
         self.observations = 0
 
     def terms(self, candidate: Candidate) -> dict[str, float]:
-        return terms(candidate, self.facts, self.accelerator, self.threads)
+        return terms(candidate, self.facts, self.accelerator, self.threads, self.compute_scale)
 
     def step_time_s(self, candidate: Candidate) -> float:
         values = self.terms(candidate)
@@ -169,6 +222,14 @@ class CostModel:
             weights[low] = 0.02
             active &= ~low
         self.weights = {k: float(w) for k, w in zip(TERMS, weights, strict=True)}
+        # A precision no probe has measured keeps only its prior; what the probes taught about
+        # compute on this machine (e.g. 3x slower than nominal) applies to it as well.
+        seen = {f"compute_{c.precision}" for c, _ in measured}
+        if seen:
+            learned = math.exp(sum(math.log(self.weights[k]) for k in seen) / len(seen))
+            for key in TERMS:
+                if key.startswith("compute_") and key not in seen:
+                    self.weights[key] = learned
 
     def relative_error(self, candidate: Candidate, step_s: float) -> float:
         return abs(math.log(self.step_time_s(candidate) / step_s))

@@ -195,9 +195,19 @@ class Tuner:
 
         workload = self.plan.workload
         facts = WorkloadFacts(model_facts(workload, 0).params, workload.tokens_per_sample)
-        return CostModel(
-            facts, self.plan.hardware.accelerator, threads=self.plan.config.threads_per_rank
-        )
+        hardware, threads = self.plan.hardware, self.plan.config.threads_per_rank
+        scale: dict[str, float] = {}
+        if hardware.accelerator == "cpu":
+            from autotune.cost import compute_scale_from, measure_cpu_matmul_flops
+
+            measured = tuple(dict.fromkeys(("fp32", *self.plan.space.precisions)))  # fp32: anchor
+            flops = measure_cpu_matmul_flops(measured, threads)
+            scale = compute_scale_from(flops)
+            rates = ", ".join(f"{p} {rate / 1e9:.0f}" for p, rate in flops.items())
+            self.log(
+                f"cost model: this CPU's matmul GFLOP/s at {threads} thread(s) per rank: {rates}"
+            )
+        return CostModel(facts, hardware.accelerator, threads=threads, compute_scale=scale)
 
     def _may_fit(self, candidate: Candidate) -> bool:
         """What the memory model says before any probe (the sampler skips the rest)."""

@@ -160,9 +160,7 @@ def test_a_crash_in_a_shared_launch_fails_only_its_own_candidate(tmp_path: Path)
     """Candidates probed in one launch: the first finished on every rank before the second
     crashed the launch, so it stays ``ok``; the second is the error."""
     first = make_job(tmp_path).model_copy(update={"trial_dir": str(tmp_path / "a")})
-    second = make_job(tmp_path, fault="crash").model_copy(
-        update={"trial_dir": str(tmp_path / "b")}
-    )
+    second = make_job(tmp_path, fault="crash").model_copy(update={"trial_dir": str(tmp_path / "b")})
     ok, crashed = launch_probes([first, second])
     assert ok.status == "ok" and ok.samples_per_s > 0, ok.error
     assert crashed.status == "error" and "rank 1 died first" in crashed.error

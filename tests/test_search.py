@@ -94,6 +94,32 @@ def test_calibration_recovers_the_weights_that_made_the_times() -> None:
     assert model.weights["compute_fp32"] > 2.0
 
 
+def test_this_cpus_matmul_rates_order_the_precisions() -> None:
+    """AMX CPUs run bf16 ~5x faster than fp32, AVX2 CPUs ~10x slower: the prior must come
+    from the machine, or the model never proposes the faster precision."""
+    from autotune.cost import compute_scale_from, measure_cpu_matmul_flops
+
+    flops = measure_cpu_matmul_flops(("fp32", "bf16"), threads=1)
+    assert flops["fp32"] > 1e8 and flops["bf16"] > 1e7
+    model = CostModel(FACTS, "cpu", compute_scale=compute_scale_from(flops))
+    bf16, fp32 = model.terms(cand(precision="bf16")), model.terms(cand())
+    ratio = fp32["compute_fp32"] / bf16["compute_bf16"]
+    assert ratio == pytest.approx(flops["bf16"] / flops["fp32"], rel=1e-6)
+    # a machine where bf16 is 5x faster: the model ranks bf16 first before any probe
+    fast_bf16 = CostModel(FACTS, "cpu", compute_scale=compute_scale_from({"fp32": 1, "bf16": 5}))
+    big = CostModel(WorkloadFacts(params=100_000_000, tokens_per_sample=64), "cpu")
+    big.compute_scale = fast_bf16.compute_scale
+    assert big.samples_per_s(cand(precision="bf16")) > big.samples_per_s(cand())
+
+
+def test_an_unmeasured_precision_learns_from_the_measured_ones() -> None:
+    model = CostModel(FACTS, "cpu")
+    slow = [(cand(mb=mb), 3.0 * CostModel(FACTS, "cpu").step_time_s(cand(mb=mb))) for mb in (1, 8)]
+    model.fit(slow)
+    assert model.weights["compute_fp32"] > 1.5
+    assert model.weights["compute_bf16"] == pytest.approx(model.weights["compute_fp32"])
+
+
 # -- policy and sampler --------------------------------------------------------------------
 def bound_space():
     return load_space("default").bind(CPU, data_parallel_size=2, global_batch=16)
