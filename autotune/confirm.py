@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 TOP = 3
 MAX_CONTENDERS = 5
 ROUNDS = 3
+TIE_ROUNDS = 3  # more rounds of the best two alone while their intervals overlap
 CONFIRMATION_ATTR = "autotune_confirmation"
 
 
@@ -61,6 +62,7 @@ class Confirmation(BaseModel):
 
     contenders: list[Contender]
     rounds: int = 0
+    tie_rounds: int = Field(default=0, description="Extra rounds of the best two (a tie).")
     seconds: float = 0.0
     winner: int | None = Field(default=None, description="Trial number of the winner.")
     after_trial: int = Field(default=-1, description="Last trial number when it was decided.")
@@ -85,6 +87,8 @@ class Confirmation(BaseModel):
             return "no confirmation round"
         lines = [f"winner {self.contenders[0].describe()}"]
         lines += [f"runner-up {c.describe()}" for c in self.contenders[1:]]
+        if self.tie_rounds:
+            lines.append(f"{self.tie_rounds} more round(s) of the best two to break a tie")
         if self.tie:
             lines.append("the best two overlap within noise: the higher mean was taken")
         return "; ".join(lines)

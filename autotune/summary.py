@@ -188,7 +188,13 @@ def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig)
             "## Confirmation round",
             "",
             f"The top {len(verdict.contenders)} were probed again, interleaved, in "
-            f"{verdict.rounds} round(s) ({verdict.seconds:.0f} s of the budget); means with "
+            f"{verdict.rounds} round(s)"
+            + (
+                f", then {verdict.tie_rounds} more of the best two to break a tie"
+                if verdict.tie_rounds
+                else ""
+            )
+            + f" ({verdict.seconds:.0f} s of the budget); means with "
             "their 95% intervals over every probe of each:",
             "",
         ]

@@ -42,6 +42,7 @@ from autotune.study import (
 if TYPE_CHECKING:
     import optuna
 
+    from autotune.confirm import Contender
     from autotune.cost import CostModel
     from autotune.executor import Executor
     from autotune.memory import MemoryModel
@@ -533,38 +534,61 @@ class Tuner:
             + ", ".join(t.user_attrs["label"] for t in chosen)
         )
         for _ in range(confirm.ROUNDS):
-            round_s = len(chosen) * max(self._probe_estimate_s(study), 1.0)
-            if self._stopping or time.monotonic() + round_s > deadline:
+            if not self._confirmation_round(study, executor, inflight, chosen, by_trial, deadline):
                 break
-            for original in chosen:
-                if self._stopping:
-                    break
-                candidate = Candidate.model_validate(original.user_attrs["candidate"])
-                study.enqueue_trial(
-                    self.plan.space.params_of(candidate),
-                    user_attrs={"confirmation_of": original.number},
-                )
-                trial = study.ask()
-                candidate = self.plan.space.suggest(trial)
-                ticket, job = self._submit(executor, study, trial, candidate, early_stop=False)
-                inflight[ticket] = job
-                result = None
-                while result is None and not self._stopping:
-                    for done_ticket, done in executor.wait(POLL_S):
-                        inflight.pop(done_ticket)
-                        self._record(study, job, done)
-                        result = done
-                if result is not None and result.status == "ok":
-                    by_trial[original.number].samples_per_s.append(result.samples_per_s)
-            else:
-                verdict.rounds += 1
+            verdict.rounds += 1
+        verdict.decide()
+        # The best two still overlap: more rounds of just those two while time remains (each
+        # halves the round's cost and narrows both intervals), until they separate.
+        while verdict.tie and verdict.tie_rounds < confirm.TIE_ROUNDS:
+            top_two = {c.trial for c in verdict.contenders[:2]}
+            pair = [t for t in chosen if t.number in top_two]
+            if not self._confirmation_round(study, executor, inflight, pair, by_trial, deadline):
+                break
+            verdict.tie_rounds += 1
+            verdict.decide()
         verdict.seconds = round(time.monotonic() - started, 1)
         verdict.after_trial = len(study.get_trials(deepcopy=False)) - 1
-        verdict.decide()
         study.set_user_attr(confirm.CONFIRMATION_ATTR, verdict.model_dump(mode="json"))
         text = verdict.describe()
         self.log(f"confirmation ({verdict.rounds} round(s), {verdict.seconds:.0f} s): {text}")
         return text
+
+    def _confirmation_round(
+        self,
+        study: optuna.Study,
+        executor: Executor,
+        inflight: dict[int, _InFlight],
+        originals: list[optuna.trial.FrozenTrial],
+        by_trial: dict[int, Contender],
+        deadline: float,
+    ) -> bool:
+        """Probe each of ``originals`` once more, in order; False if there was no time for
+        the whole round or the run is stopping (a partial round is not counted)."""
+        round_s = len(originals) * max(self._probe_estimate_s(study), 1.0)
+        if self._stopping or time.monotonic() + round_s > deadline:
+            return False
+        for original in originals:
+            if self._stopping:
+                return False
+            candidate = Candidate.model_validate(original.user_attrs["candidate"])
+            study.enqueue_trial(
+                self.plan.space.params_of(candidate),
+                user_attrs={"confirmation_of": original.number},
+            )
+            trial = study.ask()
+            candidate = self.plan.space.suggest(trial)
+            ticket, job = self._submit(executor, study, trial, candidate, early_stop=False)
+            inflight[ticket] = job
+            result = None
+            while result is None and not self._stopping:
+                for done_ticket, done in executor.wait(POLL_S):
+                    inflight.pop(done_ticket)
+                    self._record(study, job, done)
+                    result = done
+            if result is not None and result.status == "ok":
+                by_trial[original.number].samples_per_s.append(result.samples_per_s)
+        return not self._stopping
 
     def _record_interrupted(self, study: optuna.Study, jobs: Iterable[_InFlight]) -> None:
         from optuna.trial import TrialState

@@ -93,3 +93,94 @@ def test_export_takes_the_confirmed_winner() -> None:
     faster = _study_with({"c": [0.1, 0.1]}).trials[0]
     study.add_trial(faster)
     assert best_trial(study).user_attrs["label"] == "c"
+
+
+class ScriptedExecutor:
+    """Stands in for the probes, by design: the decision logic under test needs chosen
+    throughputs (a tie that persists), which real probes on a noisy machine cannot be made
+    to produce on demand. Each probe of a label returns its next scripted samples/s."""
+
+    capacity = 1
+
+    def __init__(self, rates: dict[str, list[float]]) -> None:
+        self.rates = {label: list(values) for label, values in rates.items()}
+        self.order: list[str] = []
+        self._done: list[tuple[int, object]] = []
+
+    def submit(self, job) -> int:
+        from autotune.protocol import ProbeResult
+
+        label = job.spec.candidate.label
+        self.order.append(label)
+        values = self.rates[label]
+        rate = values.pop(0) if len(values) > 1 else values[0]
+        batch = job.spec.candidate.train_batch_size
+        result = ProbeResult(
+            status="ok",
+            samples_per_s=rate,
+            samples_per_s_min=rate,
+            samples_per_s_max=rate,
+            step_time_s=batch / rate,
+            step_times_s=[batch / rate] * 3,
+            peak_bytes_per_rank=[2**20, 2**20],
+            wall_s=1.0,
+        )
+        self._done.append((len(self.order), result))
+        return len(self.order)
+
+    def wait(self, timeout_s: float):
+        done, self._done = self._done, []
+        return done
+
+    def cancel_all(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied) -> None:
+    from autotune import confirm
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    space = tmp_path / "three.yaml"
+    space.write_text(
+        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
+        "activation_checkpointing: [false]\n"
+    )
+    # z0 and z1 alternate around 100 and 97 (a tie that never separates); z2 is far behind
+    close = [100.0, 92.0, 108.0, 92.0, 108.0, 92.0, 108.0, 92.0, 108.0]
+    rival = [97.0, 89.0, 105.0, 89.0, 105.0, 89.0, 105.0, 89.0, 105.0]
+    rival = rival if tied else [60.0, 61.0, 60.5, 60.2]
+    scripted = ScriptedExecutor(
+        {"z0 fp32 mb8x1": close, "z1 fp32 mb8x1": rival, "z2 fp32 mb8x1": [50.0, 50.5, 49.5]}
+    )
+    settings = RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        space=str(space),
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+        budget_s=600,
+        early_stop=False,
+    )
+    tuner = Tuner(plan_run(settings), log=lambda line: None, executor_factory=lambda p: scripted)
+    tuner.run()
+    verdict = confirm.load(tuner.open_study())
+    assert verdict is not None and verdict.rounds == confirm.ROUNDS
+    confirmation_probes = scripted.order[3:]
+    if tied:
+        assert verdict.tie_rounds == confirm.TIE_ROUNDS and verdict.tie
+        # the extra rounds probe the best two only
+        extra = confirmation_probes[3 * confirm.ROUNDS :]
+        assert len(extra) == 2 * confirm.TIE_ROUNDS and "z2 fp32 mb8x1" not in extra
+        assert "more round(s) of the best two" in verdict.describe()
+        summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+        assert f"then {confirm.TIE_ROUNDS} more of the best two to break a tie" in summary
+    else:
+        assert verdict.tie_rounds == 0 and not verdict.tie
+        assert len(confirmation_probes) == 3 * confirm.ROUNDS
+    study = tuner.open_study()
+    assert study.trials[verdict.winner].user_attrs["label"] == "z0 fp32 mb8x1"
