@@ -8,6 +8,7 @@ over gloo. The memory limit then applies to the tensor bytes each rank tracks (s
 from __future__ import annotations
 
 import os
+import threading
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -158,7 +159,17 @@ def torch_extensions_dir() -> str:
     return os.path.join(os.path.expanduser("~/.cache/autotune/torch_extensions"), key)
 
 
-def _remove_stale_build_locks(root: str) -> None:
+# torch's JIT loader takes the same lock for a no-op up-to-date check (well under a second)
+# on every load; a process killed inside it (a probe rank SIGKILLed during initialize) leaves
+# the lock behind and every later load waits forever. Where the op is already built, a lock
+# older than this is such a leftover: the folder's key (environment and versions) means the
+# op is never rebuilt in place.
+STALE_LOCK_OF_BUILT_OP_S = 60
+
+
+def remove_stale_build_locks(root: str) -> None:
+    """Delete build locks left by killed processes (see the two thresholds above)."""
+    import glob
     import time
 
     if not os.path.isdir(root):
@@ -166,8 +177,10 @@ def _remove_stale_build_locks(root: str) -> None:
     for folder, _, files in os.walk(root):
         if "lock" in files:
             lock = os.path.join(folder, "lock")
+            built = bool(glob.glob(os.path.join(folder, "*.so")))
+            limit = STALE_LOCK_OF_BUILT_OP_S if built else STALE_BUILD_LOCK_S
             try:
-                if time.time() - os.path.getmtime(lock) > STALE_BUILD_LOCK_S:
+                if time.time() - os.path.getmtime(lock) > limit:
                     os.remove(lock)
             except OSError:
                 pass
@@ -209,7 +222,7 @@ def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
 
     os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
     os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
-    _remove_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
+    remove_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
     names = ["FusedAdamBuilder"]
     if cpu_offload:
         names.append("CPUAdamBuilder")
@@ -220,20 +233,32 @@ def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
     except ImportError as exc:  # pragma: no cover - deepspeed is a dependency
         raise HardwareError(f"cannot import DeepSpeed ({exc}); pip install deepspeed") from None
     accelerator = get_accelerator()
-    for name in names:
-        builder = accelerator.create_op_builder(name)
-        if builder is None:
-            continue
-        try:
-            importlib.import_module("deepspeed.ops")
-            builder.load(verbose=False)
-        except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
-            raise HardwareError(
-                f"DeepSpeed cannot build its {builder.NAME} op here ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install a "
-                "C++ compiler (and for CUDA ops, the CUDA toolkit), or remove the option that "
-                "needs it from the space"
-            ) from None
+    # torch's loader waits on a lock without ever looking at it again: keep clearing
+    # leftovers while it waits (a process killed moments ago leaves a fresh one)
+    loading = threading.Event()
+
+    def sweep() -> None:
+        while not loading.wait(5.0):
+            remove_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
+
+    threading.Thread(target=sweep, name="autotune-lock-sweep", daemon=True).start()
+    try:
+        for name in names:
+            builder = accelerator.create_op_builder(name)
+            if builder is None:
+                continue
+            try:
+                importlib.import_module("deepspeed.ops")
+                builder.load(verbose=False)
+            except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
+                raise HardwareError(
+                    f"DeepSpeed cannot build its {builder.NAME} op here ({type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install "
+                    "a C++ compiler (and for CUDA ops, the CUDA toolkit), or remove the option "
+                    "that needs it from the space"
+                ) from None
+    finally:
+        loading.set()
 
 
 def _main(argv: list[str] | None = None) -> int:
