@@ -186,6 +186,20 @@ def remove_stale_build_locks(root: str) -> None:
                 pass
 
 
+def sweep_stale_build_locks(root: str) -> threading.Event:
+    """Clear leftover locks every 5 s in a daemon thread until the returned event is set:
+    torch's loader waits on a lock without ever looking at it again, and a process killed
+    moments ago leaves a fresh one."""
+    done = threading.Event()
+
+    def sweep() -> None:
+        while not done.wait(5.0):
+            remove_stale_build_locks(root)
+
+    threading.Thread(target=sweep, name="autotune-lock-sweep", daemon=True).start()
+    return done
+
+
 def partial_offload_supported() -> bool:
     """Whether this DeepSpeed knows ``offload_optimizer.ratio`` (partial offload, ZeRO-3)."""
     from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
@@ -233,15 +247,7 @@ def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
     except ImportError as exc:  # pragma: no cover - deepspeed is a dependency
         raise HardwareError(f"cannot import DeepSpeed ({exc}); pip install deepspeed") from None
     accelerator = get_accelerator()
-    # torch's loader waits on a lock without ever looking at it again: keep clearing
-    # leftovers while it waits (a process killed moments ago leaves a fresh one)
-    loading = threading.Event()
-
-    def sweep() -> None:
-        while not loading.wait(5.0):
-            remove_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
-
-    threading.Thread(target=sweep, name="autotune-lock-sweep", daemon=True).start()
+    loading = sweep_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
     try:
         for name in names:
             builder = accelerator.create_op_builder(name)

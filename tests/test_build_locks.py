@@ -63,3 +63,24 @@ def test_loading_ops_gets_past_a_lock_a_killed_rank_left() -> None:
             lock.unlink()  # never leave the leftover for the rest of the suite
     waited_s = time.monotonic() - started
     assert waited_s > 5, "the loader did not wait on the lock: the test tests nothing"
+
+
+@pytest.mark.slow
+def test_probe_ranks_get_past_a_lock_a_killed_rank_left(tmp_path: Path) -> None:
+    """Ranks JIT-load ops in deepspeed.initialize, without the driver's check in front
+    (launch_probes): they must not wait on a leftover lock either."""
+    from autotune.launch import launch_probe
+    from tests.test_probe import make_job
+
+    ensure_deepspeed_ops(detect(), cpu_offload=False)
+    built = sorted(Path(torch_extensions_dir()).glob("*/fused_adam*.so"))
+    lock = built[0].parent / "lock"
+    lock.write_text("")
+    then = time.time() - (STALE_LOCK_OF_BUILT_OP_S - 8)
+    os.utime(lock, (then, then))
+    try:
+        result = launch_probe(make_job(tmp_path, timeout_s=120))
+    finally:
+        if lock.exists():
+            lock.unlink()
+    assert result.status == "ok", result.error
