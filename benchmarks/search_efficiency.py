@@ -9,6 +9,10 @@
         python benchmarks/search_efficiency.py dump --storage sqlite:////tmp/tables/tables.db \\
             --study table-gpt-tiny --out benchmarks/data/table_gpt-tiny.json
 
+    The same grid measured several times (``--study A --study B ...``) gives a table of
+    medians. ``dump`` also records this CPU's matmul rate per precision (the cost model's
+    compute prior, as a run measures it), so dump on the machine that measured the table.
+
 (b) Replays: each strategy searches the table many times (different seeds, and a 3%
     Gaussian noise on every looked-up throughput, about what a short probe measures here),
     under a memory limit applied to the measured peaks. For budgets of 5, 10 and 20 probes
@@ -19,16 +23,20 @@
             --limit 1.5GiB --repeats 30
 
 Strategies: autotune's sampler (memory model + calibrated cost model, see
-autotune/sampler.py), Optuna's TPE and random samplers (the tuner's memory screen and
-de-duplication apply to them as in a real run), and a re-implementation of DeepSpeed's
-autotuner "fast" strategy (deepspeed/autotuning/autotuner.py, documented below). A
-proposal the memory model rules out costs no probe, as in a real run.
+autotune/sampler.py), both as the best it believes after N probes and as what a run of N
+probes exports after its confirmation round ("autotune, confirmed": the round is reserved
+from the N probes as the tuner plans it), Optuna's TPE and random samplers (the tuner's
+memory screen and de-duplication apply to them as in a real run), and a re-implementation
+of DeepSpeed's autotuner "fast" strategy (deepspeed/autotuning/autotuner.py, documented
+below), run once per precision of the table since DeepSpeed keeps the user's. A proposal
+the memory model rules out costs no probe, as in a real run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -47,32 +55,51 @@ WITHIN = 0.02
 
 
 # -- tables ----------------------------------------------------------------------------
-def dump(storage: str, study_name: str, out: Path) -> None:
+def dump(storage: str, study_names: list[str], out: Path) -> None:
+    """Write the grid studies' table; with several studies of the same grid (repeated
+    measurements), each candidate's throughput is the median of its runs and its peak the
+    largest, so the replay's truth carries less of one probe's noise."""
     import optuna
 
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    runs: dict[str, list[dict]] = {}
+    config = flags = None
+    for study_name in study_names:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+        study_config = study.user_attrs["autotune_config"]
+        if config is not None and study_config != config:
+            raise SystemExit(f"study {study_name!r} was measured with other settings")
+        config = study_config
+        flags = study.user_attrs.get("autotune_flags", {})
+        for trial in study.get_trials():
+            attrs = trial.user_attrs
+            if "candidate" not in attrs or "duplicate_of" in attrs or "confirmation_of" in attrs:
+                continue
+            if attrs.get("status") in ("interrupted", "running"):
+                continue  # its retry is the measurement
+            runs.setdefault(attrs["label"], []).append(attrs)
+    assert config is not None and flags is not None
     rows = []
-    for trial in study.get_trials():
-        attrs = trial.user_attrs
-        if "candidate" not in attrs or "duplicate_of" in attrs or "confirmation_of" in attrs:
-            continue
-        if attrs.get("status") in ("interrupted", "running"):
-            continue  # its retry is the measurement
+    for label, measured in runs.items():
+        ok = [a for a in measured if a.get("status") == "ok"]
+        if len(ok) * 2 < len(measured):  # mostly failed: the failure is the measurement
+            first = measured[0]
+            status, rate = first.get("status"), 0.0
+        else:
+            status, rate = "ok", statistics.median(a["samples_per_s"] for a in ok)
         rows.append(
             {
-                "candidate": attrs["candidate"],
-                "label": attrs["label"],
-                "status": attrs.get("status"),
-                "samples_per_s": attrs.get("samples_per_s", 0.0),
-                "step_times_s": attrs.get("step_times_s", []),
-                "peak_bytes": attrs.get("peak_bytes", 0),
-                "probe_wall_s": attrs.get("probe_wall_s", 0.0),
+                "candidate": measured[0]["candidate"],
+                "label": label,
+                "status": status,
+                "samples_per_s": rate,
+                "samples_per_s_runs": [a.get("samples_per_s", 0.0) for a in measured],
+                "step_times_s": [t for a in measured for t in a.get("step_times_s", [])],
+                "peak_bytes": max(a.get("peak_bytes", 0) for a in measured),
+                "probe_wall_s": statistics.fmean(a.get("probe_wall_s", 0.0) for a in measured),
             }
         )
-    config = study.user_attrs["autotune_config"]
-    flags = study.user_attrs.get("autotune_flags", {})
     table = {
-        "study": study_name,
+        "study": study_names[0] if len(study_names) == 1 else study_names,
         "workload": config["workload"],
         "ranks": config["gpus_per_trial"],
         "global_batch": config["global_batch"],
@@ -81,6 +108,14 @@ def dump(storage: str, study_name: str, out: Path) -> None:
         "space": flags.get("space"),
         "rows": rows,
     }
+    if config["accelerator"] == "cpu":
+        # The cost model's compute prior per precision comes from this CPU's matmul rates
+        # (a run measures them at its start; a grid run does not need them). Dump on the
+        # machine that measured the table, so its replays see the same CPU.
+        from autotune.cost import measure_cpu_matmul_flops
+
+        precisions = tuple(sorted({r["candidate"]["precision"] for r in rows} | {"fp32"}))
+        table["cpu_matmul_flops"] = measure_cpu_matmul_flops(precisions, config["threads_per_rank"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n")
     ok = [r for r in rows if r["status"] == "ok"]
@@ -93,16 +128,20 @@ class Table:
     candidates: list[Candidate]
     limit_bytes: int
     meta: dict
+    noise: float = NOISE
 
     @classmethod
-    def load(cls, path: Path, limit_bytes: int) -> Table:
+    def load(cls, path: Path, limit_bytes: int, noise: float = NOISE) -> Table:
         data = json.loads(path.read_text())
         rows, candidates = {}, []
         for row in data["rows"]:
             candidate = Candidate.model_validate(row["candidate"])
             rows[candidate.key] = row
             candidates.append(candidate)
-        return cls(rows, candidates, limit_bytes, data)
+        return cls(rows, candidates, limit_bytes, data, noise)
+
+    def candidate(self, key: str) -> Candidate:
+        return Candidate.model_validate(self.rows[key]["candidate"])
 
     def feasible(self, key: str) -> bool:
         row = self.rows[key]
@@ -118,7 +157,7 @@ class Table:
             return row["status"], 0.0
         if row["peak_bytes"] > self.limit_bytes:
             return "oom", 0.0
-        return "ok", row["samples_per_s"] * max(0.5, rng.gauss(1.0, NOISE))
+        return "ok", row["samples_per_s"] * max(0.5, rng.gauss(1.0, self.noise))
 
 
 @dataclass
@@ -229,7 +268,7 @@ def run_optuna(table: Table, search: Search, max_probes: int, sampler_name: str)
     del SpaceSpec
 
 
-def run_deepspeed_fast(table: Table, search: Search, max_probes: int) -> None:
+def run_deepspeed_fast(table: Table, search: Search, max_probes: int, precision: str) -> None:
     """DeepSpeed's autotuner, "fast" tuner type, re-implemented on the table.
 
     As in deepspeed/autotuning/autotuner.py (``tune`` -> ``tune_space`` per stage): ZeRO
@@ -238,12 +277,12 @@ def run_deepspeed_fast(table: Table, search: Search, max_probes: int) -> None:
     ``num_tuning_micro_batch_sizes`` (3) micro-batches from that maximum down, halving; the
     stage's best is kept, and tuning stops when a stage is not at least 5% better than the
     best so far. It has no notion of offload, checkpointing or precision: it keeps the
-    user's config (here fp32, the fastest precision on these CPUs, no offload, no
-    checkpointing), and it does not search gradient accumulation beyond what the global
-    batch implies.
+    user's config (``precision``: fp32 is DeepSpeed's default, a config without a bf16 or
+    fp16 section; the replay also runs it with each other precision of the table, as for a
+    user who already knew; no offload, no checkpointing), and it does not search gradient
+    accumulation beyond what the global batch implies.
     """
     base = {"offload_optimizer": "none", "offload_param": "none", "activation_checkpointing": False}
-    precision = "fp32"
     best_so_far = 0.0
     for stage in (0, 1, 2, 3):
         options = sorted(
@@ -276,6 +315,60 @@ def run_deepspeed_fast(table: Table, search: Search, max_probes: int) -> None:
         best_so_far = max(best_so_far, stage_best)
 
 
+def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> float:
+    """What a run with ``budget`` probes exports: autotune's search, then the confirmation
+    round, both inside the budget as the tuner plans them (autotune/tuner.py): the round's
+    reserve (:func:`autotune.confirm.reserve_s`, counted in probes) is held back from the
+    search; contenders are the top :data:`~autotune.confirm.TOP` plus any within the
+    best's noise band; whole interleaved rounds while they fit, then tie-break rounds of the
+    best two; the winner is decided by :class:`autotune.confirm.Confirmation` itself.
+    Returns the table's (true) throughput of the exported candidate."""
+    from autotune import confirm
+
+    reserve = math.floor(confirm.reserve_s(1.0, confirm.TOP, float(budget)))
+    search = Search(table, models.may_fit, seed)
+    run_autotune(table, search, budget - reserve, models)
+    left = budget - search.probes
+    ranked = sorted(search.measured, key=search.measured.get, reverse=True)
+    if not ranked:
+        return 0.0
+    band = search.measured[ranked[0]] * (1 - 2 * 1.96 * table.noise)  # the two 95% intervals touch
+    keys = [k for i, k in enumerate(ranked) if i < confirm.TOP or search.measured[k] >= band]
+    keys = keys[: confirm.MAX_CONTENDERS]
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=i, label=k, samples_per_s=[search.measured[k]])
+            for i, k in enumerate(keys)
+        ]
+    )
+    by_label = {c.label: c for c in verdict.contenders}
+
+    def one_round(labels: list[str]) -> bool:
+        nonlocal left
+        if len(keys) < 2 or left < len(labels):
+            return False
+        for label in labels:
+            status, value = table.probe(table.candidate(label), search.rng)
+            if status == "ok":
+                by_label[label].samples_per_s.append(value)
+        left -= len(labels)
+        return True
+
+    for _ in range(confirm.ROUNDS):
+        if not one_round(keys):
+            break
+        verdict.rounds += 1
+    verdict.decide()
+    while verdict.tie and verdict.tie_rounds < confirm.TIE_ROUNDS:
+        if not one_round([c.label for c in verdict.contenders[:2]]):
+            break
+        verdict.tie_rounds += 1
+        verdict.decide()
+    winner = verdict.contenders[0].label
+    assert table.feasible(winner)  # never an infeasible export
+    return table.rows[winner]["samples_per_s"]
+
+
 # -- models used offline ----------------------------------------------------------------
 class Models:
     """The memory model at the table's limit and the cost model, for the table's workload."""
@@ -299,12 +392,17 @@ class Models:
         return self._fits[candidate.key]
 
     def cost(self):
-        from autotune.cost import CostModel, WorkloadFacts
+        from autotune.cost import CostModel, WorkloadFacts, compute_scale_from
         from autotune.memory import model_facts
 
         facts = WorkloadFacts(model_facts(self.workload, 0).params, self.workload.tokens_per_sample)
+        # Tables measured before the dump recorded the CPU's rates replay on nominal priors.
+        scale = compute_scale_from(self.table.meta.get("cpu_matmul_flops", {}))
         return CostModel(
-            facts, self.table.meta["accelerator"], threads=self.table.meta["threads_per_rank"]
+            facts,
+            self.table.meta["accelerator"],
+            threads=self.table.meta["threads_per_rank"],
+            compute_scale=scale,
         )
 
 
@@ -326,8 +424,15 @@ def table_space(table: Table):
     )
 
 
-def replay(path: Path, limit_bytes: int, repeats: int, max_probes: int, out: Path | None) -> dict:
-    table = Table.load(path, limit_bytes)
+def replay(
+    path: Path,
+    limit_bytes: int,
+    repeats: int,
+    max_probes: int,
+    out: Path | None,
+    noise: float = NOISE,
+) -> dict:
+    table = Table.load(path, limit_bytes, noise)
     models = Models(table)
     best = table.best_possible()
     feasible = sum(table.feasible(k) for k in table.rows)
@@ -335,8 +440,12 @@ def replay(path: Path, limit_bytes: int, repeats: int, max_probes: int, out: Pat
         "autotune": lambda s: run_autotune(table, s, max_probes, models),
         "optuna-tpe": lambda s: run_optuna(table, s, max_probes, "tpe"),
         "random": lambda s: run_optuna(table, s, max_probes, "random"),
-        "deepspeed-fast": lambda s: run_deepspeed_fast(table, s, max_probes),
     }
+    precisions = sorted({c.precision for c in table.candidates}, key=lambda p: p != "fp32")
+    for precision in precisions:  # fp32 first: DeepSpeed's default when the config says none
+        strategies[f"deepspeed-fast ({precision})"] = lambda s, precision=precision: (
+            run_deepspeed_fast(table, s, max_probes, precision)
+        )
     results: dict[str, dict] = {}
     for name, strategy in strategies.items():
         fractions: dict[int, list[float]] = {b: [] for b in BUDGETS}
@@ -356,12 +465,27 @@ def replay(path: Path, limit_bytes: int, repeats: int, max_probes: int, out: Pat
         results[name] = {
             "median": {b: statistics.median(fractions[b]) for b in BUDGETS},
             "worst": {b: min(fractions[b]) for b in BUDGETS},
+            "mean": {b: statistics.fmean(fractions[b]) for b in BUDGETS},
             "probes_to_within_2pct_median": statistics.median(reached)
             if len(reached) > repeats // 2
             else None,
             "reached_within_2pct": f"{len(reached)}/{repeats}",
             "probes_used_median": statistics.median(probes_used),
         }
+        if name == "autotune":
+            # The export of a run of each budget: search and confirmation within it.
+            confirmed = {
+                b: [autotune_confirmed(table, models, seed, b) / best for seed in range(repeats)]
+                for b in BUDGETS
+            }
+            results["autotune, confirmed"] = {
+                "median": {b: statistics.median(confirmed[b]) for b in BUDGETS},
+                "worst": {b: min(confirmed[b]) for b in BUDGETS},
+                "mean": {b: statistics.fmean(confirmed[b]) for b in BUDGETS},
+                "probes_to_within_2pct_median": None,
+                "reached_within_2pct": "-",
+                "probes_used_median": None,
+            }
     report = {
         "table": str(path.resolve().relative_to(ROOT))
         if path.resolve().is_relative_to(ROOT)
@@ -376,7 +500,7 @@ def replay(path: Path, limit_bytes: int, repeats: int, max_probes: int, out: Pat
             if table.feasible(k) and table.rows[k]["samples_per_s"] == best
         ),
         "repeats": repeats,
-        "noise": NOISE,
+        "noise": noise,
         "results": results,
     }
     print_report(report)
@@ -392,18 +516,19 @@ def print_report(report: dict) -> None:
         f"{report['table']}: {report['candidates']} candidates, {report['feasible']} feasible "
         f"under {format_bytes(report['limit_bytes'])}; best {report['best_label']} "
         f"{report['best_samples_per_s']:.1f} samples/s; {report['repeats']} repeats, "
-        f"{100 * report['noise']:.0f}% probe noise"
+        f"{100 * report['noise']:.1f}% probe noise"
     )
-    header = "| strategy | " + " | ".join(f"{b} probes: median (worst)" for b in BUDGETS)
+    header = "| strategy | " + " | ".join(f"{b} probes: median / mean (worst)" for b in BUDGETS)
     print(header + " | probes to within 2% (median; runs that got there) |")
     print("|" + " --- |" * (len(BUDGETS) + 2))
     for name, r in report["results"].items():
-        cells = [f"{r['median'][b]:.3f} ({r['worst'][b]:.3f})" for b in BUDGETS]
+        cells = [
+            f"{r['median'][b]:.3f} / {r['mean'][b]:.3f} ({r['worst'][b]:.3f})" for b in BUDGETS
+        ]
         needed = r["probes_to_within_2pct_median"]
         needed_text = f"{needed:g}" if needed is not None else "-"
-        print(
-            f"| {name} | " + " | ".join(cells) + f" | {needed_text} ({r['reached_within_2pct']}) |"
-        )
+        reached = r["reached_within_2pct"]
+        print(f"| {name} | " + " | ".join(cells) + f" | {needed_text} ({reached}) |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -415,7 +540,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("dump", help="write a grid study's table as JSON")
     d.add_argument("--storage", required=True)
-    d.add_argument("--study", required=True)
+    d.add_argument(
+        "--study",
+        required=True,
+        action="append",
+        help="a grid study; repeat for repeated measurements of the same grid (median)",
+    )
     d.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("replay", help="replay strategies against a table")
     r.add_argument("--table", type=Path, required=True)
@@ -423,6 +553,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repeats", type=int, default=30)
     r.add_argument("--max-probes", type=int, default=40)
     r.add_argument("--out", type=Path)
+    r.add_argument(
+        "--noise",
+        type=float,
+        default=NOISE,
+        help="relative standard deviation of one probe (default 0.03; the AMX table's "
+        "three grid runs measured 0.075)",
+    )
     args = parser.parse_args(argv)
     if args.command == "dump":
         dump(args.storage, args.study, args.out)
@@ -433,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
             args.repeats,
             args.max_probes,
             args.out,
+            args.noise,
         )
     return 0
 

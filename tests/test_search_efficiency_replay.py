@@ -1,0 +1,76 @@
+"""The search-efficiency replay (benchmarks/search_efficiency.py) on a measured table: every
+strategy runs, the confirmed export stays inside the budget and is never infeasible, and the
+DeepSpeed-fast re-implementation only ever probes its own subspace."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import search_efficiency as se  # noqa: E402
+
+TABLE = ROOT / "benchmarks" / "data" / "table_gpt-tiny.json"
+MiB = 2**20
+
+
+def test_replay_reports_every_strategy(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    report = se.replay(TABLE, 64 * 2**30, repeats=2, max_probes=20, out=out)
+    names = set(report["results"])
+    assert names == {
+        "autotune",
+        "autotune, confirmed",
+        "optuna-tpe",
+        "random",
+        "deepspeed-fast (fp32)",
+        "deepspeed-fast (bf16)",
+    }
+    for name, result in report["results"].items():
+        for budget in se.BUDGETS:
+            assert 0 < result["worst"][budget] <= result["median"][budget] <= 1, name
+    assert json.loads(out.read_text())["best_label"] == report["best_label"]
+
+
+@pytest.mark.parametrize("budget", se.BUDGETS)
+def test_confirmed_export_is_feasible_and_within_the_budget(budget: int) -> None:
+    # 48 MiB leaves 10 of 108 candidates feasible: the memory screen and the confirmation
+    # must never hand over one of the others (autotune_confirmed asserts it).
+    table = se.Table.load(TABLE, 48 * MiB)
+    models = se.Models(table)
+    probes: list[int] = []
+    real_probe = table.probe
+
+    def counted(candidate, rng):
+        probes.append(1)
+        return real_probe(candidate, rng)
+
+    table.probe = counted  # type: ignore[method-assign]
+    for seed in range(3):
+        probes.clear()
+        value = se.autotune_confirmed(table, models, seed, budget)
+        assert 0 < value <= table.best_possible()
+        assert len(probes) <= budget
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_deepspeed_fast_keeps_the_users_precision_and_no_offload(precision: str) -> None:
+    table = se.Table.load(TABLE, 64 * 2**30)
+    models = se.Models(table)
+    search = se.Search(table, models.may_fit, seed=0)
+    se.run_deepspeed_fast(table, search, 40, precision)
+    probed = [table.candidate(key) for key in search.status]
+    assert probed
+    for candidate in probed:
+        assert candidate.precision == precision
+        assert candidate.offload_optimizer == "none" and candidate.offload_param == "none"
+        assert not candidate.activation_checkpointing
+    # stages in order, at most 3 micro-batches each
+    stages = [c.zero_stage for c in probed]
+    assert stages == sorted(stages)
+    assert all(stages.count(s) <= 3 for s in set(stages))
