@@ -14,7 +14,10 @@ Policies:
   highest predicted samples/s of the calibrated cost model, times an exploration bonus for
   values no probe has measured yet (a ZeRO stage, precision, offload target, checkpointing
   or micro-batch the model has no data on is where it is least certain). The bonus decays
-  as probes accumulate.
+  as probes accumulate. Before that, every ZeRO stage that may fit is probed once (its
+  best-predicted candidate, stages in predicted order): the cost model's stage terms
+  (collectives, partitioning, optimizer share) are its crudest, and on GPT-2 on a CPU it
+  ranked ZeRO-0, the fastest there by 20%, below every ZeRO-1/2 candidate until probe 13.
 - ``grid`` (``--sampler grid``): every valid candidate once, in the space's order, for
   exhaustive tables.
 """
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from autotune.space import BoundSpace
 
 EXPLORATION = 0.6  # bonus of a fully novel candidate over its predicted samples/s, at start
+COVERED_ATTRIBUTES = ("zero_stage",)  # each value that may fit gets one probe first
 NOVELTY_ATTRIBUTES = (
     "precision",
     "zero_stage",
@@ -58,12 +62,14 @@ class History:
 
     def __init__(self) -> None:
         self.evaluated: set[str] = set()
+        self.tried: list[Candidate] = []  # every candidate probed or being probed
         self.measured: list[tuple[Candidate, float]] = []  # (candidate, step time s)
         self.oom_floor: dict[str, int] = {}  # shape -> smallest micro-batch that OOMed
         self.fit_ceiling: dict[str, int] = {}  # shape -> largest micro-batch that fitted
 
     def add(self, candidate: Candidate, status: str, step_time_s: float | None) -> None:
         self.evaluated.add(candidate.key)
+        self.tried.append(candidate)
         shape = shape_key(candidate)
         if status == "oom":
             self.oom_floor[shape] = min(
@@ -86,6 +92,7 @@ class History:
             candidate = Candidate.model_validate(attrs["candidate"])
             if trial.state == optuna.trial.TrialState.RUNNING:
                 history.evaluated.add(candidate.key)
+                history.tried.append(candidate)
                 continue
             if attrs.get("status") == "interrupted":
                 continue  # probed again by the tuner's retry, not by the sampler
@@ -156,7 +163,11 @@ class CandidatePolicy:
                 1.0 + bonus * novel / len(NOVELTY_ATTRIBUTES)
             )
 
-        return max(open_, key=score)
+        tried = {a: {getattr(c, a) for c in history.tried} for a in COVERED_ATTRIBUTES}
+        uncovered = [
+            c for c in open_ if any(getattr(c, a) not in tried[a] for a in COVERED_ATTRIBUTES)
+        ]
+        return max(uncovered or open_, key=score)
 
 
 class CandidateSampler(optuna.samplers.BaseSampler):

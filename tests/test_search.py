@@ -164,6 +164,34 @@ def test_model_policy_skips_what_cannot_fit_and_explores() -> None:
     assert stages >= {0, 2, 3}  # unmeasured stages earn the exploration bonus
 
 
+def test_every_stage_that_may_fit_is_probed_once_first() -> None:
+    """Even when the cost model ranks a stage far last (here ZeRO-0 at a fifth of the
+    others, more than any novelty bonus makes up), it is probed among the first, one probe
+    per stage; a stage that cannot fit is not proposed, and a failed probe covers its stage
+    (it is not retried for coverage)."""
+
+    class ZeroZeroLast(CostModel):
+        def fit(self, measured) -> None:  # keep the bias through the probes
+            pass
+
+        def samples_per_s(self, candidate: Candidate) -> float:
+            slower = 0.2 if candidate.zero_stage == 0 else 1.0
+            return super().samples_per_s(candidate) * slower
+
+    candidates = list(bound_space().candidates())
+    policy = CandidatePolicy(
+        candidates, cost=ZeroZeroLast(FACTS, "cpu"), may_fit=lambda c: c.zero_stage != 1
+    )
+    history, picks = History(), []
+    for status in ("error", "ok", "ok", "ok"):
+        pick = policy.choose(history)
+        assert pick is not None
+        picks.append(pick)
+        history.add(pick, status, 0.2 if status == "ok" else None)
+    assert sorted(p.zero_stage for p in picks[:3]) == [0, 2, 3]
+    assert picks[3].zero_stage != 0  # covered: back to the model's order
+
+
 def test_sampler_drives_an_optuna_study_with_whole_candidates() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     space = bound_space()
