@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -92,6 +93,24 @@ class Confirmation(BaseModel):
         if self.tie:
             lines.append("the best two overlap within noise: the higher mean was taken")
         return "; ".join(lines)
+
+
+def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) -> None:
+    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender, then, while the
+    best two still overlap, up to :data:`TIE_ROUNDS` rounds of just those two (each halves a
+    round's cost and narrows both intervals). ``one_round(trials)`` probes those contenders
+    once each and appends to their samples; False when there was no time for the whole
+    round (it is not counted, and the round ends). Decides ``verdict``."""
+    for _ in range(ROUNDS):
+        if not one_round([c.trial for c in verdict.contenders]):
+            break
+        verdict.rounds += 1
+    verdict.decide()
+    while verdict.tie and verdict.tie_rounds < TIE_ROUNDS:
+        if not one_round([c.trial for c in verdict.contenders[:2]]):
+            break
+        verdict.tie_rounds += 1
+        verdict.decide()
 
 
 def step_interval(trial: FrozenTrial) -> tuple[float, float]:

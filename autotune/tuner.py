@@ -533,20 +533,13 @@ class Tuner:
             f"confirming {len(chosen)} contender(s), interleaved: "
             + ", ".join(t.user_attrs["label"] for t in chosen)
         )
-        for _ in range(confirm.ROUNDS):
-            if not self._confirmation_round(study, executor, inflight, chosen, by_trial, deadline):
-                break
-            verdict.rounds += 1
-        verdict.decide()
-        # The best two still overlap: more rounds of just those two while time remains (each
-        # halves the round's cost and narrows both intervals), until they separate.
-        while verdict.tie and verdict.tie_rounds < confirm.TIE_ROUNDS:
-            top_two = {c.trial for c in verdict.contenders[:2]}
-            pair = [t for t in chosen if t.number in top_two]
-            if not self._confirmation_round(study, executor, inflight, pair, by_trial, deadline):
-                break
-            verdict.tie_rounds += 1
-            verdict.decide()
+        by_number = {t.number: t for t in chosen}
+        confirm.run_rounds(
+            verdict,
+            lambda numbers: self._confirmation_round(
+                study, executor, inflight, [by_number[n] for n in numbers], by_trial, deadline
+            ),
+        )
         verdict.seconds = round(time.monotonic() - started, 1)
         verdict.after_trial = len(study.get_trials(deepcopy=False)) - 1
         study.set_user_attr(confirm.CONFIRMATION_ATTR, verdict.model_dump(mode="json"))

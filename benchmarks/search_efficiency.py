@@ -320,8 +320,7 @@ def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> 
     round, both inside the budget as the tuner plans them (autotune/tuner.py): the round's
     reserve (:func:`autotune.confirm.reserve_s`, counted in probes) is held back from the
     search; contenders are the top :data:`~autotune.confirm.TOP` plus any within the
-    best's noise band; whole interleaved rounds while they fit, then tie-break rounds of the
-    best two; the winner is decided by :class:`autotune.confirm.Confirmation` itself.
+    best's noise band; then :func:`autotune.confirm.run_rounds`, the tuner's own driver.
     Returns the table's (true) throughput of the exported candidate."""
     from autotune import confirm
 
@@ -341,29 +340,21 @@ def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> 
             for i, k in enumerate(keys)
         ]
     )
-    by_label = {c.label: c for c in verdict.contenders}
+    by_trial = {c.trial: c for c in verdict.contenders}
 
-    def one_round(labels: list[str]) -> bool:
+    def one_round(trials: list[int]) -> bool:
         nonlocal left
-        if len(keys) < 2 or left < len(labels):
+        if len(keys) < 2 or left < len(trials):
             return False
-        for label in labels:
-            status, value = table.probe(table.candidate(label), search.rng)
+        for trial in trials:
+            contender = by_trial[trial]
+            status, value = table.probe(table.candidate(contender.label), search.rng)
             if status == "ok":
-                by_label[label].samples_per_s.append(value)
-        left -= len(labels)
+                contender.samples_per_s.append(value)
+        left -= len(trials)
         return True
 
-    for _ in range(confirm.ROUNDS):
-        if not one_round(keys):
-            break
-        verdict.rounds += 1
-    verdict.decide()
-    while verdict.tie and verdict.tie_rounds < confirm.TIE_ROUNDS:
-        if not one_round([c.label for c in verdict.contenders[:2]]):
-            break
-        verdict.tie_rounds += 1
-        verdict.decide()
+    confirm.run_rounds(verdict, one_round)
     winner = verdict.contenders[0].label
     assert table.feasible(winner)  # never an infeasible export
     return table.rows[winner]["samples_per_s"]
