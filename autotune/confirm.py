@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 TOP = 3
 MAX_CONTENDERS = 5
 ROUNDS = 3
-TIE_ROUNDS = 3  # more rounds of the best two alone while their intervals overlap
+TIE_ROUNDS = 3  # rounds of the best two alone while their intervals overlap, reserved
+MAX_TIE_ROUNDS = 6  # ... and more while the budget has room for them
+MAX_RESERVE_SHARE = 0.4  # the search keeps at least the rest of the budget
 CONFIRMATION_ATTR = "autotune_confirmation"
 
 
@@ -97,16 +99,18 @@ class Confirmation(BaseModel):
 
 def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) -> None:
     """Drive the round: :data:`ROUNDS` interleaved rounds of every contender, then, while the
-    best two still overlap, up to :data:`TIE_ROUNDS` rounds of just those two (each halves a
-    round's cost and narrows both intervals). ``one_round(trials)`` probes those contenders
-    once each and appends to their samples; False when there was no time for the whole
-    round (it is not counted, and the round ends). Decides ``verdict``."""
+    best two still overlap, up to :data:`MAX_TIE_ROUNDS` rounds of just those two (each
+    halves a round's cost and narrows both intervals). ``one_round(trials)`` probes those
+    contenders once each and appends to their samples; False when there was no time for the
+    whole round (it is not counted). When a round of every contender no longer fits, the
+    rounds of the best two still may: the closest call gets the time that is left. Decides
+    ``verdict``."""
     for _ in range(ROUNDS):
         if not one_round([c.trial for c in verdict.contenders]):
             break
         verdict.rounds += 1
     verdict.decide()
-    while verdict.tie and verdict.tie_rounds < TIE_ROUNDS:
+    while verdict.tie and verdict.tie_rounds < MAX_TIE_ROUNDS:
         if not one_round([c.trial for c in verdict.contenders[:2]]):
             break
         verdict.tie_rounds += 1
@@ -140,11 +144,20 @@ def contenders(feasible: list[FrozenTrial]) -> list[FrozenTrial]:
     return chosen
 
 
-def reserve_s(probe_estimate_s: float, candidates: int, remaining_s: float) -> float:
-    """Budget held back for the round: ROUNDS of TOP probes, at most a quarter of what is
-    left (the search must still have room to find something worth confirming)."""
-    wanted = ROUNDS * min(TOP, max(candidates, 1)) * max(probe_estimate_s, 1.0)
-    return min(wanted, 0.25 * max(remaining_s, 0.0))
+def planned_probes(contenders: int) -> int:
+    """Probes the round is planned for: :data:`ROUNDS` of every contender and
+    :data:`TIE_ROUNDS` of the best two."""
+    return ROUNDS * min(max(contenders, 2), MAX_CONTENDERS) + 2 * TIE_ROUNDS
+
+
+def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float:
+    """Budget held back from the search for the round: :func:`planned_probes` at the wall
+    time of one full-length probe (confirmation probes never stop early), at most
+    :data:`MAX_RESERVE_SHARE` of the budget (the search must still have room to find
+    something worth confirming). ``contenders`` is how many the search leaves so far
+    (:func:`contenders`), at least :data:`TOP` (more may join)."""
+    wanted = planned_probes(max(contenders, TOP)) * max(confirm_probe_s, 1.0)
+    return min(wanted, MAX_RESERVE_SHARE * max(budget_s, 0.0))
 
 
 def load(study: optuna.Study) -> Confirmation | None:

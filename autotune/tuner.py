@@ -325,12 +325,19 @@ class Tuner:
             "the best so far is exported (Ctrl-C again to exit at once)"
         )
 
-    def _budget_spent_reason(self) -> str:
+    def _budget_spent_reason(self, reserve_s: float = 0.0) -> str:
+        """Why the search stopped; ``reserve_s``: the budget's last seconds, kept for the
+        confirmation round that follows (said so, or "1m33s of 1m55s" reads as unused)."""
         spent = self._budget_attr()["spent_s"]
+        used = f"{format_duration(spent)} of the study's {format_duration(self._budget_total_s)}"
+        if reserve_s >= 1:
+            used = (
+                f"search {used}, the last {format_duration(reserve_s)} kept for the "
+                "confirmation round"
+            )
         return (
-            f"budget spent ({format_duration(spent)} of the study's "
-            f"{format_duration(self._budget_total_s)}); to go on, give a larger total: "
-            f"{self.continue_command()} --budget {format_duration(spent + 600)}"
+            f"budget spent ({used}); to go on, give a larger total: "
+            f"{self.continue_command()} --budget {format_duration(spent + reserve_s + 600)}"
         )
 
     def continue_command(self) -> str:
@@ -411,7 +418,7 @@ class Tuner:
                         break
                     remaining = deadline - time.monotonic() - reserve_s
                     if remaining <= 0 or remaining < estimate_s:
-                        stop_reason = self._budget_spent_reason()
+                        stop_reason = self._budget_spent_reason(reserve_s)
                         break
                     running = {job.candidate.key: job.trial.number for job in inflight.values()}
                     unseen = [k for k in all_candidates if k not in known and k not in running]
@@ -502,8 +509,23 @@ class Tuner:
         from autotune import confirm
         from autotune.export import feasible_trials
 
-        estimate_s = estimate_s or 20.0  # before the first probe: a warm gpt-tiny probe ~5 s
-        return confirm.reserve_s(estimate_s, len(feasible_trials(study)) or confirm.TOP, budget_s)
+        # Confirmation probes run in full: time them by the probes that were not stopped
+        # early (before the first probe: a cold gpt-tiny probe takes ~20 s, a warm one ~5 s).
+        probe_s = self._full_probe_estimate_s(study) or estimate_s or 20.0
+        contenders = len(confirm.contenders(feasible_trials(study)))
+        return confirm.reserve_s(probe_s, contenders, budget_s)
+
+    @staticmethod
+    def _full_probe_estimate_s(study: optuna.Study) -> float:
+        walls = [
+            t.user_attrs["probe_wall_s"]
+            for t in study.get_trials(deepcopy=False)
+            if "probe_wall_s" in t.user_attrs
+            and t.user_attrs.get("status") == "ok"
+            and not t.user_attrs.get("stopped_early")
+            and not is_duplicate(t)
+        ]
+        return statistics.median(walls) if walls else 0.0
 
     def _confirm(
         self,
@@ -558,7 +580,8 @@ class Tuner:
     ) -> bool:
         """Probe each of ``originals`` once more, in order; False if there was no time for
         the whole round or the run is stopping (a partial round is not counted)."""
-        round_s = len(originals) * max(self._probe_estimate_s(study), 1.0)
+        probe_s = self._full_probe_estimate_s(study) or self._probe_estimate_s(study)
+        round_s = len(originals) * max(probe_s, 1.0)
         if self._stopping or time.monotonic() + round_s > deadline:
             return False
         for original in originals:

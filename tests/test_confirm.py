@@ -9,8 +9,8 @@ from autotune import confirm
 from autotune.export import best_trial
 
 
-def _study_with(values: dict[str, list[float]]) -> optuna.Study:
-    """One COMPLETE, feasible trial per label, with its timed steps."""
+def _study_with(values: dict[str, list[float]], **attrs: object) -> optuna.Study:
+    """One COMPLETE, feasible trial per label, with its timed steps (and ``attrs``)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize")
     for label, step_times in values.items():
@@ -22,6 +22,7 @@ def _study_with(values: dict[str, list[float]]) -> optuna.Study:
             "samples_per_s": rate,
             "step_times_s": step_times,
             "candidate_key": label,
+            **attrs,
         }.items():
             trial.set_user_attr(key, value)
         study.tell(trial, rate)
@@ -70,9 +71,64 @@ def test_verdict_mean_interval_and_tie() -> None:
     assert close.tie and "overlap within noise" in close.describe()
 
 
-def test_reserve_is_bounded_by_a_quarter_of_the_budget() -> None:
-    assert confirm.reserve_s(5.0, 10, 3600) == 3 * 3 * 5.0
-    assert confirm.reserve_s(100.0, 10, 400) == 100.0
+def test_reserve_covers_every_contender_and_the_tie_break() -> None:
+    tie_break = 2 * confirm.TIE_ROUNDS
+    # before the search has contenders: planned for the top three
+    assert confirm.reserve_s(5.0, 0, 3600) == (3 * 3 + tie_break) * 5.0
+    # four contenders within noise: three rounds of all four
+    assert confirm.reserve_s(5.0, 4, 3600) == (3 * 4 + tie_break) * 5.0
+    # never more than MAX_CONTENDERS, never more than 40% of the budget
+    assert confirm.reserve_s(5.0, 9, 3600) == (3 * confirm.MAX_CONTENDERS + tie_break) * 5.0
+    assert confirm.reserve_s(100.0, 4, 400) == pytest.approx(0.4 * 400)
+
+
+def _scripted_round(verdict: confirm.Confirmation, rates: dict[int, list[float]], probes: int):
+    """A ``one_round`` for :func:`confirm.run_rounds` with room for ``probes`` probes; each
+    probe of a trial returns its next scripted samples/s. Also returns the rounds it ran."""
+    by_trial = {c.trial: c for c in verdict.contenders}
+    calls: list[list[int]] = []
+
+    def one_round(trials: list[int]) -> bool:
+        nonlocal probes
+        if len(trials) > probes:
+            return False
+        probes -= len(trials)
+        calls.append(trials)
+        for trial in trials:
+            by_trial[trial].samples_per_s.append(rates[trial].pop(0))
+        return True
+
+    return one_round, calls
+
+
+def test_when_a_full_round_no_longer_fits_the_best_two_get_the_time_left() -> None:
+    rates = {t: [100.0 - t, 90.0 - t, 110.0 - t, 95.0 - t, 105.0 - t] for t in range(4)}
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=t, label=str(t), samples_per_s=[100.0 - t]) for t in range(4)
+        ]
+    )
+    one_round, calls = _scripted_round(verdict, rates, probes=10)
+    confirm.run_rounds(verdict, one_round)
+    # two rounds of all four (8 probes); a third does not fit, a round of the best two does
+    assert verdict.rounds == 2 and verdict.tie_rounds == 1
+    assert calls[-1] == [0, 1] and len(calls) == 3
+
+
+def test_tie_rounds_go_on_while_the_budget_has_room() -> None:
+    alternating = [100.0, 90.0, 110.0] * 5
+    rates = {0: list(alternating), 1: [x - 1 for x in alternating]}
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=0, label="a", samples_per_s=[100.0]),
+            confirm.Contender(trial=1, label="b", samples_per_s=[99.0]),
+        ]
+    )
+    one_round, calls = _scripted_round(verdict, rates, probes=100)
+    confirm.run_rounds(verdict, one_round)
+    assert verdict.rounds == confirm.ROUNDS and verdict.tie
+    assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS > confirm.TIE_ROUNDS
+    assert len(calls) == confirm.ROUNDS + confirm.MAX_TIE_ROUNDS
 
 
 def test_export_takes_the_confirmed_winner() -> None:
@@ -172,15 +228,51 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
     assert verdict is not None and verdict.rounds == confirm.ROUNDS
     confirmation_probes = scripted.order[3:]
     if tied:
-        assert verdict.tie_rounds == confirm.TIE_ROUNDS and verdict.tie
-        # the extra rounds probe the best two only
+        # the budget has room: every tie round allowed, of the best two only
+        assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS and verdict.tie
         extra = confirmation_probes[3 * confirm.ROUNDS :]
-        assert len(extra) == 2 * confirm.TIE_ROUNDS and "z2 fp32 mb8x1" not in extra
+        assert len(extra) == 2 * confirm.MAX_TIE_ROUNDS and "z2 fp32 mb8x1" not in extra
         assert "more round(s) of the best two" in verdict.describe()
         summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
-        assert f"then {confirm.TIE_ROUNDS} more of the best two to break a tie" in summary
+        assert f"then {confirm.MAX_TIE_ROUNDS} more of the best two to break a tie" in summary
     else:
         assert verdict.tie_rounds == 0 and not verdict.tie
         assert len(confirmation_probes) == 3 * confirm.ROUNDS
     study = tuner.open_study()
     assert study.trials[verdict.winner].user_attrs["label"] == "z0 fp32 mb8x1"
+
+
+def test_the_tuner_reserves_by_full_length_probes_and_the_contenders_left(tmp_path) -> None:
+    """Confirmation probes never stop early: the reserve is timed by the probes that ran in
+    full (an early-stopped probe is a fraction of one), for every contender within noise."""
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    settings = RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+    )
+    tuner = Tuner(plan_run(settings), log=lambda line: None)
+    # four candidates within noise of each other, each probed in full in 3 s
+    study = _study_with(
+        {
+            "a": [0.20, 0.26, 0.16],
+            "b": [0.21, 0.27, 0.17],
+            "c": [0.21, 0.26, 0.18],
+            "d": [0.22, 0.28, 0.17],
+        },
+        probe_wall_s=3.0,
+        status="ok",
+    )
+    # and five probes that stopped early after 0.5 s: they do not time a confirmation probe
+    for _ in range(5):
+        stopped = study.ask()
+        for key, value in {"probe_wall_s": 0.5, "status": "ok", "stopped_early": True}.items():
+            stopped.set_user_attr(key, value)
+        study.tell(stopped, state=optuna.trial.TrialState.PRUNED)
+    assert tuner._probe_estimate_s(study) == 0.5
+    reserve = tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=0.5)
+    assert reserve == (confirm.ROUNDS * 4 + 2 * confirm.TIE_ROUNDS) * 3.0
