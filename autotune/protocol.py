@@ -104,6 +104,11 @@ class ProbeResult(BaseModel):
     )
     wall_s: float = Field(default=0.0, description="Launch to exit of the probe.")
     init_s: float = Field(default=0.0, description="Imports to end of deepspeed.initialize.")
+    cold_start: bool = Field(
+        default=True,
+        description="Its wall time includes starting the process group (interpreter, imports, "
+        "process group): a cold launch, or the first probe of a warm worker.",
+    )
     timed_s: float = Field(default=0.0, description="Time inside the timed steps.")
     threads_per_rank: int = Field(default=0, description="Intra-op threads torch used per rank.")
     exit_code: int | None = Field(default=None, description="torchrun's exit code.")

@@ -203,6 +203,7 @@ def record_result(
         "vram_limit_bytes": vram_limit_bytes,
         "probe_wall_s": result.wall_s,
         "probe_init_s": result.init_s,
+        "probe_cold_start": result.cold_start,
         "probe_timed_s": result.timed_s,
         "trial_dir": trial_dir,
         "versions": result.versions,

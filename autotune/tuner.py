@@ -286,12 +286,8 @@ class Tuner:
         return known
 
     def _probe_estimate_s(self, study: optuna.Study) -> float:
-        walls = [
-            t.user_attrs["probe_wall_s"]
-            for t in study.get_trials(deepcopy=False)
-            if "probe_wall_s" in t.user_attrs and not is_duplicate(t)
-        ]
-        return statistics.median(walls) if walls else 0.0
+        """Median wall time of the study's probes: what the next one will likely take."""
+        return _median_wall_s(study, full_only=False)
 
     # -- budget, lock, signals ---------------------------------------------------------
     def _open_budget(self, study: optuna.Study) -> float:
@@ -418,7 +414,8 @@ class Tuner:
                         break
                     remaining = deadline - time.monotonic() - reserve_s
                     if remaining <= 0 or remaining < estimate_s:
-                        stop_reason = self._budget_spent_reason(reserve_s)
+                        left_s = max(deadline - time.monotonic(), 0.0)
+                        stop_reason = self._budget_spent_reason(min(reserve_s, left_s))
                         break
                     running = {job.candidate.key: job.trial.number for job in inflight.values()}
                     unseen = [k for k in all_candidates if k not in known and k not in running]
@@ -453,7 +450,17 @@ class Tuner:
                         known[candidate.key] = study.get_trials(deepcopy=False)[trial.number]
                         summary.pruned += 1
                         continue
-                    ticket, job = self._submit(executor, study, trial, candidate)
+                    # A ZeRO stage's first probe runs in full: it is the stage's one piece
+                    # of evidence for the sampler, and 3 steps under a passing load (other
+                    # processes, a cold cache) can stop the stage's best far below its rate.
+                    covered = self._probed_stages(study, inflight.values())
+                    ticket, job = self._submit(
+                        executor,
+                        study,
+                        trial,
+                        candidate,
+                        early_stop=candidate.zero_stage in covered,
+                    )
                     inflight[ticket] = job
                     summary.probes += 1
                 if not inflight or (self._stopping and stop_reason == "interrupted"):
@@ -510,22 +517,18 @@ class Tuner:
         from autotune.export import feasible_trials
 
         # Confirmation probes run in full: time them by the probes that were not stopped
-        # early (before the first probe: a cold gpt-tiny probe takes ~20 s, a warm one ~5 s).
+        # early (an early-stopped one is a fraction of a probe).
+        feasible = feasible_trials(study)
+        if len(feasible) < 2:
+            # nothing to confirm yet: holding time back would only end the search sooner
+            # (a search stopped with one feasible config never gets to a round)
+            return 0.0
         probe_s = self._full_probe_estimate_s(study) or estimate_s or 20.0
-        contenders = len(confirm.contenders(feasible_trials(study)))
-        return confirm.reserve_s(probe_s, contenders, budget_s)
+        return confirm.reserve_s(probe_s, len(confirm.contenders(feasible)), budget_s)
 
     @staticmethod
     def _full_probe_estimate_s(study: optuna.Study) -> float:
-        walls = [
-            t.user_attrs["probe_wall_s"]
-            for t in study.get_trials(deepcopy=False)
-            if "probe_wall_s" in t.user_attrs
-            and t.user_attrs.get("status") == "ok"
-            and not t.user_attrs.get("stopped_early")
-            and not is_duplicate(t)
-        ]
-        return statistics.median(walls) if walls else 0.0
+        return _median_wall_s(study, full_only=True)
 
     def _confirm(
         self,
@@ -805,6 +808,16 @@ class Tuner:
         self.log(f"trial {trial.number}: probing {candidate.label}")
         return ticket, _InFlight(trial, candidate, ds_config, trial_dir, time.monotonic())
 
+    @staticmethod
+    def _probed_stages(study: optuna.Study, inflight: Iterable[_InFlight]) -> set[int]:
+        """ZeRO stages with a probe that ran or is running (screened trials do not count)."""
+        stages = {job.candidate.zero_stage for job in inflight}
+        for trial in study.get_trials(deepcopy=False):
+            attrs = trial.user_attrs
+            if "probe_wall_s" in attrs and "candidate" in attrs and not is_duplicate(trial):
+                stages.add(int(attrs["candidate"]["zero_stage"]))
+        return stages
+
     def _early_stop_threshold(self, study: optuna.Study) -> float:
         """Samples/s below which a probe may stop early: the best so far less a margin
         (none for grid runs, which measure everything in full)."""
@@ -896,3 +909,23 @@ def default_executor(plan: Plan) -> Executor:
         cpu_count=plan.hardware.cpu_count,
         warm=plan.settings.warm_workers,
     )
+
+
+def _median_wall_s(study: optuna.Study, *, full_only: bool) -> float:
+    """Median wall time of the study's probes, of those that ran in full if ``full_only``.
+
+    A warm worker's first probe pays the process group's start (~15 s of a ~3 s gpt-tiny
+    probe here), and later probes do not: once a warm probe exists, cold ones are left out,
+    or one cold start makes the next probe look too long to fit and ends the search early.
+    """
+    walls: list[tuple[float, bool]] = []
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        if "probe_wall_s" not in attrs or is_duplicate(trial):
+            continue
+        if full_only and (attrs.get("status") != "ok" or attrs.get("stopped_early")):
+            continue
+        walls.append((float(attrs["probe_wall_s"]), bool(attrs.get("probe_cold_start", False))))
+    warm = [wall for wall, cold in walls if not cold]
+    chosen = warm or [wall for wall, _ in walls]
+    return statistics.median(chosen) if chosen else 0.0

@@ -92,7 +92,8 @@ class WarmWorker:
         with self._lock:
             self._cancel.clear()
             shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
-            if not self._alive() or shape != self._shape:
+            cold_start = not self._alive() or shape != self._shape
+            if cold_start:
                 self._kill()
                 self._start(job)
             assert self._process is not None
@@ -140,6 +141,7 @@ class WarmWorker:
                 wall_s=wall_s,
                 log_tail=log_tail,
             )
+            result.cold_start = cold_start
             if cancelled:
                 result = result.model_copy(
                     update={"status": "error", "error": "cancelled: the run was interrupted"}

@@ -161,6 +161,7 @@ class ScriptedExecutor:
     def __init__(self, rates: dict[str, list[float]]) -> None:
         self.rates = {label: list(values) for label, values in rates.items()}
         self.order: list[str] = []
+        self.stop_below: list[float] = []  # each probe's early-stop threshold (0: none)
         self._done: list[tuple[int, object]] = []
 
     def submit(self, job) -> int:
@@ -168,6 +169,7 @@ class ScriptedExecutor:
 
         label = job.spec.candidate.label
         self.order.append(label)
+        self.stop_below.append(job.spec.stop_below_samples_per_s)
         values = self.rates[label]
         rate = values.pop(0) if len(values) > 1 else values[0]
         batch = job.spec.candidate.train_batch_size
@@ -276,3 +278,53 @@ def test_the_tuner_reserves_by_full_length_probes_and_the_contenders_left(tmp_pa
     assert tuner._probe_estimate_s(study) == 0.5
     reserve = tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=0.5)
     assert reserve == (confirm.ROUNDS * 4 + 2 * confirm.TIE_ROUNDS) * 3.0
+    # a warm worker's first probe paid the group's start: once warm probes exist, it is left
+    # out of both estimates
+    cold = study.ask()
+    for key, value in {"probe_wall_s": 30.0, "status": "ok", "probe_cold_start": True}.items():
+        cold.set_user_attr(key, value)
+    study.tell(cold, state=optuna.trial.TrialState.FAIL)
+    assert tuner._full_probe_estimate_s(study) == 3.0
+    # with one feasible config there is nothing to confirm: no time is held back
+    lone = _study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=3.0, status="ok")
+    assert tuner._confirmation_reserve_s(lone, budget_s=3600, estimate_s=3.0) == 0.0
+    # before any warm probe, the cold ones are all there is
+    only_cold = _study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=30.0, probe_cold_start=True)
+    assert tuner._probe_estimate_s(only_cold) == 30.0
+
+
+def test_a_stages_first_probe_is_never_stopped_early(tmp_path) -> None:
+    """Stage coverage gives each ZeRO stage one probe before the rest; that probe is the
+    stage's only evidence, so it runs in full whatever the best so far."""
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    space = tmp_path / "stages.yaml"
+    space.write_text(
+        "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [2, 4, 8]\n"
+        "activation_checkpointing: [false]\n"
+    )
+    rates = {
+        f"z{z} fp32 mb{m}x{8 // m}": [100.0 / (1 + z + 8 // m)] for z in (0, 1) for m in (2, 4, 8)
+    }
+    scripted = ScriptedExecutor(rates)
+    settings = RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        global_batch=16,
+        space=str(space),
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+        budget_s=600,
+        confirm=False,
+    )
+    tuner = Tuner(plan_run(settings), log=lambda line: None, executor_factory=lambda p: scripted)
+    tuner.run()
+    assert len(scripted.order) == 6
+    first_of_stage = {}
+    for label, threshold in zip(scripted.order, scripted.stop_below, strict=True):
+        first_of_stage.setdefault(label[:2], threshold)
+    assert first_of_stage == {"z0": 0.0, "z1": 0.0}
+    assert any(threshold > 0 for threshold in scripted.stop_below)  # the others may stop
