@@ -163,11 +163,16 @@ class CandidatePolicy:
                 1.0 + bonus * novel / len(NOVELTY_ATTRIBUTES)
             )
 
+        return max(self._uncovered(open_, history) or open_, key=score)
+
+    @staticmethod
+    def _uncovered(open_: list[Candidate], history: History) -> list[Candidate]:
         tried = {a: {getattr(c, a) for c in history.tried} for a in COVERED_ATTRIBUTES}
-        uncovered = [
-            c for c in open_ if any(getattr(c, a) not in tried[a] for a in COVERED_ATTRIBUTES)
-        ]
-        return max(uncovered or open_, key=score)
+        return [c for c in open_ if any(getattr(c, a) not in tried[a] for a in COVERED_ATTRIBUTES)]
+
+    def covered(self, history: History) -> bool:
+        """Every ZeRO stage that may fit has had its probe (the model's search only)."""
+        return self.mode != "model" or not self._uncovered(self._open(history), history)
 
 
 class CandidateSampler(optuna.samplers.BaseSampler):

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from autotune.memory import MemoryModel
     from autotune.plan import Plan
     from autotune.protocol import ProbeResult
+    from autotune.sampler import CandidatePolicy
 
 # After this many proposals in a row of already-evaluated candidates, the tuner hands the
 # sampler an unseen candidate (enqueued), so small spaces finish instead of spinning.
@@ -131,6 +132,7 @@ class Tuner:
         self._fit_ceiling: dict[str, int] = {}  # shape -> largest micro-batch that fitted
         self._verdicts: dict[str, tuple[str, float, dict[str, object]]] = {}
         self._retries: list[tuple[str, int]] = []
+        self._policy: CandidatePolicy | None = None  # autotune's own sampler, when used
         self._stopping = False
         self._lock: DriverLock | None = None
         self._spent_before_s = 0.0
@@ -188,6 +190,7 @@ class Tuner:
             may_fit=self._may_fit if settings.prune else None,
             mode=mode,
         )
+        self._policy = policy
         return CandidateSampler(self.plan.space, policy, seed=seed)
 
     def cost_model(self) -> CostModel:
@@ -523,6 +526,14 @@ class Tuner:
             # nothing to confirm yet: holding time back would only end the search sooner
             # (a search stopped with one feasible config never gets to a round)
             return 0.0
+        if self._policy is not None:
+            from autotune.sampler import History
+
+            if not self._policy.covered(History.of_study(study)):
+                # the search's least is one probe of every ZeRO stage that may fit: on a
+                # short budget, confirming two configs before ZeRO-0 was ever probed
+                # confirmed the wrong ones (DeepSpeed comparison, 2026-12-01)
+                return 0.0
         probe_s = self._full_probe_estimate_s(study) or estimate_s or 20.0
         return confirm.reserve_s(probe_s, len(confirm.contenders(feasible)), budget_s)
 

@@ -328,3 +328,48 @@ def test_a_stages_first_probe_is_never_stopped_early(tmp_path) -> None:
         first_of_stage.setdefault(label[:2], threshold)
     assert first_of_stage == {"z0": 0.0, "z1": 0.0}
     assert any(threshold > 0 for threshold in scripted.stop_below)  # the others may stop
+
+
+def test_no_reserve_before_every_stage_that_may_fit_was_probed(tmp_path) -> None:
+    """On a short budget the reserve would end the search after two configs; it waits for
+    autotune's least search, one probe of every ZeRO stage that may fit."""
+    from autotune.candidate import Candidate
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    space = tmp_path / "stages.yaml"
+    space.write_text(
+        "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [4, 8]\nactivation_checkpointing: [false]\n"
+    )
+    settings = RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        global_batch=16,
+        space=str(space),
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+    )
+    tuner = Tuner(plan_run(settings), log=lambda line: None)
+    tuner._make_sampler()
+
+    def candidate(stage: int, micro_batch: int) -> dict[str, object]:
+        return Candidate(
+            precision="fp32",
+            zero_stage=stage,
+            micro_batch_size=micro_batch,
+            gradient_accumulation_steps=8 // micro_batch,
+            data_parallel_size=2,
+        ).model_dump(mode="json")
+
+    # two feasible ZeRO-1 configs, ZeRO-0 not probed yet
+    study = _study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=3.0, candidate=candidate(1, 8))
+    study.add_trial(
+        _study_with({"b": [0.3, 0.3, 0.3]}, probe_wall_s=3.0, candidate=candidate(1, 4)).trials[0]
+    )
+    assert tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=3.0) == 0.0
+    study.add_trial(
+        _study_with({"c": [0.4, 0.4, 0.4]}, probe_wall_s=3.0, candidate=candidate(0, 4)).trials[0]
+    )
+    assert tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=3.0) > 0.0
