@@ -201,14 +201,22 @@ class Search:
 
 
 # -- strategies --------------------------------------------------------------------------
-def run_autotune(table: Table, search: Search, max_probes: int, models: Models) -> None:
+def run_autotune(
+    table: Table, search: Search, max_probes: int, models: Models, reserve_probes: int = 0
+) -> None:
+    """autotune's search for ``max_probes``, less ``reserve_probes`` held back for the
+    confirmation once the tuner would hold them: two feasible configs and every ZeRO stage
+    that may fit probed (autotune/tuner.py, ``_confirmation_reserve_s``)."""
     from autotune.sampler import CandidatePolicy, History
 
     policy = CandidatePolicy(
         table.candidates, cost=models.cost(), may_fit=search.may_fit, mode="model"
     )
     history = History()
-    while search.probes < max_probes:
+    while True:
+        holding = len(search.measured) >= 2 and policy.covered(history)
+        if search.probes >= max_probes - (reserve_probes if holding else 0):
+            break
         pick = policy.choose(history)
         if pick is None:
             break
@@ -318,15 +326,17 @@ def run_deepspeed_fast(table: Table, search: Search, max_probes: int, precision:
 def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> float:
     """What a run with ``budget`` probes exports: autotune's search, then the confirmation
     round, both inside the budget as the tuner plans them (autotune/tuner.py): the round's
-    reserve (:func:`autotune.confirm.reserve_s`, counted in probes) is held back from the
-    search; contenders are the top :data:`~autotune.confirm.TOP` plus any within the
-    best's noise band; then :func:`autotune.confirm.run_rounds`, the tuner's own driver.
+    reserve (:func:`autotune.confirm.reserve_s` for :data:`~autotune.confirm.TOP`
+    contenders, counted in probes) is held back from the search once the tuner would hold
+    it (two feasible configs, every stage probed); contenders are the top
+    :data:`~autotune.confirm.TOP` plus any within the best's noise band; then
+    :func:`autotune.confirm.run_rounds`, the tuner's own driver.
     Returns the table's (true) throughput of the exported candidate."""
     from autotune import confirm
 
     reserve = math.floor(confirm.reserve_s(1.0, confirm.TOP, float(budget)))
     search = Search(table, models.may_fit, seed)
-    run_autotune(table, search, budget - reserve, models)
+    run_autotune(table, search, budget, models, reserve_probes=reserve)
     left = budget - search.probes
     ranked = sorted(search.measured, key=search.measured.get, reverse=True)
     if not ranked:
