@@ -151,6 +151,28 @@ def test_export_takes_the_confirmed_winner() -> None:
     assert best_trial(study).user_attrs["label"] == "c"
 
 
+def _tuner(tmp_path, space_yaml: str | None = None, executor=None, **settings: object):
+    """A Tuner on gpt-tiny with 2 ranks, its study in ``tmp_path``; ``space_yaml`` the text
+    of its space file, ``executor`` the stand-in every probe goes to."""
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    if space_yaml is not None:
+        space = tmp_path / "space.yaml"
+        space.write_text(space_yaml)
+        settings["space"] = str(space)
+    built = RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+        **settings,
+    )
+    factory = (lambda plan: executor) if executor is not None else None
+    return Tuner(plan_run(built), log=lambda line: None, executor_factory=factory)
+
+
 class ScriptedExecutor:
     """Stands in for the probes, by design: the decision logic under test needs chosen
     throughputs (a tie that persists), which real probes on a noisy machine cannot be made
@@ -198,16 +220,7 @@ class ScriptedExecutor:
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied) -> None:
     from autotune import confirm
-    from autotune.plan import plan_run
-    from autotune.settings import RunSettings
-    from autotune.tuner import Tuner
 
-    space = tmp_path / "three.yaml"
-    space.write_text(
-        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
-        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
-        "activation_checkpointing: [false]\n"
-    )
     # z0 and z1 alternate around 100 and 97 (a tie that never separates); z2 is far behind
     close = [100.0, 92.0, 108.0, 92.0, 108.0, 92.0, 108.0, 92.0, 108.0]
     rival = [97.0, 89.0, 105.0, 89.0, 105.0, 89.0, 105.0, 89.0, 105.0]
@@ -215,16 +228,15 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
     scripted = ScriptedExecutor(
         {"z0 fp32 mb8x1": close, "z1 fp32 mb8x1": rival, "z2 fp32 mb8x1": [50.0, 50.5, 49.5]}
     )
-    settings = RunSettings.build(
-        workload="gpt-tiny",
-        gpus=2,
-        space=str(space),
-        trials_dir=tmp_path / "trials",
-        storage_url=f"sqlite:///{tmp_path}/t.db",
+    tuner = _tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
+        "activation_checkpointing: [false]\n",
+        scripted,
         budget_s=600,
         early_stop=False,
     )
-    tuner = Tuner(plan_run(settings), log=lambda line: None, executor_factory=lambda p: scripted)
     tuner.run()
     verdict = confirm.load(tuner.open_study())
     assert verdict is not None and verdict.rounds == confirm.ROUNDS
@@ -247,17 +259,7 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
 def test_the_tuner_reserves_by_full_length_probes_and_the_contenders_left(tmp_path) -> None:
     """Confirmation probes never stop early: the reserve is timed by the probes that ran in
     full (an early-stopped probe is a fraction of one), for every contender within noise."""
-    from autotune.plan import plan_run
-    from autotune.settings import RunSettings
-    from autotune.tuner import Tuner
-
-    settings = RunSettings.build(
-        workload="gpt-tiny",
-        gpus=2,
-        trials_dir=tmp_path / "trials",
-        storage_url=f"sqlite:///{tmp_path}/t.db",
-    )
-    tuner = Tuner(plan_run(settings), log=lambda line: None)
+    tuner = _tuner(tmp_path)
     # four candidates within noise of each other, each probed in full in 3 s
     study = _study_with(
         {
@@ -296,31 +298,20 @@ def test_the_tuner_reserves_by_full_length_probes_and_the_contenders_left(tmp_pa
 def test_a_stages_first_probe_is_never_stopped_early(tmp_path) -> None:
     """Stage coverage gives each ZeRO stage one probe before the rest; that probe is the
     stage's only evidence, so it runs in full whatever the best so far."""
-    from autotune.plan import plan_run
-    from autotune.settings import RunSettings
-    from autotune.tuner import Tuner
-
-    space = tmp_path / "stages.yaml"
-    space.write_text(
-        "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\n"
-        "offload_param: [none]\nmicro_batch_size: [2, 4, 8]\n"
-        "activation_checkpointing: [false]\n"
-    )
     rates = {
         f"z{z} fp32 mb{m}x{8 // m}": [100.0 / (1 + z + 8 // m)] for z in (0, 1) for m in (2, 4, 8)
     }
     scripted = ScriptedExecutor(rates)
-    settings = RunSettings.build(
-        workload="gpt-tiny",
-        gpus=2,
+    tuner = _tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [2, 4, 8]\n"
+        "activation_checkpointing: [false]\n",
+        scripted,
         global_batch=16,
-        space=str(space),
-        trials_dir=tmp_path / "trials",
-        storage_url=f"sqlite:///{tmp_path}/t.db",
         budget_s=600,
         confirm=False,
     )
-    tuner = Tuner(plan_run(settings), log=lambda line: None, executor_factory=lambda p: scripted)
     tuner.run()
     assert len(scripted.order) == 6
     first_of_stage = {}
@@ -334,24 +325,13 @@ def test_no_reserve_before_every_stage_that_may_fit_was_probed(tmp_path) -> None
     """On a short budget the reserve would end the search after two configs; it waits for
     autotune's least search, one probe of every ZeRO stage that may fit."""
     from autotune.candidate import Candidate
-    from autotune.plan import plan_run
-    from autotune.settings import RunSettings
-    from autotune.tuner import Tuner
 
-    space = tmp_path / "stages.yaml"
-    space.write_text(
+    tuner = _tuner(
+        tmp_path,
         "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\n"
-        "offload_param: [none]\nmicro_batch_size: [4, 8]\nactivation_checkpointing: [false]\n"
-    )
-    settings = RunSettings.build(
-        workload="gpt-tiny",
-        gpus=2,
+        "offload_param: [none]\nmicro_batch_size: [4, 8]\nactivation_checkpointing: [false]\n",
         global_batch=16,
-        space=str(space),
-        trials_dir=tmp_path / "trials",
-        storage_url=f"sqlite:///{tmp_path}/t.db",
     )
-    tuner = Tuner(plan_run(settings), log=lambda line: None)
     tuner._make_sampler()
 
     def candidate(stage: int, micro_batch: int) -> dict[str, object]:
