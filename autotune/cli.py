@@ -7,17 +7,24 @@ deepspeed, ray) are imported inside the commands, never at import of this module
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from autotune.errors import AutotuneError
-from autotune.settings import RunSettings, parse_duration, parse_size
+from autotune.errors import AutotuneError, NoResultError
+from autotune.flags import parse_global_batch
+from autotune.settings import DEFAULT_STORAGE, format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from autotune.events import Event
+    from autotune.plan import Plan
+    from autotune.tuner import RunSummary
 
 app = typer.Typer(
     name="autotune",
@@ -35,13 +42,13 @@ _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 250
 console = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH, markup=False)
 error_console = Console(stderr=True, highlight=False, markup=False)
 
-DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 StorageOption = Annotated[
     str, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL Optuna takes).")
 ]
 StudyOption = Annotated[
     str | None, typer.Option("--study", help="Study name (default: the only study, if one).")
 ]
+EXIT_INTERRUPTED = 130
 
 
 @app.callback()
@@ -51,268 +58,135 @@ def _root(
     """Find the fastest DeepSpeed configuration that fits your GPU memory, by search."""
 
 
-@app.command()
-def run(
-    workload: Annotated[
-        str | None,
-        typer.Option(help="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function."),
-    ] = None,
-    space: Annotated[
-        str | None, typer.Option(help="Search space: a YAML path or a built-in name [default].")
-    ] = None,
-    gpus: Annotated[
-        int | None, typer.Option(help="Devices the study may use (CPU ranks without GPUs) [1].")
-    ] = None,
-    gpus_per_trial: Annotated[
-        int | None, typer.Option(help="Devices one probe uses (default: all of --gpus).")
-    ] = None,
-    vram: Annotated[
-        str | None,
-        typer.Option(help="Memory limit per device, e.g. 80GiB, or 'auto' (device memory) [auto]."),
-    ] = None,
-    global_batch: Annotated[
-        str | None,
-        typer.Option(
-            help="Samples per optimizer step (default: the base config's, else the "
-            "workload's), or 'auto' to search it up to --max-global-batch."
-        ),
-    ] = None,
-    max_global_batch: Annotated[
-        int | None, typer.Option(help="Largest global batch with --global-batch auto.")
-    ] = None,
-    base_config: Annotated[
-        Path | None,
-        typer.Option(help="Your DeepSpeed JSON (optimizer, scheduler ...); tuned keys override."),
-    ] = None,
-    nvme_path: Annotated[
-        Path | None, typer.Option(help="Folder on an NVMe disk, for nvme offload candidates.")
-    ] = None,
-    budget: Annotated[
-        str | None,
-        typer.Option(
-            help="The study's total wall-clock budget: 90s, 30m, 2h, 1h30m. A new study gets "
-            "30m; a continued one keeps what is left of its own unless given a new total."
-        ),
-    ] = None,
-    max_trials: Annotated[
-        int | None, typer.Option(help="Stop after this many new candidates are probed.")
-    ] = None,
-    study: Annotated[
-        str | None,
-        typer.Option(help="Study name (default: the workload's name); an existing one continues."),
-    ] = None,
-    storage: StorageOption = DEFAULT_STORAGE,
-    seed: Annotated[int | None, typer.Option(help="Sampler seed.")] = None,
-    executor: Annotated[
-        str | None, typer.Option(help="'ray' (default) or 'local' (subprocesses, no Ray).")
-    ] = None,
-    probe_timeout: Annotated[
-        str | None,
-        typer.Option(help="Hard limit of one probe, e.g. 5m (default: derived from the workload)."),
-    ] = None,
-    cold_probes: Annotated[
-        bool,
-        typer.Option(
-            "--cold-probes",
-            help="Start every probe as a new launch (as DeepSpeed's autotuner does) instead of "
-            "keeping warm workers.",
-        ),
-    ] = False,
-    no_prune: Annotated[
-        bool, typer.Option("--no-prune", help="Probe even what the memory model rules out.")
-    ] = False,
-    memory_margin: Annotated[
-        float | None,
-        typer.Option(help="Prune above the limit minus this share of it [0.05 = 5%]."),
-    ] = None,
-    host_ram: Annotated[
-        str | None,
-        typer.Option(help="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's) [auto]."),
-    ] = None,
-    warmup_steps: Annotated[
-        int | None, typer.Option(help="Untimed optimizer steps per probe [2].")
-    ] = None,
-    timed_steps: Annotated[
-        int | None, typer.Option(help="Timed optimizer steps per probe, at least [3].")
-    ] = None,
-    max_timed_steps: Annotated[
-        int | None,
-        typer.Option(help="Timed steps at most; a probe stops once its spread is under 2% [20]."),
-    ] = None,
-    sampler: Annotated[
-        str | None,
-        typer.Option(
-            help="autotune (model-guided, default), tpe, gp, random, or grid (every valid "
-            "candidate once)."
-        ),
-    ] = None,
-    no_confirm: Annotated[
-        bool,
-        typer.Option(
-            "--no-confirm",
-            help="Skip the confirmation round (re-probing the top candidates, interleaved).",
-        ),
-    ] = False,
-    no_early_stop: Annotated[
-        bool,
-        typer.Option("--no-early-stop", help="Time every probe in full, even when clearly slower."),
-    ] = False,
-    trials_dir: Annotated[
-        Path | None, typer.Option(help="Folder for per-trial logs and the export [trials].")
-    ] = None,
-    inject_fault: Annotated[
-        str,
-        typer.Option(hidden=True, help="Testing only: make every probe fail this way."),
-    ] = "none",
-) -> None:
+def run(**given: Any) -> None:
     """Search the space for the fastest configuration that fits, by real probes.
 
     An existing study continues: flags not given are taken from the study, the budget is
     what the study has left, and interrupted probes are run again once."""
+    from autotune.flags import RunFlags
     from autotune.plan import plan_run
     from autotune.study import stored_run_flags
     from autotune.tuner import Tuner
-    from autotune.workloads import workload_study_name
 
-    if inject_fault not in ("none", "oom", "error", "crash", "hang"):
-        raise AutotuneError(f"--inject-fault {inject_fault}: none, oom, error, crash or hang")
-    given: dict[str, object] = {
-        "workload": workload,
-        "space": str(Path(space).resolve()) if space and Path(space).is_file() else space,
-        "gpus": gpus,
-        "gpus_per_trial": gpus_per_trial,
-        "vram": vram,
-        "global_batch": global_batch,
-        "max_global_batch": max_global_batch,
-        "base_config": None if base_config is None else str(base_config.resolve()),
-        "nvme_path": None if nvme_path is None else str(nvme_path.resolve()),
-        "seed": seed,
-        "executor": executor,
-        "probe_timeout": probe_timeout,
-        "memory_margin": memory_margin,
-        "host_ram": host_ram,
-        "warmup_steps": warmup_steps,
-        "timed_steps": timed_steps,
-        "trials_dir": None if trials_dir is None else str(trials_dir.resolve()),
-        "cold_probes": cold_probes or None,
-        "no_prune": no_prune or None,
-        "max_timed_steps": max_timed_steps,
-        "sampler": sampler,
-        "no_early_stop": no_early_stop or None,
-        "no_confirm": no_confirm or None,
-    }
-    if study is None and workload is None:
-        raise AutotuneError(
-            "--workload is required for a new study (e.g. --workload gpt-tiny); to continue a "
-            "study, pass --study NAME"
-        )
-    study_name = study or workload_study_name(workload or "")
-    stored = stored_run_flags(storage, study_name)
-    if not stored and workload is None:
-        raise AutotuneError(
-            f"--study {study_name}: no such study in {storage} to continue; start it with "
-            "--workload W (and the other flags)"
-        )
-    flags = {**RUN_FLAG_DEFAULTS, **stored, **{k: v for k, v in given.items() if v is not None}}
-    if flags["executor"] not in ("ray", "local"):
-        raise AutotuneError(f"--executor {flags['executor']}: choose 'ray' or 'local'")
-    settings = RunSettings.build(
-        workload=flags["workload"],
-        space=space or flags["space"],  # as typed, for messages; the study stores it resolved
-        gpus=flags["gpus"],
-        gpus_per_trial=flags["gpus_per_trial"],
-        vram_limit_bytes=_size_or_auto(flags["vram"], "--vram"),
-        global_batch=_parse_global_batch(flags["global_batch"]),
-        max_global_batch=flags["max_global_batch"],
-        base_config=base_config or flags["base_config"],
-        nvme_path=nvme_path or flags["nvme_path"],
-        budget_s=None if budget is None else parse_duration(budget, flag="--budget"),
-        max_trials=max_trials,
-        study_name=study_name,
-        storage_url=storage,
-        seed=flags["seed"],
-        executor=flags["executor"],
-        probe_timeout_s=None
-        if flags["probe_timeout"] is None
-        else parse_duration(flags["probe_timeout"], flag="--probe-timeout"),
-        trials_dir=trials_dir or flags["trials_dir"],
-        warmup_steps=flags["warmup_steps"],
-        timed_steps=flags["timed_steps"],
-        prune=not flags["no_prune"],
-        warm_workers=not flags["cold_probes"],
-        memory_margin=flags["memory_margin"],
-        host_ram_bytes=_size_or_auto(flags["host_ram"], "--host-ram"),
-        max_timed_steps=flags["max_timed_steps"],
-        sampler=flags["sampler"],
-        early_stop=not flags["no_early_stop"],
-        confirm=not flags["no_confirm"],
-    )
-    plan = plan_run(settings)
+    typed = RunFlags.resolve(given, {})  # every given flag is checked before a file is opened
+    name = typed.study_name()
+    stored = stored_run_flags(typed.storage, name)
+    flags = RunFlags.resolve(given, stored)
+    plan = plan_run(flags.settings())
     if stored:
         inherited = sorted(
-            k for k in stored if given.get(k) is None and stored[k] not in (None, False)
+            k for k, v in flags.stored().items() if not given.get(k) and stored.get(k) == v and v
         )
-        console.print(f"continuing study {study_name!r} with its flags ({', '.join(inherited)})")
-    console.print(plan.hardware.describe(settings.gpus))
+        console.print(f"continuing study {name!r} with its flags ({', '.join(inherited)})")
+    _print_plan(plan)
+    tuner = Tuner(plan, emit=_print_event, fault=flags.inject_fault, run_flags=flags.stored())
+    _print_outcome(tuner.run(), plan)
+
+
+def _run_parameters() -> list[inspect.Parameter]:
+    """``run``'s options, one per :class:`~autotune.flags.RunFlags` field: its description
+    is the help and its default the one shown (each option itself defaults to None, so that
+    what was typed is told apart from what a continued study stored)."""
+    from autotune.flags import RunFlags
+
+    parameters = []
+    for name, field in RunFlags.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        hidden = bool(extra.get("hidden"))
+        annotation: Any
+        if field.annotation is bool:
+            annotation = Annotated[bool, typer.Option(flag, help=field.description, hidden=hidden)]
+            default: Any = False
+        else:
+            shown = "" if field.default is None else f" [default: {field.default}]"
+            kind = {int: int, int | None: int, float: float}.get(field.annotation, str)
+            option = typer.Option(flag, help=f"{field.description}{shown}", hidden=hidden)
+            annotation = Annotated[kind | None, option]
+            default = None
+        parameters.append(
+            inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+            )
+        )
+    return parameters
+
+
+run.__signature__ = inspect.Signature(_run_parameters())  # type: ignore[attr-defined]
+app.command("run")(run)
+
+
+def _print_plan(plan: Plan) -> None:
+    console.print(plan.hardware.describe(plan.settings.gpus))
     batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
     console.print(
         f"workload {plan.workload.describe()}; global batch {batch}, "
         f"{plan.config.gpus_per_trial} rank(s) per probe, memory limit "
-        f"{_gib(plan.config.vram_limit_bytes)} per rank"
+        f"{format_bytes(plan.config.vram_limit_bytes)} per rank"
     )
     for note in plan.notes:
         console.print(f"note: {note}")
-    tuner = Tuner(plan, log=console.print, fault=inject_fault, run_flags=flags)
-    summary = tuner.run()
+
+
+def _print_event(event: Event) -> None:
+    from autotune.render import line
+
+    text = line(event)
+    if text is not None:
+        console.print(text)
+
+
+def _print_outcome(summary: RunSummary, plan: Plan) -> None:
+    """The run's last lines; exit 130 when interrupted, an error when nothing is exported."""
+    from autotune.render import stop_reason
+    from autotune.session import continue_command
+
+    stop = stop_reason(summary.stop, continue_command(plan)) if summary.stop else "done"
     console.print(
-        f"stopped: {summary.stop_reason or 'done'}; {summary.probes} probe(s) in "
-        f"{summary.elapsed_s:.0f} s, {summary.pruned + summary.screened} candidate(s) ruled "
-        "out without a probe, "
+        f"stopped: {stop}; {summary.probes} probe(s) in {summary.elapsed_s:.0f} s, "
+        f"{summary.pruned + summary.screened} candidate(s) ruled out without a probe, "
         f"{summary.duplicates} duplicate proposal(s) skipped"
     )
     if summary.confirmation:
         console.print(f"confirmed: {summary.confirmation}")
-    if summary.export_path:
+    if summary.interrupted:
         console.print(
-            f"best: trial {summary.best_trial} {summary.best_label}: "
-            f"{summary.best_samples_per_s:.1f} samples/s, {summary.best_tokens_per_s:.0f} "
-            f"tokens/s, peak {_gib(summary.best_peak_bytes)} of "
-            f"{_gib(summary.vram_limit_bytes)} per rank"
+            f"interrupted: {len(summary.interrupted)} running probe(s) stopped and recorded as "
+            f"interrupted (probed again on continue); continue with: {continue_command(plan)}"
         )
-        console.print(f"exported: {summary.export_path} (with launch.sh and summary.md beside it)")
-    if summary.stop_reason == "interrupted":
-        raise typer.Exit(130)
+    best, record = summary.best, summary.best_record
+    if best is not None and record is not None and summary.export_dir:
+        estimate = "confirmed mean" if best.confirmed else "measured"
+        console.print(
+            f"best: trial {best.trial} {best.label}: {best.samples_per_s:.1f} samples/s "
+            f"({estimate}), {record.tokens_per_s:.0f} tokens/s, peak "
+            f"{format_bytes(record.peak_bytes)} of {format_bytes(summary.vram_limit_bytes)} "
+            "per rank"
+        )
+        console.print(
+            f"exported: {summary.export_dir}/ds_config.json (with launch.sh and summary.md "
+            "beside it)"
+        )
+    if summary.stop is not None and summary.stop.kind == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if best is None:
+        raise NoResultError(_why_nothing(summary, plan))
 
 
-# What a new study gets for a flag not given (a continued study keeps its own).
-RUN_FLAG_DEFAULTS: dict[str, object] = {
-    "space": "default",
-    "gpus": 1,
-    "gpus_per_trial": None,
-    "vram": "auto",
-    "global_batch": None,
-    "max_global_batch": None,
-    "base_config": None,
-    "nvme_path": None,
-    "seed": None,
-    "executor": "ray",
-    "probe_timeout": None,
-    "memory_margin": 0.05,
-    "host_ram": "auto",
-    "warmup_steps": 2,
-    "timed_steps": 3,
-    "max_timed_steps": 20,
-    "sampler": "autotune",
-    "no_early_stop": False,
-    "no_confirm": False,
-    "trials_dir": "trials",
-    "cold_probes": False,
-    "no_prune": False,
-}
+def _why_nothing(summary: RunSummary, plan: Plan) -> str:
+    """One line: why the run has nothing to export, and what to do."""
+    from autotune.session import continue_command
 
-
-def _size_or_auto(text: object, flag: str) -> int | None:
-    return None if text in (None, "auto") else parse_size(str(text), flag=flag)
+    more = f"{continue_command(plan)} --budget LONGER"
+    if summary.probes == 0:
+        return (
+            f"nothing exported: no probe ran within the budget; give the study more time ({more})"
+        )
+    return (
+        f"nothing exported: none of the {summary.probes} probe(s) measured a configuration "
+        f"within the {format_bytes(summary.vram_limit_bytes)} limit (autotune status --study "
+        f"{plan.study_name} shows why each failed); fix the cause or give it more time ({more})"
+    )
 
 
 @app.command()
@@ -341,7 +215,7 @@ def space(
             space,
             gpus=gpus,
             workload=workload,
-            global_batch=_parse_global_batch(global_batch),
+            global_batch=parse_global_batch(global_batch),
             max_global_batch=max_global_batch,
             nvme_path=nvme_path,
             examples=examples,
@@ -415,21 +289,6 @@ def status(study: StudyOption = None, storage: StorageOption = DEFAULT_STORAGE) 
 
     loaded = load_existing_study(storage, study)
     console.print(trials_table(loaded))
-
-
-def _parse_global_batch(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise AutotuneError(f"--global-batch {text}: give a positive integer or 'auto'") from None
-
-
-def _gib(size_bytes: int) -> str:
-    from autotune.settings import format_bytes
-
-    return format_bytes(size_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

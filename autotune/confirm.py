@@ -25,7 +25,8 @@ from autotune.steps import mean_interval
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
+
+    from autotune.records import TrialView
 
 TOP = 3
 MAX_CONTENDERS = 5
@@ -117,11 +118,11 @@ def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) ->
         verdict.decide()
 
 
-def step_interval(trial: FrozenTrial) -> tuple[float, float]:
+def step_interval(trial: TrialView) -> tuple[float, float]:
     """A search trial's samples/s and the half-width of its 95% interval, from its steps."""
-    attrs = trial.user_attrs
-    times = attrs.get("step_times_s") or []
-    rate = float(attrs.get("samples_per_s", 0.0))
+    record = trial.record
+    times = record.step_times_s
+    rate = record.samples_per_s
     if len(times) < 2 or rate <= 0:
         return rate, rate * 0.1  # one step: assume the ±10% noise of this machine class
     mean, half = mean_interval(times)
@@ -129,19 +130,25 @@ def step_interval(trial: FrozenTrial) -> tuple[float, float]:
     return batch / mean, batch / max(mean - half, 1e-9) - batch / mean
 
 
-def contenders(feasible: list[FrozenTrial]) -> list[FrozenTrial]:
-    """The top :data:`TOP` plus any within the best's noise band, fastest first."""
-    if not feasible:
+def pick_contenders(estimates: list[tuple[float, float]]) -> list[int]:
+    """Indexes of the contenders among ``estimates`` ((samples/s, 95% half-width), fastest
+    first): the top :data:`TOP` plus any whose interval reaches the best's, at most
+    :data:`MAX_CONTENDERS`."""
+    if not estimates:
         return []
-    best_rate, best_half = step_interval(feasible[0])
+    best_rate, best_half = estimates[0]
     chosen = []
-    for index, trial in enumerate(feasible):
-        rate, half = step_interval(trial)
+    for index, (rate, half) in enumerate(estimates):
         if index < TOP or rate + half >= best_rate - best_half:
-            chosen.append(trial)
+            chosen.append(index)
         if len(chosen) >= MAX_CONTENDERS:
             break
     return chosen
+
+
+def contenders(ranked: list[TrialView]) -> list[TrialView]:
+    """The contenders among feasible trials ranked fastest first (:func:`pick_contenders`)."""
+    return [ranked[i] for i in pick_contenders([step_interval(t) for t in ranked])]
 
 
 def planned_probes(contenders: int) -> int:
@@ -163,3 +170,7 @@ def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float
 def load(study: optuna.Study) -> Confirmation | None:
     raw: Any = study.user_attrs.get(CONFIRMATION_ATTR)
     return Confirmation.model_validate(raw) if raw else None
+
+
+def store(study: optuna.Study, verdict: Confirmation) -> None:
+    study.set_user_attr(CONFIRMATION_ATTR, verdict.model_dump(mode="json"))

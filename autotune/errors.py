@@ -40,3 +40,9 @@ class ExportError(AutotuneError):
 
 class ExecutorError(AutotuneError):
     """Probes cannot be launched (Ray does not start, torchrun missing, ...)."""
+
+
+class NoResultError(AutotuneError):
+    """A run ended without a configuration to export (no probe fitted, or none ran)."""
+
+    exit_code = 3

@@ -1,4 +1,4 @@
-"""Best feasible trial -> the three files a user takes to production.
+"""The best trial (or a chosen one) -> the three files a user takes to production.
 
 ``ds_config.json`` (the base config with the tuned values, checked by DeepSpeed's own config
 class for the tuned world size), ``launch.sh`` (the deepspeed launcher and torchrun commands
@@ -14,14 +14,15 @@ from unittest import mock
 
 from pydantic import BaseModel, ConfigDict
 
-from autotune.candidate import Candidate
+from autotune import best, records
 from autotune.errors import ExportError
-from autotune.study import is_duplicate, is_repeat, study_config
+from autotune.study import study_config
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
+    from autotune.best import Best
+    from autotune.records import TrialView
     from autotune.study import StudyConfig
 
 
@@ -32,40 +33,10 @@ class Exported(BaseModel):
 
     trial: int
     label: str
+    folder: str
     ds_config: str
     launch: str
     summary: str
-
-
-def feasible_trials(study: optuna.Study) -> list[FrozenTrial]:
-    """Measured trials that stayed within the limit, fastest first."""
-    from optuna.trial import TrialState
-
-    feasible = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.user_attrs.get("feasible") and not is_repeat(t) and t.value is not None
-    ]
-    return sorted(feasible, key=lambda t: t.value, reverse=True)
-
-
-def best_trial(study: optuna.Study) -> FrozenTrial | None:
-    """The fastest COMPLETE trial whose peak memory stayed within the limit."""
-    from autotune.confirm import load
-
-    ranked = feasible_trials(study)
-    if not ranked:
-        return None
-    verdict = load(study)
-    if verdict is None or verdict.winner is None:
-        return ranked[0]
-    by_number = {t.number: t for t in ranked}
-    winner = by_number.get(verdict.winner)
-    # A trial measured after the round that beats the confirmed mean outright wins instead.
-    newer = [t for t in ranked if t.number > verdict.after_trial]
-    if winner is None or (newer and newer[0].value > verdict.contenders[0].mean):
-        return ranked[0]
-    return winner
 
 
 def validate_ds_config(config: dict[str, Any], world_size: int) -> None:
@@ -103,37 +74,41 @@ def _error_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def production_config(trial: FrozenTrial, config: StudyConfig) -> dict[str, Any]:
+def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     """The trial's candidate over the user's base config, with the user's NVMe path."""
-    candidate = Candidate.model_validate(trial.user_attrs["candidate"])
-    return candidate.to_ds_config(config.base_config, nvme_path=config.nvme_path)
+    return trial.candidate.to_ds_config(config.base_config, nvme_path=config.nvme_path)
 
 
-def choose_trial(study: optuna.Study, number: int | None) -> FrozenTrial:
-    ranked = feasible_trials(study)
+def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Best | None]:
+    """The trial to export (the best by :func:`autotune.best.decide_best` unless ``number``
+    names one) and the best, which the summary describes."""
+    from autotune import confirm
+
+    trials = records.views(study)
+    decided = best.decide_best(trials, confirm.load(study))
     if number is None:
-        if not ranked:
+        if decided is None:
             raise ExportError(
                 f"study {study.study_name!r} has no feasible measured trial yet; run "
                 f"autotune run --study {study.study_name} to probe more candidates"
             )
-        return ranked[0]
-    trials = study.get_trials(deepcopy=False)
+        return trials[decided.trial], decided
     if not 0 <= number < len(trials):
         raise ExportError(
             f"--trial {number}: study {study.study_name!r} has trials 0-{len(trials) - 1}"
         )
     trial = trials[number]
-    if trial in ranked:
-        return trial
-    status = trial.user_attrs.get("status", trial.state.name.lower())
-    if is_duplicate(trial):
-        reason = f"it repeats trial {trial.user_attrs['duplicate_of']}"
-    elif status == "ok":
+    if trial.feasible:
+        return trial, decided
+    if trial.record.duplicate_of is not None:
+        reason = f"it repeats trial {trial.record.duplicate_of}"
+    elif trial.status == "ok" and trial.record.stopped_early:
+        reason = "its probe was stopped early (a partial measurement)"
+    elif trial.status == "ok":
         reason = "its peak memory exceeded the limit"
     else:
-        reason = f"its status is {status!r}"
-    feasible = ", ".join(str(t.number) for t in ranked[:10]) or "none"
+        reason = f"its status is {trial.status!r}"
+    feasible = ", ".join(str(t.number) for t in records.ranked_feasible(trials)[:10]) or "none"
     raise ExportError(f"--trial {number} cannot be exported: {reason}; feasible: {feasible}")
 
 
@@ -144,14 +119,13 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
     config = study_config(study)
     if config is None:
         raise ExportError(f"study {study.study_name!r} was not made by autotune run")
-    trial = choose_trial(study, trial_number)
+    trial, decided = choose_trial(study, trial_number)
     ds_config = production_config(trial, config)
-    world_size = trial.user_attrs["candidate"]["data_parallel_size"]
-    validate_ds_config(ds_config, world_size)
+    validate_ds_config(ds_config, trial.candidate.data_parallel_size)
     files = {
         "ds_config.json": json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
-        "launch.sh": render_launch(study, trial, config),
-        "summary.md": render_summary(study, trial, config),
+        "launch.sh": render_launch(study.study_name, trial, config),
+        "summary.md": render_summary(study, trial, config, decided),
     }
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -164,7 +138,8 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         ) from None
     return Exported(
         trial=trial.number,
-        label=trial.user_attrs.get("label", ""),
+        label=trial.label,
+        folder=str(out_dir),
         ds_config=str(out_dir / "ds_config.json"),
         launch=str(out_dir / "launch.sh"),
         summary=str(out_dir / "summary.md"),

@@ -1,14 +1,16 @@
 """One live driver per study, held in the study's own storage.
 
-The driver is the only writer of a study (DESIGN: ask/tell in one process). The lock is a
-study user attr ``autotune_driver`` = host, pid, start time, token and a heartbeat that a
+The driver is the only writer of a study (ask/tell in one process). The lock is a study
+user attr ``autotune_driver`` = host, pid, start time, token and a heartbeat that a
 background thread renews every :data:`HEARTBEAT_S`. It lives in the storage rather than in
 a lock file so that it works the same for drivers on different hosts sharing a PostgreSQL
-study. A holder is dead when it stopped heart-beating for :data:`STALE_S`, or at once when
-it ran on this host and its pid is gone (a driver killed with -9); a dead holder is taken
-over with a note. Optuna's storage has no compare-and-swap, so acquisition writes, waits
-:data:`SETTLE_S` and reads back: of two drivers starting in the same instant the later
-writer wins and the other refuses; every heartbeat checks the token again.
+study, and its heartbeat is the database's clock (``CURRENT_TIMESTAMP``), so hosts whose
+clocks disagree judge it alike. A holder is dead when it stopped heart-beating for
+:data:`STALE_S`, or at once when it ran on this host and its pid is gone (a driver killed
+with -9); a dead holder is taken over with a note. Optuna's storage has no
+compare-and-swap, so acquisition writes, waits :data:`SETTLE_S` and reads back: of two
+drivers starting in the same instant the later writer wins and the other refuses; every
+heartbeat checks the token again.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import datetime
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from autotune.errors import StorageError
 
 if TYPE_CHECKING:
     import optuna
+    import sqlalchemy
 
 LOCK_ATTR = "autotune_driver"
 HEARTBEAT_S = 5.0
@@ -43,59 +45,88 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def holder_state(holder: dict[str, Any] | None, now: float | None = None) -> str:
-    """'free', 'live' or 'dead' for a lock record as stored."""
+def holder_state(holder: dict[str, Any] | None, db_now: float) -> str:
+    """'free', 'live' or 'dead' for a lock record as stored; ``db_now`` is the database's
+    clock in seconds since the epoch, as the heartbeat was written."""
     if not holder:
         return "free"
-    now = time.time() if now is None else now
-    if now - float(holder.get("heartbeat", 0.0)) > STALE_S:
+    if db_now - float(holder.get("heartbeat", 0.0)) > STALE_S:
         return "dead"
     if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
         return "dead"
     return "live"
 
 
-def describe_holder(holder: dict[str, Any], now: float | None = None) -> str:
-    now = time.time() if now is None else now
-    beat_s = max(0.0, now - float(holder.get("heartbeat", now)))
+def describe_holder(holder: dict[str, Any], db_now: float) -> str:
+    beat_s = max(0.0, db_now - float(holder.get("heartbeat", db_now)))
     return (
         f"pid {holder.get('pid')} on host {holder.get('host')}, running since "
         f"{holder.get('since')} (last heartbeat {beat_s:.0f} s ago)"
     )
 
 
+class DatabaseClock:
+    """The database server's ``CURRENT_TIMESTAMP``, in seconds since the epoch (UTC)."""
+
+    def __init__(self, url: str) -> None:
+        import sqlalchemy
+        from sqlalchemy.pool import NullPool
+
+        self._engine: sqlalchemy.Engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+
+    def now(self) -> float:
+        import sqlalchemy
+
+        with self._engine.connect() as connection:
+            value = connection.execute(sqlalchemy.select(sqlalchemy.func.current_timestamp()))
+            stamp = value.scalar()
+        if isinstance(stamp, str):  # SQLite: "YYYY-MM-DD HH:MM:SS" in UTC
+            stamp = datetime.datetime.fromisoformat(stamp)
+        assert isinstance(stamp, datetime.datetime)
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+        return stamp.timestamp()
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+
 class DriverLock:
     """Acquire with :meth:`acquire`, renew in a thread, give back with :meth:`release`.
 
-    ``on_beat`` runs in the heartbeat thread before each renewal and returns extra study
-    attrs to write with it (the tuner stores the budget spent so far there, so a driver
+    ``on_beat`` runs in the heartbeat thread before each renewal (the tuner stores the
+    budget spent so far and the Optuna heartbeats of its running trials there, so a driver
     killed with -9 loses at most one heartbeat of accounting).
     """
 
     def __init__(
         self,
-        study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
+        study_name: str,
+        clock: DatabaseClock,
         *,
-        on_beat: Callable[[], dict[str, Any]] | None = None,
-        log: Callable[[str], None] = print,
+        on_beat: Callable[[], None] | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
-        self.study = study
+        self.study_name = study_name
         self.on_beat = on_beat
-        self.log = log
+        self.on_warning = on_warning
         self.token = uuid.uuid4().hex
         self.since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self.lost: str = ""  # set by the heartbeat thread when another driver took the study
+        self.took_over: str = ""  # the dead holder this driver replaced, if any
+        self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._storage = study._storage
-        self._study_id = study._study_id
+        self._storage = storage
+        self._study_id = storage.get_study_id_from_name(study_name)
 
     def _record(self) -> dict[str, Any]:
         return {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "since": self.since,
-            "heartbeat": time.time(),
+            "heartbeat": self._clock.now(),
             "token": self.token,
         }
 
@@ -107,29 +138,29 @@ class DriverLock:
 
     def acquire(self) -> None:
         """Hold the study, or raise StorageError naming the live holder."""
+        import time
+
         holder = self._read()
-        state = holder_state(holder)
+        now = self._clock.now()
+        state = holder_state(holder, now)
         if state == "live":
             assert holder is not None
             raise StorageError(
-                f"study {self.study.study_name!r} is being run by another driver: "
-                f"{describe_holder(holder)}; wait for it to finish or stop it, or pass "
+                f"study {self.study_name!r} is being run by another driver: "
+                f"{describe_holder(holder, now)}; wait for it to finish or stop it, or pass "
                 "--study NEW_NAME to start a separate study"
             )
         if state == "dead":
             assert holder is not None
-            self.log(
-                f"taking over study {self.study.study_name!r} from a stopped driver: "
-                f"{describe_holder(holder)}"
-            )
+            self.took_over = describe_holder(holder, now)
         self._write(self._record())
         time.sleep(SETTLE_S)
         now_holder = self._read()
         if not now_holder or now_holder.get("token") != self.token:
             raise StorageError(
-                f"study {self.study.study_name!r} was taken by another driver starting at the "
-                f"same time ({describe_holder(now_holder or {})}); pass --study NEW_NAME to "
-                "start a separate study"
+                f"study {self.study_name!r} was taken by another driver starting at the same "
+                f"time ({describe_holder(now_holder or {}, self._clock.now())}); pass --study "
+                "NEW_NAME to start a separate study"
             )
         self._thread = threading.Thread(target=self._beat, name="autotune-heartbeat", daemon=True)
         self._thread.start()
@@ -139,13 +170,14 @@ class DriverLock:
             try:
                 holder = self._read()
                 if holder and holder.get("token") != self.token:
-                    self.lost = describe_holder(holder)
+                    self.lost = describe_holder(holder, self._clock.now())
                     return
-                for key, value in (self.on_beat() if self.on_beat else {}).items():
-                    self._storage.set_study_user_attr(self._study_id, key, value)
+                if self.on_beat is not None:
+                    self.on_beat()
                 self._write(self._record())
             except Exception as exc:  # noqa: BLE001 - the main loop reports storage faults
-                self.log(f"warning: heartbeat not written ({type(exc).__name__}: {exc})")
+                if self.on_warning is not None:
+                    self.on_warning(f"heartbeat not written ({type(exc).__name__}: {exc})")
 
     def release(self) -> None:
         """Stop heart-beating and clear the record if it is still ours."""

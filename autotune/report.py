@@ -10,19 +10,24 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.settings import format_bytes
-from autotune.study import is_duplicate, study_config
+from autotune.study import study_config
 
 if TYPE_CHECKING:
     import optuna
 
+    from autotune import best, records
+
 
 def trials_table(study: optuna.Study) -> Table:
-    """One row per evaluated candidate (duplicate proposals are counted in the caption)."""
+    """One row per evaluated candidate (duplicate proposals are counted in the caption);
+    ``*`` marks the best by :func:`autotune.best.decide_best`, as every output does."""
+    from autotune import best, confirm, records
+
     config = study_config(study)
     limit = config.vram_limit_bytes if config else None
-    trials = study.get_trials(deepcopy=False)
-    duplicates = sum(1 for t in trials if is_duplicate(t))
-    best = _best_number(study)
+    trials = records.views(study)
+    duplicates = sum(1 for t in trials if t.record.duplicate_of is not None)
+    decided = best.decide_best(trials, confirm.load(study))
     table = Table(
         title=f"study {study.study_name}"
         + (
@@ -34,7 +39,8 @@ def trials_table(study: optuna.Study) -> Table:
         caption=(
             f"{len(trials) - duplicates} evaluated, {duplicates} duplicate proposal(s) not shown; "
             + (f"limit {format_bytes(limit)} per rank; " if limit else "")
-            + "* = best feasible"
+            + "* = best"
+            + (" (confirmed)" if decided is not None and decided.confirmed else "")
         ),
     )
     for column, justify in (
@@ -48,46 +54,45 @@ def trials_table(study: optuna.Study) -> Table:
     ):
         table.add_column(column, justify=justify, no_wrap=column != "note")
     for trial in trials:
-        if is_duplicate(trial):
+        if trial.record.duplicate_of is not None:
             continue
-        attrs = trial.user_attrs
-        status = attrs.get("status", trial.state.name.lower())
-        ok = status == "ok"
-        rate = attrs.get("samples_per_s", 0.0)
+        record = trial.record
+        ok = trial.status == "ok"
+        rate = record.samples_per_s
         spread = ""
         if ok and rate:
-            half = (attrs.get("samples_per_s_max", rate) - attrs.get("samples_per_s_min", rate)) / 2
+            half = (record.samples_per_s_max - record.samples_per_s_min) / 2
             spread = f" ±{100 * half / rate:.0f}%"
-        peaks = attrs.get("peak_bytes_per_rank") or []
+        is_best = decided is not None and trial.number == decided.trial
         table.add_row(
-            f"{trial.number}{'*' if trial.number == best else ''}",
-            status,
-            attrs.get("label", ""),
+            f"{trial.number}{'*' if is_best else ''}",
+            trial.status,
+            record.label,
             f"{rate:.1f}{spread}" if ok else "",
-            f"{attrs.get('tokens_per_s', 0):.0f}" if ok else "",
-            ",".join(f"{p / 2**30:.2f}" for p in peaks),
-            _note(attrs, ok),
+            f"{record.tokens_per_s:.0f}" if ok else "",
+            ",".join(f"{p / 2**30:.2f}" for p in record.peak_bytes_per_rank),
+            _note(trial, decided),
         )
     return table
 
 
-def _note(attrs: dict, ok: bool) -> str:
-    if "confirmation_of" in attrs:
-        return f"confirmation probe of trial {attrs['confirmation_of']}"
-    if attrs.get("stopped_early"):
-        return "stopped early: clearly slower than the best so far"
-    if "retry_of" in attrs:
-        return f"retry of interrupted trial {attrs['retry_of']}" + (
-            "" if ok else f"; {attrs.get('error', '')}"[:100]
+def _note(trial: records.TrialView, decided: best.Best | None) -> str:
+    record = trial.record
+    if decided is not None and decided.trial == trial.number and decided.confirmed:
+        return (
+            f"confirmed: {decided.samples_per_s:.1f} ±{decided.half_width:.1f} samples/s over "
+            f"{decided.probes} probes"
         )
-    return "" if ok else str(attrs.get("error", ""))[:120]
-
-
-def _best_number(study: optuna.Study) -> int | None:
-    from autotune.export import best_trial
-
-    best = best_trial(study)
-    return None if best is None else best.number
+    if record.confirmation_of is not None:
+        return f"confirmation probe of trial {record.confirmation_of}"
+    if record.stopped_early:
+        return "stopped early: clearly slower than the best so far"
+    if record.retry_of is not None:
+        text = f"retry of interrupted trial {record.retry_of}"
+        return text if trial.status == "ok" else f"{text}; {record.error}"[:100]
+    if trial.state == "WAITING":
+        return "queued: probed again at the next run"
+    return "" if trial.status == "ok" else record.error[:120]
 
 
 def space_report(

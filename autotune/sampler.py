@@ -24,18 +24,20 @@ Policies:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import optuna
 
 from autotune.candidate import Candidate
 from autotune.cost import CostModel
+from autotune.screen import Monotonicity, shape_key
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
     from optuna.trial import FrozenTrial
 
+    from autotune.records import TrialView
     from autotune.space import BoundSpace
 
 EXPLORATION = 0.6  # bonus of a fully novel candidate over its predicted samples/s, at start
@@ -50,13 +52,6 @@ NOVELTY_ATTRIBUTES = (
 )
 
 
-def shape_key(candidate: Candidate) -> str:
-    """The candidate without its batch split (what memory monotonicity speaks about)."""
-    return candidate.model_copy(
-        update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
-    ).key
-
-
 class History:
     """What a study's trials say about candidates (shared by sampler and replays)."""
 
@@ -64,48 +59,43 @@ class History:
         self.evaluated: set[str] = set()
         self.tried: list[Candidate] = []  # every candidate probed or being probed
         self.measured: list[tuple[Candidate, float]] = []  # (candidate, step time s)
-        self.oom_floor: dict[str, int] = {}  # shape -> smallest micro-batch that OOMed
-        self.fit_ceiling: dict[str, int] = {}  # shape -> largest micro-batch that fitted
+        self.monotonicity = Monotonicity()
 
     def add(self, candidate: Candidate, status: str, step_time_s: float | None) -> None:
         self.evaluated.add(candidate.key)
         self.tried.append(candidate)
-        shape = shape_key(candidate)
-        if status == "oom":
-            self.oom_floor[shape] = min(
-                self.oom_floor.get(shape, candidate.micro_batch_size), candidate.micro_batch_size
-            )
-        elif status == "ok":
-            self.fit_ceiling[shape] = max(
-                self.fit_ceiling.get(shape, 0), candidate.micro_batch_size
-            )
-            if step_time_s:
-                self.measured.append((candidate, step_time_s))
+        self.monotonicity.add(candidate, status, len(self.tried))
+        if status == "ok" and step_time_s:
+            self.measured.append((candidate, step_time_s))
+
+    @classmethod
+    def of(cls, trials: Iterable[TrialView]) -> History:
+        history = cls()
+        for trial in trials:
+            if not trial.is_evaluation:
+                continue
+            if trial.running:
+                history.evaluated.add(trial.candidate.key)
+                history.tried.append(trial.candidate)
+                continue
+            if trial.status == "interrupted":
+                continue  # probed again by the tuner's retry, not by the sampler
+            step_time_s = trial.record.step_time_s if trial.status == "ok" else None
+            history.add(trial.candidate, trial.status, step_time_s)
+        return history
 
     @classmethod
     def of_study(cls, study: optuna.Study) -> History:
-        history = cls()
-        for trial in study.get_trials(deepcopy=False):
-            attrs = trial.user_attrs
-            if "candidate" not in attrs or "duplicate_of" in attrs or "confirmation_of" in attrs:
-                continue
-            candidate = Candidate.model_validate(attrs["candidate"])
-            if trial.state == optuna.trial.TrialState.RUNNING:
-                history.evaluated.add(candidate.key)
-                history.tried.append(candidate)
-                continue
-            if attrs.get("status") == "interrupted":
-                continue  # probed again by the tuner's retry, not by the sampler
-            step_time_s = attrs.get("step_time_s") if attrs.get("status") == "ok" else None
-            history.add(candidate, attrs.get("status", ""), step_time_s)
-        return history
+        from autotune.records import views
+
+        return cls.of(views(study))
 
     def known_to_fit(self, candidate: Candidate) -> bool:
-        return candidate.micro_batch_size <= self.fit_ceiling.get(shape_key(candidate), 0)
+        return self.monotonicity.known_to_fit(candidate)
 
     def known_not_to_fit(self, candidate: Candidate) -> bool:
-        floor = self.oom_floor.get(shape_key(candidate))
-        return floor is not None and candidate.micro_batch_size >= floor
+        floor = self.monotonicity.oom_floor.get(shape_key(candidate))
+        return floor is not None and candidate.micro_batch_size >= floor[0]
 
 
 class CandidatePolicy:

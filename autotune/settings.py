@@ -91,7 +91,8 @@ def format_duration(seconds: float) -> str:
 
 Executor = Literal["ray", "local"]
 
-DEFAULT_BUDGET_S = 30 * 60.0
+DEFAULT_BUDGET_S = 30 * 60.0  # what a new study gets without --budget
+DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
 
 # Settings fields whose flag is spelled differently (the flag drops the unit suffix).
 _FLAG_OF_FIELD = {
@@ -147,7 +148,7 @@ class RunSettings(BaseModel):
         default=None, description="Optuna study name; default: the workload's name."
     )
     storage_url: str = Field(
-        default="sqlite:///trials/autotune.db", description="Any SQLAlchemy URL Optuna accepts."
+        default=DEFAULT_STORAGE, description="Any SQLAlchemy URL Optuna accepts."
     )
     trials_dir: Path = Field(
         default=Path("trials"), description="Folder for per-trial logs and the exported config."

@@ -1,9 +1,11 @@
-"""autotune's view of an Optuna study: storage, the study's settings, and trial records.
+"""autotune's view of an Optuna study: its storage and the settings it was started with.
 
-The driver is the only writer. A study remembers the settings that decide what was
-measured (:class:`StudyConfig`, a study user attr), and every trial carries its record as
-user attrs (candidate, DeepSpeed config, status, throughput, peak memory per rank, probe
-wall time) plus a constraint ``peak_over_limit_bytes`` (> 0: infeasible, never best).
+A study remembers the settings that decide what was measured (:class:`StudyConfig`), the
+flags it was started with (a continue reuses them) and the candidates the memory model
+ruled out before sampling, each a study user attr read and written only here. Trial records
+are :mod:`autotune.records`; the budget, the confirmation verdict, the best trial and the
+driver lock keep their study attrs in :mod:`autotune.budget`, :mod:`autotune.confirm`,
+:mod:`autotune.best` and :mod:`autotune.lock`.
 """
 
 from __future__ import annotations
@@ -16,18 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.candidate import Candidate
 from autotune.errors import StorageError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import optuna
     from optuna.trial import FrozenTrial
 
-    from autotune.protocol import ProbeResult
-
-CONSTRAINT = "peak_over_limit_bytes"
 CONFIG_ATTR = "autotune_config"
 FLAGS_ATTR = "autotune_flags"  # the run flags a study was started with; a continue reuses them
+SCREENED_ATTR = "autotune_screened"  # keys the memory model ruled out before sampling
 METRIC = "samples_per_s"
 
 
@@ -90,9 +91,17 @@ def _show(key: str, value: Any) -> str:
     return repr(value)
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str,
+    *,
+    heartbeat_s: int | None = None,
+    grace_s: float | None = None,
+    on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+) -> optuna.storages.RDBStorage:
     """An RDB storage; SQLite folders are created and WAL is switched on (readers such as
-    optuna-dashboard then never block the driver's writes)."""
+    optuna-dashboard then never block the driver's writes). A driver opens it with
+    heartbeats (``heartbeat_s``; a running trial silent for ``grace_s`` is stale and handed
+    to ``on_stale``); readers (status, export) without."""
     import optuna
     import sqlalchemy.exc
 
@@ -113,7 +122,13 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         {"connect_args": {"timeout": busy_timeout_s}} if url.startswith("sqlite") else {}
     )
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=heartbeat_s,
+            grace_period=None if grace_s is None else int(grace_s),
+            heartbeat_stale_trial_callback=on_stale,
+        )
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(
@@ -149,7 +164,10 @@ def load_existing_study(url: str, name: str | None) -> optuna.Study:
 
 
 def stored_run_flags(url: str, name: str) -> dict[str, Any]:
-    """The flags study ``name`` was started with, or {} if there is no such study yet."""
+    """The flags study ``name`` was started with, or {} if there is no such study yet (an
+    SQLite file that does not exist yet is not created by asking)."""
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        return {}
     storage = open_storage(url)
     for summary in storage.get_all_studies():
         if summary.study_name == name:
@@ -162,148 +180,16 @@ def study_config(study: optuna.Study) -> StudyConfig | None:
     return None if raw is None else StudyConfig.model_validate(raw)
 
 
-def record_result(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    candidate: Candidate,
-    result: ProbeResult,
-    *,
-    vram_limit_bytes: int,
-    ds_config: dict[str, Any],
-    trial_dir: str,
-) -> None:
-    """Write a probe's outcome on its trial and tell Optuna.
-
-    ok -> COMPLETE with samples/s; oom -> PRUNED and infeasible (never "failed");
-    error/timeout -> FAIL. The constraint is peak - limit, positive for an OOM.
-    """
-    from optuna.trial import TrialState
-
-    over_bytes = result.peak_bytes - vram_limit_bytes
-    if result.status == "oom":
-        over_bytes = max(over_bytes, 1)
-    attrs = {
-        "candidate": candidate.model_dump(mode="json"),
-        "candidate_key": candidate.key,
-        "label": candidate.label,
-        "ds_config": ds_config,
-        "status": result.status,
-        "error": result.error,
-        "samples_per_s": result.samples_per_s,
-        "samples_per_s_min": result.samples_per_s_min,
-        "samples_per_s_max": result.samples_per_s_max,
-        "tokens_per_s": result.tokens_per_s,
-        "step_time_s": result.step_time_s,
-        "warmup_steps": result.warmup_steps,
-        "step_times_s": result.step_times_s,
-        "peak_bytes_per_rank": result.peak_bytes_per_rank,
-        "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
-        "host_peak_bytes_per_rank": result.host_peak_bytes_per_rank,
-        "peak_bytes": result.peak_bytes,
-        "vram_limit_bytes": vram_limit_bytes,
-        "probe_wall_s": result.wall_s,
-        "probe_init_s": result.init_s,
-        "probe_cold_start": result.cold_start,
-        "probe_timed_s": result.timed_s,
-        "trial_dir": trial_dir,
-        "versions": result.versions,
-        "feasible": result.status == "ok" and over_bytes <= 0,
-    }
-    if result.status != "ok":
-        # the last lines of the probe's log, where a crash says what happened
-        attrs["log_tail"] = "\n".join(result.log_tail.strip().splitlines()[-20:])
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
-    if result.stopped_early:
-        trial.set_user_attr("stopped_early", True)
-        trial.set_user_attr("pruned_by", "early stop: clearly slower than the best so far")
-    if result.status in ("ok", "oom"):
-        set_constraint(study, trial, float(over_bytes))
-    if result.status == "ok" and result.stopped_early:
-        # measured, feasible, but a partial measurement of a loser: never the best
-        study.tell(trial, state=TrialState.PRUNED)
-    elif result.status == "ok":
-        study.tell(trial, result.samples_per_s)
-    elif result.status == "oom":
-        study.tell(trial, state=TrialState.PRUNED)
-    else:
-        study.tell(trial, state=TrialState.FAIL)
+def store_start(study: optuna.Study, config: StudyConfig, flags: dict[str, Any]) -> None:
+    """A new study: what it measures, and the flags a continue takes back."""
+    study.set_user_attr(CONFIG_ATTR, config.model_dump(mode="json"))
+    study.set_user_attr(FLAGS_ATTR, flags)
+    study.set_metric_names([METRIC])
 
 
-def record_pruned(
-    study: optuna.Study,
-    trial: optuna.Trial,
-    candidate: Candidate,
-    *,
-    pruned_by: str,
-    reason: str,
-    over_bytes: float,
-    attrs: dict[str, Any],
-) -> None:
-    """A candidate judged infeasible without a probe: PRUNED, infeasible, never failed."""
-    from optuna.trial import TrialState
-
-    values = {
-        "candidate": candidate.model_dump(mode="json"),
-        "candidate_key": candidate.key,
-        "label": candidate.label,
-        "status": "pruned",
-        "pruned_by": pruned_by,
-        "error": reason,
-        "feasible": False,
-        **attrs,
-    }
-    for key, value in values.items():
-        trial.set_user_attr(key, value)
-    set_constraint(study, trial, max(float(over_bytes), 1.0))
-    study.tell(trial, state=TrialState.PRUNED)
+def screened_keys(study: optuna.Study) -> set[str]:
+    return set(study.user_attrs.get(SCREENED_ATTR) or [])
 
 
-def record_duplicate(study: optuna.Study, trial: optuna.Trial, original: FrozenTrial) -> None:
-    """The sampler proposed a candidate the study already evaluated: copy, do not probe."""
-    from optuna.trial import TrialState
-
-    for key, value in original.user_attrs.items():
-        trial.set_user_attr(key, value)
-    trial.set_user_attr("duplicate_of", original.number)
-    for key, value in original.constraints.items():
-        if key == CONSTRAINT:
-            set_constraint(study, trial, value)
-    if original.state == TrialState.COMPLETE:
-        study.tell(trial, original.value)
-    else:
-        study.tell(trial, state=original.state)
-
-
-def record_running_duplicate(study: optuna.Study, trial: optuna.Trial, original: int) -> None:
-    """Proposed while the same candidate is still being probed: nothing to copy yet, so the
-    trial is closed as FAIL (samplers skip FAIL trials) and marked as a duplicate."""
-    from optuna.trial import TrialState
-
-    trial.set_user_attr("duplicate_of", original)
-    trial.set_user_attr("status", "duplicate")
-    study.tell(trial, state=TrialState.FAIL)
-
-
-def set_constraint(study: optuna.Study, trial: optuna.Trial, value: float) -> None:
-    """Optuna 5's per-key constraint, plus the legacy list that optuna-dashboard 0.21 reads
-    to grey out infeasible trials (its serializer knows only the "constraints" list)."""
-    trial.set_constraint(CONSTRAINT, value)
-    trial_id = trial.storage.get_trial_id_from_study_id_trial_number(
-        trial.storage.get_study_id_from_name(study.study_name), trial.number
-    )
-    trial.storage.set_trial_system_attr(trial_id, "constraints", [value])
-
-
-def is_duplicate(trial: FrozenTrial) -> bool:
-    return "duplicate_of" in trial.user_attrs
-
-
-def is_confirmation(trial: FrozenTrial) -> bool:
-    """A re-probe of an evaluated candidate in the confirmation round (confirm.py)."""
-    return "confirmation_of" in trial.user_attrs
-
-
-def is_repeat(trial: FrozenTrial) -> bool:
-    """Not an evaluation of its own: a duplicate proposal or a confirmation probe."""
-    return is_duplicate(trial) or is_confirmation(trial)
+def store_screened(study: optuna.Study, keys: list[str]) -> None:
+    study.set_user_attr(SCREENED_ATTR, keys)

@@ -1,43 +1,52 @@
-"""What the export says to a person: ``summary.md`` and ``launch.sh``."""
+"""What the export says to a person: ``summary.md`` and ``launch.sh``.
+
+Both are rendered from the trial records and the one decision of the best
+(:mod:`autotune.best`): the chosen configuration, why (the confirmed estimate when the
+confirmation round decided it), the runners-up in the same ranking, what the search did, and
+what the user must do in their own code. Text from the storage (study names, labels) is
+quoted or escaped before it reaches the shell script.
+"""
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from autotune.candidate import Candidate
+from autotune import records
 from autotune.settings import format_bytes
-from autotune.study import is_repeat
 
 if TYPE_CHECKING:
     import optuna
-    from optuna.trial import FrozenTrial
 
+    from autotune.best import Best
+    from autotune.candidate import Candidate
+    from autotune.confirm import Confirmation
+    from autotune.records import TrialView
     from autotune.study import StudyConfig
 
 RUNNERS_UP = 5
-
-
-def _rate(trial: FrozenTrial) -> str:
-    attrs = trial.user_attrs
-    rate = attrs.get("samples_per_s", 0.0)
-    low, high = attrs.get("samples_per_s_min", rate), attrs.get("samples_per_s_max", rate)
-    return f"{rate:.1f} samples/s (steps ranged {low:.1f}-{high:.1f})"
 
 
 def _peaks(values: list[int]) -> str:
     return ", ".join(format_bytes(v) for v in values) or "n/a"
 
 
-def render_launch(study: optuna.Study, trial: FrozenTrial, config: StudyConfig) -> str:
+def _printable(text: str) -> str:
+    """One line of plain text: control characters (a newline ends a shell comment) become
+    spaces."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
+def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str:
     ranks = config.gpus_per_trial
-    label = trial.user_attrs.get("label", "")
     device = "GPU(s)" if config.accelerator == "cuda" else "CPU rank(s)"
     cpu_env = (
         'export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"\n' if config.accelerator == "cpu" else ""
     )
+    origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
     return f"""#!/usr/bin/env bash
-# autotune export: study {study.study_name}, trial {trial.number} ({label}),
+# autotune export: {origin},
 # tuned for {ranks} {device} on one node.
 #
 #   ./launch.sh train.py [your script's arguments]                     # deepspeed launcher
@@ -50,7 +59,7 @@ CONFIG="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/ds_config.json"
 SCRIPT="${{1:?usage: $0 train.py [arguments of your script]}}"
 shift
 # The probes ran with this many intra-op threads per rank.
-export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{config.threads_per_rank}}}"
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(config.threads_per_rank))}}}"
 {cpu_env}case "${{LAUNCHER:-deepspeed}}" in
   deepspeed)
     exec deepspeed --num_gpus={ranks} "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
@@ -62,36 +71,34 @@ esac
 """
 
 
-def _infeasible_counts(trials: list[FrozenTrial]) -> Counter[str]:
+def outcome_counts(trials: list[TrialView]) -> Counter[str]:
+    """Evaluated candidates by how their evaluation ended, in words."""
     counts: Counter[str] = Counter()
     for trial in trials:
-        attrs = trial.user_attrs
-        if attrs.get("pruned_by"):
-            counts[f"predicted over the limit ({attrs['pruned_by']}), not probed"] += 1
-        elif attrs.get("status") == "oom":
-            counts["ran out of memory in the probe"] += 1
-        elif attrs.get("status") == "ok" and not attrs.get("feasible"):
-            counts["measured peak above the limit"] += 1
+        record = trial.record
+        if trial.feasible:
+            counts["feasible, measured in full"] += 1
+        elif trial.status == "ok" and record.stopped_early:
+            counts["feasible, stopped early as clearly slower than the best so far"] += 1
+        elif trial.status == "ok":
+            counts["infeasible: measured peak above the limit"] += 1
+        elif trial.status == "oom":
+            counts["infeasible: ran out of memory in the probe"] += 1
+        elif trial.status == "pruned":
+            counts[f"infeasible, not probed: {record.pruned_by}"] += 1
+        elif trial.status in records.FAILED_STATUSES:
+            counts[f"failed: {trial.status}"] += 1
     return counts
 
 
-def _failed_counts(trials: list[FrozenTrial]) -> Counter[str]:
-    return Counter(
-        str(t.user_attrs.get("status"))
-        for t in trials
-        if t.user_attrs.get("status") in ("error", "timeout", "interrupted")
-    )
-
-
-def _actions(candidate: Candidate, trial: FrozenTrial, config: StudyConfig) -> list[str]:
+def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
     actions = []
     if candidate.activation_checkpointing:
         actions.append(
             "Turn activation checkpointing on in your model: for a transformers model call "
             "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-            '{"use_reentrant": False})` (named `activation_checkpointing_enable` from '
-            "transformers 5) before `deepspeed.initialize`; otherwise wrap each transformer "
-            "block in "
+            '{"use_reentrant": False})` before `deepspeed.initialize`; otherwise wrap each '
+            "transformer block in "
             "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
             "ds_config.json cannot switch this on for you."
         )
@@ -104,12 +111,11 @@ def _actions(candidate: Candidate, trial: FrozenTrial, config: StudyConfig) -> l
         )
     if candidate.precision == "bf16":
         actions.append("DeepSpeed casts the model to bf16; do not call `model.half()` yourself.")
-    host = trial.user_attrs.get("host_peak_bytes_per_rank") or []
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
             "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "
-            f"processes peaked at {_peaks(host)} resident per rank; leave that much free "
-            "per rank on each node."
+            f"processes peaked at {_peaks(trial.record.host_peak_bytes_per_rank)} resident "
+            "per rank; leave that much free per rank on each node."
         )
     if "nvme" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
@@ -131,32 +137,14 @@ def _actions(candidate: Candidate, trial: FrozenTrial, config: StudyConfig) -> l
     return actions
 
 
-def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig) -> str:
-    from autotune.export import feasible_trials
-
-    candidate = Candidate.model_validate(trial.user_attrs["candidate"])
-    attrs = trial.user_attrs
-    evaluated = [t for t in study.get_trials(deepcopy=False) if not is_repeat(t)]
-    evaluated = [t for t in evaluated if "candidate" in t.user_attrs]
-    ranked = feasible_trials(study)
-    best_rate = trial.value or 0.0
-    limit = config.vram_limit_bytes
-    memory_kind = "device memory" if config.accelerator == "cuda" else "tracked tensor memory"
+def _setting_rows(candidate: Candidate) -> list[str]:
     ratio = (
         f" (ratio {candidate.offload_optimizer_ratio:g})"
         if candidate.offload_optimizer_ratio < 1
         else ""
     )
     knobs = ", ".join(f"{k}={v}" for k, v in candidate.zero_knobs.items()) or "DeepSpeed defaults"
-    lines = [
-        f"# autotune: {candidate.label}",
-        "",
-        f"Study `{study.study_name}`, trial {trial.number}: workload `{config.workload}` on "
-        f"{config.gpus_per_trial} {'GPU' if config.accelerator == 'cuda' else 'CPU rank'}(s), "
-        f"memory limit {format_bytes(limit)} per rank.",
-        "",
-        "## Chosen configuration",
-        "",
+    return [
         "| setting | value |",
         "| --- | --- |",
         f"| precision | {candidate.precision} |",
@@ -168,77 +156,97 @@ def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig)
         f"| global batch | {candidate.train_batch_size} |",
         f"| activation checkpointing | {'on' if candidate.activation_checkpointing else 'off'} |",
         f"| fine ZeRO knobs | {knobs} |",
+    ]
+
+
+def standings(
+    trials: list[TrialView], verdict: Confirmation | None, decided: Best | None
+) -> list[tuple[TrialView, float, str]]:
+    """Every feasible trial once, best first, each with the estimate it is ranked by: the
+    confirmed contenders in the verdict's order (by their confirmed means), then the rest by
+    their single measurement; the decided best leads."""
+    ranked = records.ranked_feasible(trials)
+    by_number = {t.number: t for t in ranked}
+    rows: list[tuple[TrialView, float, str]] = []
+    confirmed = decided is not None and decided.confirmed and verdict is not None
+    if confirmed:
+        assert verdict is not None
+        for contender in verdict.contenders:
+            if contender.trial in by_number:
+                rows.append((by_number.pop(contender.trial), contender.mean, "confirmed mean"))
+    rows += [(t, float(t.value or 0.0), "one probe") for t in by_number.values()]
+    if decided is not None:
+        rows.sort(key=lambda row: row[0].number != decided.trial)
+    return rows
+
+
+def _why(trial: TrialView, decided: Best | None, ranked: int) -> list[str]:
+    record = trial.record
+    steps = (
+        f"{record.samples_per_s:.1f} samples/s in its search probe (steps ranged "
+        f"{record.samples_per_s_min:.1f}-{record.samples_per_s_max:.1f})"
+    )
+    if decided is not None and decided.trial == trial.number and decided.confirmed:
+        lead = (
+            f"- Confirmed the fastest: {decided.samples_per_s:.1f} samples/s "
+            f"±{decided.half_width:.1f} (95% interval) over {decided.probes} interleaved "
+            f"probes; {steps}."
+        )
+    elif decided is not None and decided.trial == trial.number:
+        lead = f"- Fastest of {ranked} feasible configurations measured: {steps}."
+    else:
+        best_text = (
+            f"trial {decided.trial} ({decided.label})" if decided is not None else "none yet"
+        )
+        lead = f"- Chosen with --trial {trial.number}; the best is {best_text}. It ran {steps}."
+    return [
+        lead,
+        f"- {record.tokens_per_s:.0f} tokens/s in that probe.",
+    ]
+
+
+def render_summary(
+    study: optuna.Study, trial: TrialView, config: StudyConfig, decided: Best | None
+) -> str:
+    from autotune import confirm
+    from autotune.study import screened_keys
+
+    candidate = trial.candidate
+    record = trial.record
+    trials = records.views(study)
+    evaluated = records.evaluations(trials)
+    verdict = confirm.load(study)
+    rows = standings(trials, verdict, decided)
+    limit = config.vram_limit_bytes
+    memory_kind = "device memory" if config.accelerator == "cuda" else "tracked tensor memory"
+    lines = [
+        f"# autotune: {candidate.label}",
+        "",
+        f"Study `{study.study_name}`, trial {trial.number}: workload `{config.workload}` on "
+        f"{config.gpus_per_trial} {'GPU' if config.accelerator == 'cuda' else 'CPU rank'}(s), "
+        f"memory limit {format_bytes(limit)} per rank.",
+        "",
+        "## Chosen configuration",
+        "",
+        *_setting_rows(candidate),
         "",
         "## Why",
         "",
-        f"- Fastest of {len(ranked)} feasible configurations measured: {_rate(trial)}, "
-        f"{attrs.get('tokens_per_s', 0.0):.0f} tokens/s.",
-        f"- Peak {memory_kind} per rank: {_peaks(attrs.get('peak_bytes_per_rank') or [])} "
+        *_why(trial, decided, len(rows)),
+        f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
-        host = attrs.get("host_peak_bytes_per_rank") or []
-        lines.append(f"- Host memory (resident, per rank process): {_peaks(host)}.")
-    from autotune.confirm import load
-
-    verdict = load(study)
-    if verdict is not None and verdict.contenders:
-        lines += [
-            "",
-            "## Confirmation round",
-            "",
-            f"The top {len(verdict.contenders)} were probed again, interleaved, in "
-            f"{verdict.rounds} round(s)"
-            + (
-                f", then {verdict.tie_rounds} more of the best two to break a tie"
-                if verdict.tie_rounds
-                else ""
-            )
-            + f" ({verdict.seconds:.0f} s of the budget); means with "
-            "their 95% intervals over every probe of each:",
-            "",
-        ]
-        for contender in verdict.contenders:
-            chosen = " (chosen)" if contender.trial == trial.number else ""
-            lines.append(f"- trial {contender.trial} {contender.describe()}{chosen}")
-        if verdict.tie:
-            lines.append(
-                "- The best two overlap within the noise of this machine: either is a sound "
-                "choice; the higher mean was taken."
-            )
-    if len(ranked) > 1:
-        lines += [
-            "",
-            "## Runners-up",
-            "",
-            "| trial | configuration | samples/s | of best | peak per rank |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for other in ranked[1 : 1 + RUNNERS_UP]:
-            share = 100 * (other.value or 0.0) / best_rate if best_rate else 0.0
-            lines.append(
-                f"| {other.number} | {other.user_attrs.get('label', '')} | "
-                f"{other.value:.1f} | {share:.0f}% | "
-                f"{_peaks(other.user_attrs.get('peak_bytes_per_rank') or [])} |"
-            )
-    infeasible = _infeasible_counts(evaluated)
-    failed = _failed_counts(evaluated)
-    lines += ["", "## Search", ""]
-    lines.append(
-        f"- {len(evaluated)} candidates evaluated: {len(ranked)} feasible, "
-        f"{sum(infeasible.values())} infeasible, {sum(failed.values())} failed."
-    )
-    for reason, count in infeasible.most_common():
-        lines.append(f"  - infeasible, {reason}: {count}")
-    evaluated_keys = {t.user_attrs.get("candidate_key") for t in evaluated}
-    screened = set(study.user_attrs.get("autotune_screened") or []) - evaluated_keys
-    if screened:
         lines.append(
-            f"- {len(screened)} more candidates were predicted over the limit by the memory "
-            "model and never proposed (`autotune plan --all` shows each prediction)."
+            f"- Host memory (resident, per rank process): "
+            f"{_peaks(record.host_peak_bytes_per_rank)}."
         )
-    for status, count in failed.most_common():
-        lines.append(f"  - {status}: {count}")
+    if verdict is not None and verdict.contenders:
+        lines += ["", *_confirmation_lines(verdict, trial.number)]
+    others = [row for row in rows if row[0].number != trial.number]
+    if others:
+        lines += ["", *_runner_up_lines(rows[0][1], others)]
+    lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
     lines += ["", "## What you must do", ""]
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]
     lines += [
@@ -251,3 +259,57 @@ def render_summary(study: optuna.Study, trial: FrozenTrial, config: StudyConfig)
         "",
     ]
     return "\n".join(lines)
+
+
+def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
+    tie = (
+        f", then {verdict.tie_rounds} more of the best two to break a tie"
+        if verdict.tie_rounds
+        else ""
+    )
+    lines = [
+        "## Confirmation round",
+        "",
+        f"The top {len(verdict.contenders)} were probed again, interleaved, in "
+        f"{verdict.rounds} round(s){tie} ({verdict.seconds:.0f} s of the budget); means with "
+        "their 95% intervals over every probe of each:",
+        "",
+    ]
+    for contender in verdict.contenders:
+        mark = " (chosen)" if contender.trial == chosen else ""
+        lines.append(f"- trial {contender.trial} {contender.describe()}{mark}")
+    if verdict.tie:
+        lines.append(
+            "- The best two overlap within the noise of this machine: either is a sound "
+            "choice; the higher mean was taken."
+        )
+    return lines
+
+
+def _runner_up_lines(lead: float, others: list[tuple[TrialView, float, str]]) -> list[str]:
+    lines = [
+        "## Runners-up",
+        "",
+        "| trial | configuration | samples/s | ranked by | of the chosen | peak per rank |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for other, estimate, basis in others[:RUNNERS_UP]:
+        share = 100 * estimate / lead if lead else 0.0
+        lines.append(
+            f"| {other.number} | {other.label} | {estimate:.1f} | {basis} | {share:.0f}% | "
+            f"{_peaks(other.record.peak_bytes_per_rank)} |"
+        )
+    return lines
+
+
+def _search_lines(evaluated: list[TrialView], screened: set[str]) -> list[str]:
+    counts = outcome_counts(evaluated)
+    lines = [f"- {len(evaluated)} candidates evaluated:"]
+    lines += [f"  - {reason}: {count}" for reason, count in sorted(counts.items())]
+    never = screened - {t.record.candidate_key for t in evaluated}
+    if never:
+        lines.append(
+            f"- {len(never)} more candidates were predicted over the limit by the memory "
+            "model and never proposed (`autotune plan --all` shows each prediction)."
+        )
+    return lines

@@ -1,0 +1,130 @@
+"""The study's time: its budget across runs, what the next probe will take, and the time
+held back for the confirmation round.
+
+Plain objects over plain numbers, so that ``benchmarks/search_efficiency.py`` replays the
+tuner's own rules (counting probes instead of seconds) instead of a copy of them.
+
+- :class:`BudgetClock`: the budget is the study's (``total_s``, ``spent_s`` in the study
+  user attr :data:`BUDGET_ATTR`); a run gets what is left, or a new total.
+- :func:`probe_estimate_s`: the median wall time of the study's probes; a probe that paid
+  its process group's start (a cold launch, or a warm worker's first probe) is left out
+  once a warm one exists, or one cold start makes the next probe look too long to fit.
+- :class:`ReservePolicy`: when the round's time is held back, and how much.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune import confirm
+from autotune.settings import DEFAULT_BUDGET_S
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.records import TrialView
+
+BUDGET_ATTR = "autotune_budget"
+
+
+class BudgetRecord(BaseModel):
+    """The study user attr :data:`BUDGET_ATTR`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    total_s: float = Field(default=DEFAULT_BUDGET_S, description="The study's whole budget.")
+    spent_s: float = Field(default=0.0, description="Wall time its runs have used so far.")
+
+
+def read_budget(study: optuna.Study) -> BudgetRecord:
+    return BudgetRecord.model_validate(study.user_attrs.get(BUDGET_ATTR) or {})
+
+
+class BudgetClock:
+    """One run's share of the study's budget. ``start`` when probing begins: set-up before
+    it (building DeepSpeed's ops once, starting Ray) is not charged to the study."""
+
+    def __init__(self, stored: BudgetRecord, given_total_s: float | None) -> None:
+        self.total_s = given_total_s if given_total_s is not None else stored.total_s
+        self.spent_before_s = stored.spent_s
+        self._started: float | None = None
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+
+    @property
+    def elapsed_s(self) -> float:
+        return 0.0 if self._started is None else time.monotonic() - self._started
+
+    @property
+    def spent_s(self) -> float:
+        return self.spent_before_s + self.elapsed_s
+
+    @property
+    def run_budget_s(self) -> float:
+        """What this run may use: the total less what earlier runs spent."""
+        return self.total_s - self.spent_before_s
+
+    @property
+    def left_s(self) -> float:
+        return self.total_s - self.spent_s
+
+    def record(self) -> BudgetRecord:
+        return BudgetRecord(total_s=self.total_s, spent_s=round(self.spent_s, 1))
+
+    def store(self, study: optuna.Study) -> None:
+        study.set_user_attr(BUDGET_ATTR, self.record().model_dump())
+
+
+def probe_estimate_s(trials: Iterable[TrialView], *, full_only: bool = False) -> float:
+    """Median wall time of the study's probes (of those that ran in full if ``full_only``:
+    confirmation probes never stop early, and an early-stopped probe is a fraction of one).
+    0 when there is none yet."""
+    walls: list[tuple[float, bool]] = []
+    for trial in trials:
+        record = trial.record
+        if record.probe_wall_s is None or not trial.is_evaluation:
+            continue
+        if full_only and not trial.measured_in_full:
+            continue
+        walls.append((record.probe_wall_s, record.probe_cold_start))
+    warm = [wall for wall, cold in walls if not cold]
+    chosen = warm or [wall for wall, _ in walls]
+    return statistics.median(chosen) if chosen else 0.0
+
+
+@dataclass(frozen=True)
+class ReservePolicy:
+    """The budget held back from the search for the confirmation round.
+
+    Nothing is held back before the search has two feasible configs (there is nothing to
+    confirm, and a search stopped with one never reaches a round), nor, with autotune's
+    sampler, before every ZeRO stage that may fit has had its probe (on a short budget the
+    reserve otherwise ends the search after two configs and confirms the wrong ones). Then:
+    :func:`autotune.confirm.reserve_s` for the contenders the search leaves so far, at the
+    wall time of a full-length probe.
+    """
+
+    enabled: bool = True
+    fallback_probe_s: float = 20.0
+
+    def reserve_s(
+        self,
+        *,
+        feasible: int,
+        stages_covered: bool,
+        contenders: int,
+        full_probe_s: float,
+        probe_s: float,
+        budget_s: float,
+    ) -> float:
+        if not self.enabled or feasible < 2 or not stages_covered:
+            return 0.0
+        per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
+        return confirm.reserve_s(per_probe_s, contenders, budget_s)

@@ -1,0 +1,140 @@
+"""Probes in flight on the executor's slots: build each probe's job, submit, collect,
+cancel.
+
+A probe is a search trial's (an Optuna trial, whose record is written as it starts) or a
+confirmation re-probe of an evaluated trial (no trial of its own: its result joins the
+confirmation verdict). Either way the job is the same: the candidate's DeepSpeed config over
+the study's base config, the probe's length and early-stop threshold, the memory limit, its
+own folder under ``trials/<study>/`` and, for NVMe offload, its own swap folder.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune import records
+from autotune.candidate import Candidate
+from autotune.records import TrialRecord
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.executor import Executor
+    from autotune.launch import ProbeJob
+    from autotune.plan import Plan
+    from autotune.protocol import ProbeResult
+
+
+@dataclass
+class InFlight:
+    """A probe submitted and not yet collected."""
+
+    candidate: Candidate
+    record: TrialRecord  # what was known before the probe (written on the trial)
+    trial: optuna.Trial | None  # None: a confirmation re-probe
+    started: float
+
+    @property
+    def number(self) -> int | None:
+        return None if self.trial is None else self.trial.number
+
+
+class Dispatcher:
+    """The executor's slots, and the probes running on them."""
+
+    def __init__(self, plan: Plan, executor: Executor, *, fault: str = "none") -> None:
+        self.plan = plan
+        self.executor = executor
+        self._fault = fault
+        self._inflight: dict[int, InFlight] = {}
+
+    @property
+    def free_slots(self) -> int:
+        return self.executor.capacity - len(self._inflight)
+
+    @property
+    def inflight(self) -> list[InFlight]:
+        return list(self._inflight.values())
+
+    def submit(
+        self,
+        candidate: Candidate,
+        record: TrialRecord,
+        *,
+        trial: optuna.Trial | None,
+        folder: str,
+        stop_below_samples_per_s: float = 0.0,
+    ) -> InFlight:
+        """Start a probe of ``candidate`` in ``trials/<study>/<folder>``; a trial's record
+        (``record`` with the config and folder) is written before the probe starts."""
+        trial_dir = self.plan.trials_dir / folder
+        job = self.job(candidate, trial_dir, stop_below_samples_per_s)
+        record = record.model_copy(
+            update={"ds_config": job.spec.ds_config, "trial_dir": str(trial_dir)}
+        )
+        if trial is not None:
+            records.write(trial, record)
+        ticket = self.executor.submit(job)
+        job_state = InFlight(candidate, record, trial, time.monotonic())
+        self._inflight[ticket] = job_state
+        return job_state
+
+    def collect(self, timeout_s: float) -> list[tuple[InFlight, ProbeResult]]:
+        """Results that arrive within ``timeout_s``, in completion order."""
+        return [
+            (self._inflight.pop(ticket), result) for ticket, result in self.executor.wait(timeout_s)
+        ]
+
+    def job(self, candidate: Candidate, trial_dir: Path, stop_below: float) -> ProbeJob:
+        from autotune.launch import ProbeJob
+        from autotune.protocol import ProbeSpec
+
+        plan = self.plan
+        settings = plan.settings
+        nvme_dir = None
+        if plan.config.nvme_path and "nvme" in (
+            candidate.offload_optimizer,
+            candidate.offload_param,
+        ):
+            # Concurrent probes must not share DeepSpeed's swap folders.
+            nvme_dir = str(
+                Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name
+            )
+            Path(nvme_dir).mkdir(parents=True, exist_ok=True)
+        spec = ProbeSpec(
+            workload=plan.workload_ref,
+            candidate=candidate,
+            ds_config=plan.ds_config(candidate, nvme_dir),
+            accelerator=plan.hardware.accelerator,
+            vram_limit_bytes=plan.config.vram_limit_bytes,
+            device_memory_bytes=plan.hardware.device_memory_bytes,
+            warmup_steps=settings.warmup_steps,
+            max_warmup_steps=settings.warmup_steps + 4,
+            timed_steps=settings.timed_steps,
+            max_timed_steps=max(settings.max_timed_steps, settings.timed_steps),
+            stop_below_samples_per_s=stop_below,
+            tokens_per_sample=plan.workload.tokens_per_sample,
+            fault=self._fault,  # type: ignore[arg-type]
+        )
+        return ProbeJob(
+            spec=spec,
+            trial_dir=str(trial_dir),
+            world_size=candidate.data_parallel_size,
+            timeout_s=plan.probe_timeout_s,
+            threads_per_rank=plan.config.threads_per_rank,
+            cwd=str(Path.cwd()),
+        )
+
+    def cancel_all(self) -> list[InFlight]:
+        """Stop every running probe (whole process groups); return what was running."""
+        stopped = self.inflight
+        if stopped:
+            self.executor.cancel_all()
+        self._inflight.clear()
+        return stopped
+
+    def close(self) -> None:
+        self.executor.close()

@@ -1,0 +1,140 @@
+"""What a run tells its caller while it works: typed events, rendered by the CLI.
+
+The library never formats log lines; the tuner emits these and the CLI turns them into
+plain lines (a pipe, CI) or a live view (a terminal). Each event is plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autotune.protocol import ProbeResult
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every event."""
+
+
+@dataclass(frozen=True)
+class SetupProgress(Event):
+    """One-time set-up before the budget's clock starts (DeepSpeed's ops, Ray)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class DriverTakenOver(Event):
+    """This run took the study over from a driver that stopped without releasing it."""
+
+    holder: str
+
+
+@dataclass(frozen=True)
+class Warning(Event):
+    message: str
+
+
+@dataclass(frozen=True)
+class CostModelCalibrated(Event):
+    """This CPU's matmul rate per precision, the cost model's compute prior."""
+
+    threads_per_rank: int
+    flops_per_s: dict[str, float]
+
+
+@dataclass(frozen=True)
+class TrialsRecovered(Event):
+    """Trials a stopped driver left running, now failed; each is probed again once."""
+
+    interrupted: list[int]
+    retries: int
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    study_name: str
+    evaluated_before: int
+    valid_candidates: int
+    budget_total_s: float
+    spent_before_s: float
+    left_s: float
+    probe_timeout_s: float
+
+
+@dataclass(frozen=True)
+class CandidatesScreened(Event):
+    """Unevaluated candidates the memory model rules out before sampling."""
+
+    screened: int
+    unevaluated: int
+    vram_limit_bytes: int
+
+
+@dataclass(frozen=True)
+class ProbeStarted(Event):
+    trial: int | None  # None: a confirmation re-probe (not a trial of its own)
+    label: str
+    step: str = ""  # e.g. "round 2 of 3" for a confirmation probe
+
+
+@dataclass(frozen=True)
+class ProbeFinished(Event):
+    trial: int | None
+    label: str
+    result: ProbeResult
+    vram_limit_bytes: int
+    log_path: str
+
+
+@dataclass(frozen=True)
+class CandidatePruned(Event):
+    trial: int
+    label: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class InterruptRequested(Event):
+    """The first Ctrl-C: probes are stopped, the best so far is exported."""
+
+
+@dataclass(frozen=True)
+class SearchStopped(Event):
+    """Why the search asked for no more candidates.
+
+    ``kind``: budget, max_trials, exhausted, interrupted, lock_lost or storage."""
+
+    kind: str
+    detail: str = ""
+    spent_s: float = 0.0
+    total_s: float = 0.0
+    reserve_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConfirmationStarted(Event):
+    labels: list[str]
+
+
+@dataclass(frozen=True)
+class ConfirmationDone(Event):
+    description: str
+    rounds: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    """The run's outcome; ``summary`` is a :class:`autotune.tuner.RunSummary`."""
+
+    summary: object
+    interrupted_probes: list[int] = field(default_factory=list)
+
+
+Emit = Callable[[Event], None]
+
+
+def ignore(event: Event) -> None:
+    """An ``emit`` that drops everything (library use, tests)."""

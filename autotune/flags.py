@@ -1,0 +1,221 @@
+"""The flags of ``autotune run``, as a user types them: the one source of their defaults.
+
+:class:`RunFlags` drives the command line (each field is an option, its description the
+help, its default the one shown), what a study stores (the flags it was started with) and
+what a continued study takes back: model defaults, then the study's stored flags, then the
+flags given on this command line. :meth:`RunFlags.settings` turns them into the typed
+:class:`~autotune.settings.RunSettings` (units parsed, paths absolute).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import SettingsError
+from autotune.settings import DEFAULT_STORAGE, RunSettings, parse_duration, parse_size
+
+# Flags that concern one run, not what a study measures: never stored with the study.
+PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault")
+# Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
+PATHS = ("base_config", "nvme_path", "trials_dir")
+
+
+class RunFlags(BaseModel):
+    """``autotune run``'s options (a field ``gpus_per_trial`` is the flag
+    ``--gpus-per-trial``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: str | None = Field(
+        default=None,
+        description="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function; "
+        "required for a new study.",
+    )
+    space: str = Field(
+        default="default", description="Search space: a YAML path or a built-in name."
+    )
+    gpus: int = Field(default=1, description="Devices the study may use (CPU ranks without GPUs).")
+    gpus_per_trial: int | None = Field(
+        default=None, description="Devices one probe uses (default: all of --gpus)."
+    )
+    vram: str = Field(
+        default="auto",
+        description="Memory limit per device, e.g. 80GiB, or 'auto' (the device's memory; "
+        "on CPU the RAM shared by the ranks).",
+    )
+    global_batch: str | None = Field(
+        default=None,
+        description="Samples per optimizer step (default: the base config's, else the "
+        "workload's), or 'auto' to search it up to --max-global-batch.",
+    )
+    max_global_batch: int | None = Field(
+        default=None, description="Largest global batch with --global-batch auto."
+    )
+    base_config: str | None = Field(
+        default=None,
+        description="Your DeepSpeed JSON (optimizer, scheduler ...); tuned keys override it.",
+    )
+    nvme_path: str | None = Field(
+        default=None, description="Folder on an NVMe disk, for nvme offload candidates."
+    )
+    budget: str | None = Field(
+        default=None,
+        description="The study's total wall-clock budget: 90s, 30m, 2h, 1h30m. A new study "
+        "gets 30m; a continued one keeps what is left of its own unless given a new total.",
+    )
+    max_trials: int | None = Field(
+        default=None, description="Stop after this many new candidates are probed."
+    )
+    study: str | None = Field(
+        default=None,
+        description="Study name (default: the workload's name); an existing one continues "
+        "with the flags it was started with.",
+    )
+    storage: str = Field(
+        default=DEFAULT_STORAGE, description="Optuna storage URL (any SQLAlchemy URL Optuna takes)."
+    )
+    seed: int | None = Field(default=None, description="Sampler seed.")
+    executor: Literal["ray", "local"] = Field(
+        default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
+    )
+    probe_timeout: str | None = Field(
+        default=None,
+        description="Hard limit of one probe, e.g. 5m (default: derived from the workload).",
+    )
+    cold_probes: bool = Field(
+        default=False,
+        description="Start every probe as a new launch (as DeepSpeed's autotuner does) "
+        "instead of keeping warm workers.",
+    )
+    no_prune: bool = Field(default=False, description="Probe even what the memory model rules out.")
+    memory_margin: float = Field(
+        default=0.05, description="Prune above the limit minus this share of it (0.05 = 5%)."
+    )
+    host_ram: str = Field(
+        default="auto", description="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's)."
+    )
+    warmup_steps: int = Field(default=2, description="Untimed optimizer steps per probe, at least.")
+    timed_steps: int = Field(default=3, description="Timed optimizer steps per probe, at least.")
+    max_timed_steps: int = Field(
+        default=20, description="Timed steps at most; a probe stops once its spread is under 2%."
+    )
+    sampler: Literal["autotune", "tpe", "gp", "random", "grid"] = Field(
+        default="autotune",
+        description="autotune (model-guided), tpe, gp, random, or grid (every valid candidate "
+        "once).",
+    )
+    no_confirm: bool = Field(
+        default=False,
+        description="Skip the confirmation round (re-probing the top candidates, interleaved).",
+    )
+    no_early_stop: bool = Field(
+        default=False, description="Time every probe in full, even when clearly slower."
+    )
+    trials_dir: str = Field(
+        default="trials", description="Folder for per-trial logs and the export."
+    )
+    inject_fault: Literal["none", "oom", "error", "crash", "hang"] = Field(
+        default="none",
+        description="Testing only: make every probe fail this way.",
+        json_schema_extra={"hidden": True},
+    )
+
+    @classmethod
+    def resolve(cls, given: dict[str, Any], stored: dict[str, Any]) -> RunFlags:
+        """Model defaults, then a continued study's stored flags, then the flags given."""
+        given = {k: v for k, v in given.items() if v is not None and v is not False}
+        for name in PATHS:
+            if given.get(name) is not None:
+                given[name] = str(Path(given[name]).resolve())
+        if given.get("space") and Path(given["space"]).is_file():
+            given["space"] = str(Path(given["space"]).resolve())
+        known = {k: v for k, v in stored.items() if k in cls.model_fields and k not in PER_RUN}
+        values = {**known, **given}
+        try:
+            return cls(**values)
+        except ValueError as exc:
+            raise SettingsError(_first_problem(exc)) from None
+
+    def stored(self) -> dict[str, Any]:
+        """What a study keeps of these flags (per-run ones left out)."""
+        return self.model_dump(exclude=set(PER_RUN))
+
+    def study_name(self) -> str:
+        from autotune.workloads import workload_study_name
+
+        if self.study:
+            return self.study
+        if self.workload is None:
+            raise SettingsError(
+                "--workload is required for a new study (e.g. --workload gpt-tiny); to "
+                "continue a study, pass --study NAME"
+            )
+        return workload_study_name(self.workload)
+
+    def settings(self) -> RunSettings:
+        """The typed settings: sizes and durations parsed, 'auto' resolved later."""
+        if self.workload is None:
+            raise SettingsError(
+                f"--study {self.study_name()}: no such study in {self.storage} to continue; "
+                "start it with --workload W (and the other flags)"
+            )
+        return RunSettings.build(
+            workload=self.workload,
+            space=self.space,
+            gpus=self.gpus,
+            gpus_per_trial=self.gpus_per_trial,
+            vram_limit_bytes=_size_or_auto(self.vram, "--vram"),
+            global_batch=parse_global_batch(self.global_batch),
+            max_global_batch=self.max_global_batch,
+            base_config=self.base_config,
+            nvme_path=self.nvme_path,
+            budget_s=None if self.budget is None else parse_duration(self.budget),
+            max_trials=self.max_trials,
+            study_name=self.study_name(),
+            storage_url=self.storage,
+            seed=self.seed,
+            executor=self.executor,
+            probe_timeout_s=None
+            if self.probe_timeout is None
+            else parse_duration(self.probe_timeout, flag="--probe-timeout"),
+            trials_dir=self.trials_dir,
+            warmup_steps=self.warmup_steps,
+            timed_steps=self.timed_steps,
+            prune=not self.no_prune,
+            warm_workers=not self.cold_probes,
+            memory_margin=self.memory_margin,
+            host_ram_bytes=_size_or_auto(self.host_ram, "--host-ram"),
+            max_timed_steps=self.max_timed_steps,
+            sampler=self.sampler,
+            early_stop=not self.no_early_stop,
+            confirm=not self.no_confirm,
+        )
+
+
+def parse_global_batch(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise SettingsError(f"--global-batch {text}: give a positive integer or 'auto'")
+    return value
+
+
+def _size_or_auto(text: str, flag: str) -> int | None:
+    return None if text == "auto" else parse_size(text, flag=flag)
+
+
+def _first_problem(exc: ValueError) -> str:
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else "flags"
+    return f"--{name.replace('_', '-')}: {error['msg'].lower()}, got {error.get('input')!r}"

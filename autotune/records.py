@@ -1,0 +1,349 @@
+"""Typed trial records: the only code that reads or writes a trial's user attrs.
+
+A trial's record (:class:`TrialRecord`) is stored as one Optuna user attr per field, so that
+optuna-dashboard shows each as a column, plus :data:`SCHEMA_ATTR`, the version of this
+layout. :class:`TrialView` pairs a record with what Optuna itself knows of the trial (number,
+state, value) and answers the questions the rest of autotune asks: is this an evaluation of
+its own, was it measured in full, is it feasible.
+
+Recording an outcome (record fields, the memory constraint, Optuna's tell) happens here
+too, so a trial's state and its record never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.candidate import Candidate
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
+
+    from autotune.protocol import ProbeResult
+
+
+SCHEMA_VERSION = 2
+SCHEMA_ATTR = "autotune_schema"
+
+TrialStatus = Literal[
+    "running", "ok", "oom", "error", "timeout", "pruned", "interrupted", "duplicate"
+]
+# Statuses of a probe that ran (or a candidate judged without one).
+MEASURED_STATUSES = ("ok", "oom")
+FAILED_STATUSES = ("error", "timeout", "interrupted")
+
+
+class TrialRecord(BaseModel):
+    """What autotune knows of one trial, beyond Optuna's state and value."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    candidate: Candidate | None = Field(default=None, description="The candidate evaluated.")
+    candidate_key: str = Field(default="", description="Canonical identity of the candidate.")
+    label: str = Field(default="", description="Short label, e.g. 'z2 bf16 mb8x2 opt:cpu'.")
+    status: TrialStatus = Field(default="running", description="How the evaluation ended.")
+    error: str = Field(default="", description="Why it failed or was judged infeasible.")
+    ds_config: dict[str, Any] | None = Field(default=None, description="Config of the probe.")
+    trial_dir: str = Field(default="", description="Folder of the probe's spec, reports, log.")
+    samples_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
+    samples_per_s_min: float = Field(default=0.0, description="Slowest timed step.")
+    samples_per_s_max: float = Field(default=0.0, description="Fastest timed step.")
+    tokens_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
+    step_time_s: float = Field(default=0.0, description="Median optimizer-step time.")
+    step_times_s: list[float] = Field(default_factory=list, description="Each timed step.")
+    warmup_steps: int = Field(default=0, description="Untimed steps it took to settle.")
+    stopped_early: bool = Field(
+        default=False, description="Stopped after a few steps as clearly slower than the best."
+    )
+    peak_bytes: int = Field(default=0, description="Worst rank's peak (allocated or reserved).")
+    peak_bytes_per_rank: list[int] = Field(default_factory=list, description="Peak per rank.")
+    reserved_bytes_per_rank: list[int] = Field(
+        default_factory=list, description="Peak reserved by the CUDA caching allocator."
+    )
+    host_peak_bytes_per_rank: list[int] = Field(
+        default_factory=list, description="Resident host memory of each rank process."
+    )
+    vram_limit_bytes: int = Field(default=0, description="The limit it was judged against.")
+    feasible: bool = Field(default=False, description="Measured and within the limit.")
+    predicted_peak_bytes: int | None = Field(
+        default=None, description="The memory model's calibrated prediction per rank."
+    )
+    predicted_raw_bytes: int | None = Field(
+        default=None, description="The prediction before calibration (what calibration uses)."
+    )
+    predicted_host_bytes: int | None = Field(
+        default=None, description="Predicted host memory per rank."
+    )
+    predicted_phase: str = Field(default="", description="Phase of the predicted peak.")
+    memory_correction: float | None = Field(
+        default=None, description="Calibration factor applied to the prediction."
+    )
+    probe_wall_s: float | None = Field(default=None, description="Launch to result.")
+    probe_init_s: float = Field(default=0.0, description="Imports to end of initialize.")
+    probe_timed_s: float = Field(default=0.0, description="Time inside the timed steps.")
+    probe_cold_start: bool = Field(
+        default=False, description="Its wall time includes starting the process group."
+    )
+    versions: dict[str, str] = Field(default_factory=dict, description="Library versions.")
+    log_tail: str = Field(default="", description="Last lines of a failed probe's log.")
+    pruned_by: str = Field(default="", description="What judged it infeasible without a probe.")
+    oom_trial: int | None = Field(
+        default=None, description="The trial whose OOM ruled this micro-batch out."
+    )
+    duplicate_of: int | None = Field(
+        default=None, description="A repeated proposal: the trial that evaluated it."
+    )
+    retry_of: int | None = Field(
+        default=None, description="A second probe of a candidate an interruption stopped."
+    )
+    confirmation_of: int | None = Field(
+        default=None,
+        description="Schema 1 only: a confirmation re-probe stored as a trial (newer studies "
+        "keep re-probes in the confirmation verdict).",
+    )
+
+
+_FIELDS = tuple(TrialRecord.model_fields)
+_DEFAULTS = TrialRecord().model_dump(mode="json")
+
+
+def write(trial: optuna.Trial, record: TrialRecord) -> None:
+    """Store ``record`` on a live trial: each field that differs from what the trial holds
+    (a field at its default is not stored, unless the trial holds another value)."""
+    stored = trial.user_attrs
+    if stored.get(SCHEMA_ATTR) != SCHEMA_VERSION:
+        trial.set_user_attr(SCHEMA_ATTR, SCHEMA_VERSION)
+    for key, value in record.model_dump(mode="json").items():
+        if stored.get(key, _DEFAULTS[key]) != value:
+            trial.set_user_attr(key, value)
+
+
+def read(attrs: dict[str, Any]) -> TrialRecord:
+    """The record in a trial's user attrs (keys it does not know are ignored)."""
+    return TrialRecord.model_validate({k: v for k, v in attrs.items() if k in _FIELDS})
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """A trial as autotune sees it: Optuna's number, state and value with the record."""
+
+    number: int
+    state: str  # Optuna's TrialState name: COMPLETE, PRUNED, FAIL, RUNNING, WAITING
+    value: float | None
+    record: TrialRecord
+    frozen: FrozenTrial
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> TrialView:
+        return cls(trial.number, trial.state.name, trial.value, read(trial.user_attrs), trial)
+
+    @property
+    def status(self) -> str:
+        """The record's status; a trial Optuna failed while it was running (its driver
+        died) reads as interrupted."""
+        if self.record.status == "running" and self.state == "FAIL":
+            return "interrupted"
+        return self.record.status
+
+    @property
+    def candidate(self) -> Candidate:
+        assert self.record.candidate is not None, f"trial {self.number} has no candidate"
+        return self.record.candidate
+
+    @property
+    def is_evaluation(self) -> bool:
+        """An evaluation of its own candidate (not a repeated proposal, not a re-probe, not
+        a retry still waiting to be asked)."""
+        record = self.record
+        return (
+            record.candidate is not None
+            and self.state != "WAITING"
+            and record.duplicate_of is None
+            and record.confirmation_of is None
+        )
+
+    @property
+    def probed(self) -> bool:
+        """A probe ran (or is running) for it."""
+        return self.is_evaluation and (self.record.probe_wall_s is not None or self.running)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+    @property
+    def measured_in_full(self) -> bool:
+        return self.status == "ok" and not self.record.stopped_early
+
+    @property
+    def feasible(self) -> bool:
+        """Measured in full and within the limit: a config that may be exported."""
+        return (
+            self.is_evaluation
+            and self.state == "COMPLETE"
+            and self.measured_in_full
+            and self.record.feasible
+            and self.value is not None
+        )
+
+    @property
+    def label(self) -> str:
+        return self.record.label
+
+
+def view_of(trial: optuna.Trial) -> TrialView:
+    """The view of one live (or just told) trial, read back from the storage."""
+    return TrialView.of(trial.storage.get_trial(trial_id(trial)))
+
+
+def views(study: optuna.Study) -> list[TrialView]:
+    """Every trial of ``study``, in number order."""
+    return [TrialView.of(t) for t in study.get_trials(deepcopy=False)]
+
+
+def evaluations(trials: list[TrialView]) -> list[TrialView]:
+    return [t for t in trials if t.is_evaluation]
+
+
+def ranked_feasible(trials: list[TrialView]) -> list[TrialView]:
+    """Feasible trials measured in full, fastest first."""
+    feasible = [t for t in trials if t.feasible]
+    return sorted(feasible, key=lambda t: t.value or 0.0, reverse=True)
+
+
+# -- recording outcomes: record fields, the memory constraint and Optuna's state together --
+CONSTRAINT = "peak_over_limit_bytes"
+
+
+def trial_id(trial: optuna.Trial) -> int:
+    """The storage's id of a live trial, through the storage's public lookups."""
+    storage = trial.storage
+    return storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(trial.study.study_name), trial.number
+    )
+
+
+def set_constraint(trial: optuna.Trial, value: float) -> None:
+    """Optuna 5's per-key constraint, plus the legacy list that optuna-dashboard 0.21 reads
+    to grey out infeasible trials (its serializer knows only the "constraints" list)."""
+    trial.set_constraint(CONSTRAINT, value)
+    trial.storage.set_trial_system_attr(trial_id(trial), "constraints", [value])
+
+
+def record_probe(
+    study: optuna.Study, trial: optuna.Trial, record: TrialRecord, result: ProbeResult
+) -> TrialRecord:
+    """Write a probe's outcome over ``record`` (what was known before the probe) and tell
+    Optuna: ok -> COMPLETE with samples/s (an early-stopped probe too: a true if short
+    measurement, never exported); oom -> PRUNED and infeasible (no invented value);
+    error/timeout -> FAIL. The constraint is peak - limit, positive for an OOM."""
+    from optuna.trial import TrialState
+
+    over_bytes = result.peak_bytes - record.vram_limit_bytes
+    if result.status == "oom":
+        over_bytes = max(over_bytes, 1)
+    final = record.model_copy(
+        update={
+            "status": result.status,
+            "error": result.error,
+            "samples_per_s": result.samples_per_s,
+            "samples_per_s_min": result.samples_per_s_min,
+            "samples_per_s_max": result.samples_per_s_max,
+            "tokens_per_s": result.tokens_per_s,
+            "step_time_s": result.step_time_s,
+            "step_times_s": result.step_times_s,
+            "warmup_steps": result.warmup_steps,
+            "stopped_early": result.stopped_early,
+            "peak_bytes": result.peak_bytes,
+            "peak_bytes_per_rank": result.peak_bytes_per_rank,
+            "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
+            "host_peak_bytes_per_rank": result.host_peak_bytes_per_rank,
+            "feasible": result.status == "ok" and over_bytes <= 0,
+            "probe_wall_s": result.wall_s,
+            "probe_init_s": result.init_s,
+            "probe_timed_s": result.timed_s,
+            "probe_cold_start": result.cold_start,
+            "versions": result.versions,
+            "log_tail": ""
+            if result.status == "ok"
+            else "\n".join(result.log_tail.strip().splitlines()[-20:]),
+            "pruned_by": "early stop: clearly slower than the best so far"
+            if result.stopped_early
+            else "",
+        }
+    )
+    write(trial, final)
+    if result.status in MEASURED_STATUSES:
+        set_constraint(trial, float(over_bytes))
+    if result.status == "ok":
+        study.tell(trial, result.samples_per_s)
+    elif result.status == "oom":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+    return final
+
+
+def record_pruned(
+    study: optuna.Study, trial: optuna.Trial, record: TrialRecord, over_bytes: float
+) -> None:
+    """A candidate judged infeasible without a probe (``record`` says by what and why):
+    PRUNED and infeasible, never failed."""
+    from optuna.trial import TrialState
+
+    write(trial, record.model_copy(update={"status": "pruned", "feasible": False}))
+    set_constraint(trial, max(float(over_bytes), 1.0))
+    study.tell(trial, state=TrialState.PRUNED)
+
+
+def record_duplicate(study: optuna.Study, trial: optuna.Trial, original: TrialView) -> None:
+    """The sampler proposed a candidate the study already evaluated: the original's record,
+    state, value and constraint are copied (Optuna's FAQ recipe); nothing is probed."""
+    from optuna.trial import TrialState
+
+    write(trial, original.record.model_copy(update={"duplicate_of": original.number}))
+    constraint = original.frozen.constraints.get(CONSTRAINT)
+    if constraint is not None:
+        set_constraint(trial, constraint)
+    if original.state == "COMPLETE":
+        study.tell(trial, original.value)
+    else:
+        study.tell(trial, state=TrialState[original.state])
+
+
+def record_running_duplicate(
+    study: optuna.Study, trial: optuna.Trial, candidate: Candidate, original: int
+) -> None:
+    """Proposed while the same candidate is still being probed: nothing to copy yet, so the
+    trial is closed as FAIL (samplers skip FAIL trials) and marked as a duplicate."""
+    from optuna.trial import TrialState
+
+    record = TrialRecord(
+        candidate=candidate,
+        candidate_key=candidate.key,
+        label=candidate.label,
+        status="duplicate",
+        duplicate_of=original,
+    )
+    write(trial, record)
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def record_interrupted(study: optuna.Study, trial: optuna.Trial, record: TrialRecord) -> None:
+    """A probe the run stopped (Ctrl-C, a lost lock): FAIL, probed again on continue."""
+    from optuna.trial import TrialState
+
+    write(
+        trial,
+        record.model_copy(
+            update={
+                "status": "interrupted",
+                "error": "interrupted: the run was stopped during the probe",
+            }
+        ),
+    )
+    study.tell(trial, state=TrialState.FAIL)

@@ -1,0 +1,147 @@
+"""Plain-line rendering of a run's events (pipes, CI, ``--quiet`` terminals): one line per
+event worth a line. Part of the command line; the library emits, this renders."""
+
+from __future__ import annotations
+
+from functools import singledispatch
+
+from autotune import events
+from autotune.settings import format_bytes, format_duration
+
+
+@singledispatch
+def line(event: events.Event) -> str | None:
+    """The line for ``event``, or None for events without one."""
+    return None
+
+
+@line.register
+def _(event: events.SetupProgress) -> str:
+    return event.message
+
+
+@line.register
+def _(event: events.DriverTakenOver) -> str:
+    return f"taking over the study from a stopped driver: {event.holder}"
+
+
+@line.register
+def _(event: events.Warning) -> str:
+    return f"warning: {event.message}"
+
+
+@line.register
+def _(event: events.CostModelCalibrated) -> str:
+    rates = ", ".join(f"{p} {rate / 1e9:.0f}" for p, rate in event.flops_per_s.items())
+    return (
+        f"cost model: this CPU's matmul GFLOP/s at {event.threads_per_rank} thread(s) per "
+        f"rank: {rates}"
+    )
+
+
+@line.register
+def _(event: events.TrialsRecovered) -> str:
+    numbers = ", ".join(str(n) for n in event.interrupted)
+    return (
+        f"trial(s) {numbers} were left running by a stopped driver: recorded as interrupted; "
+        "each candidate is probed again, once"
+    )
+
+
+@line.register
+def _(event: events.RunStarted) -> str:
+    return (
+        f"study {event.study_name!r}: {event.evaluated_before} candidate(s) evaluated before, "
+        f"{event.valid_candidates} valid in the space; budget "
+        f"{format_duration(event.budget_total_s)}, {format_duration(event.spent_before_s)} "
+        f"spent before, {format_duration(event.left_s)} left; probe timeout "
+        f"{format_duration(event.probe_timeout_s)}"
+    )
+
+
+@line.register
+def _(event: events.CandidatesScreened) -> str:
+    return (
+        f"memory model: {event.screened} of {event.unevaluated} unevaluated candidate(s) "
+        f"predicted over the {format_bytes(event.vram_limit_bytes)} limit per rank (or the "
+        "host's memory); the sampler skips them (autotune plan --all shows each prediction)"
+    )
+
+
+def _who(trial: int | None) -> str:
+    return "confirmation" if trial is None else f"trial {trial}"
+
+
+@line.register
+def _(event: events.ProbeStarted) -> str:
+    return f"{_who(event.trial)}: probing {event.label}"
+
+
+@line.register
+def _(event: events.ProbeFinished) -> str:
+    result = event.result
+    peak = f"peak {format_bytes(result.peak_bytes)} of {format_bytes(event.vram_limit_bytes)}"
+    if result.status == "ok" and result.stopped_early:
+        outcome = (
+            f"stopped early after {len(result.step_times_s)} step(s): "
+            f"{result.samples_per_s:.1f} samples/s, clearly below the best so far"
+        )
+    elif result.status == "ok":
+        outcome = (
+            f"{result.samples_per_s:.1f} samples/s (±{100 * result.spread / 2:.0f}%), "
+            f"{result.tokens_per_s:.0f} tokens/s, {peak}"
+        )
+    elif result.status == "oom":
+        outcome = f"out of memory, infeasible ({result.error})"
+    else:
+        outcome = f"{result.status}: {result.error} (log: {event.log_path})"
+    return f"{_who(event.trial)}: {event.label} -> {outcome} [{result.wall_s:.0f} s]"
+
+
+@line.register
+def _(event: events.CandidatePruned) -> str:
+    return f"trial {event.trial}: {event.label} -> infeasible, not probed: {event.reason}"
+
+
+@line.register
+def _(event: events.InterruptRequested) -> str:
+    return (
+        "interrupt: stopping; running probes are stopped and recorded as interrupted, the "
+        "best so far is exported (Ctrl-C again to exit at once)"
+    )
+
+
+@line.register
+def _(event: events.SearchStopped) -> str:
+    return f"search stopped: {stop_reason(event)}"
+
+
+def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
+    if event.kind == "budget":
+        used = f"{format_duration(event.spent_s)} of the study's {format_duration(event.total_s)}"
+        if event.reserve_s >= 1:
+            used = (
+                f"search {used}, the last {format_duration(event.reserve_s)} kept for the "
+                "confirmation round"
+            )
+        text = f"budget spent ({used})"
+        if continue_command:
+            more = format_duration(event.spent_s + event.reserve_s + 600)
+            text += f"; to go on, give a larger total: {continue_command} --budget {more}"
+        return text
+    return {
+        "max_trials": f"--max-trials {event.detail} reached",
+        "exhausted": "every valid candidate has been evaluated",
+        "interrupted": "interrupted",
+        "lock_lost": f"another driver took the study over ({event.detail})",
+    }.get(event.kind, event.kind)
+
+
+@line.register
+def _(event: events.ConfirmationStarted) -> str:
+    return f"confirming {len(event.labels)} contender(s), interleaved: " + ", ".join(event.labels)
+
+
+@line.register
+def _(event: events.ConfirmationDone) -> str:
+    return f"confirmation ({event.rounds} round(s), {event.seconds:.0f} s): {event.description}"

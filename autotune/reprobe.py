@@ -1,0 +1,86 @@
+"""The confirmation round on real probes: :func:`autotune.confirm.run_rounds` driven by
+the executor's slots.
+
+Re-probes are not trials of the study: a contender's search trial keeps its one
+measurement, and every re-probe's samples/s joins the verdict (study user attr
+``autotune_confirmation``), which is what decides the best. So optuna-dashboard never shows
+a re-probe's lucky value as a trial of its own. Each re-probe keeps its folder,
+``trials/<study>/confirm-<trial>-<n>/``, with spec, config, reports and log.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from autotune import confirm, events, records
+from autotune.budget import probe_estimate_s
+from autotune.records import TrialRecord, ranked_feasible
+
+if TYPE_CHECKING:
+    from autotune.search import Search
+
+
+def run_confirmation(search: Search) -> confirm.Confirmation | None:
+    """Probe the contenders again, interleaved, decide and store the verdict; None when
+    there is nothing to confirm (fewer than two feasible configurations)."""
+    trials = records.views(search.study)
+    chosen = confirm.contenders(ranked_feasible(trials))
+    if len(chosen) < 2:
+        return None
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=t.number, label=t.label, samples_per_s=[float(t.value or 0)])
+            for t in chosen
+        ]
+    )
+    by_number = {t.number: t for t in chosen}
+    by_trial = {c.trial: c for c in verdict.contenders}
+    probe_s = probe_estimate_s(trials, full_only=True) or probe_estimate_s(trials)
+    started = time.monotonic()
+    search.emit(events.ConfirmationStarted([t.label for t in chosen]))
+
+    def one_round(numbers: list[int]) -> bool:
+        """Each of ``numbers`` once more, in order; False without time for the whole round
+        or when the run is stopping (a partial round is not counted)."""
+        if search.session.stopping or search.clock.left_s < len(numbers) * max(probe_s, 1.0):
+            return False
+        for number in numbers:
+            original = by_number[number]
+            contender = by_trial[number]
+            candidate = original.candidate
+            record = TrialRecord(
+                candidate=candidate,
+                candidate_key=candidate.key,
+                label=candidate.label,
+                vram_limit_bytes=search.plan.config.vram_limit_bytes,
+            )
+            job = search.dispatcher.submit(
+                candidate,
+                record,
+                trial=None,
+                folder=f"confirm-{number:04d}-{len(contender.samples_per_s)}",
+            )
+            search.emit(events.ProbeStarted(None, candidate.label, step=f"re-probe of {number}"))
+            result = search.wait_for(job)
+            if result is None:
+                return False
+            search.emit(
+                events.ProbeFinished(
+                    None,
+                    candidate.label,
+                    result,
+                    search.plan.config.vram_limit_bytes,
+                    f"{job.record.trial_dir}/probe.log",
+                )
+            )
+            if result.status == "ok":
+                contender.samples_per_s.append(result.samples_per_s)
+        return True
+
+    confirm.run_rounds(verdict, one_round)
+    verdict.seconds = round(time.monotonic() - started, 1)
+    verdict.after_trial = max(t.number for t in records.views(search.study))
+    confirm.store(search.study, verdict)
+    search.emit(events.ConfirmationDone(verdict.describe(), verdict.rounds, verdict.seconds))
+    return verdict
