@@ -31,7 +31,10 @@ BAD_INPUTS = [
     (["run", "--workload", "gpt-tiny", "--colour", "red"], "No such option: --colour"),
     (["run", "--workload", "no_such_file.py:make"], "file no_such_file.py does not exist"),
     (["run", "--workload", "broken.py:make"], "importing broken.py failed with ZeroDivisionError"),
-    (["run", "--workload", "gpt-tiny", "--executor", "slurm"], "--executor slurm: choose"),
+    (
+        ["run", "--workload", "gpt-tiny", "--executor", "slurm"],
+        "--executor: input should be 'ray' or 'local', got 'slurm'",
+    ),
     (["run"], "--workload is required"),
     (["status", "--storage", "sqlite:///nowhere/x.db", "--study", "s"], "no such study"),
     (

@@ -5,23 +5,40 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import confirm
-from autotune.export import best_trial
+from autotune import best, budget, confirm, records
+
+
+def _best_label(study: optuna.Study) -> str:
+    decided = best.of_study(study)
+    assert decided is not None
+    return decided.label
 
 
 def _study_with(values: dict[str, list[float]], **attrs: object) -> optuna.Study:
     """One COMPLETE, feasible trial per label, with its timed steps (and ``attrs``)."""
+    from autotune.candidate import Candidate
+
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize")
-    for label, step_times in values.items():
+    for index, (label, step_times) in enumerate(values.items()):
         trial = study.ask()
         rate = 16 / (sum(step_times) / len(step_times))
+        candidate = Candidate(
+            precision="fp32",
+            zero_stage=0,
+            micro_batch_size=index + 1,
+            gradient_accumulation_steps=1,
+            data_parallel_size=1,
+        )
         for key, value in {
+            "candidate": candidate.model_dump(mode="json"),
             "label": label,
             "feasible": True,
             "samples_per_s": rate,
             "step_times_s": step_times,
             "candidate_key": label,
+            "status": "ok",
+            "probe_wall_s": 1.0,
             **attrs,
         }.items():
             trial.set_user_attr(key, value)
@@ -39,9 +56,8 @@ def test_contenders_are_the_top_three_and_any_within_noise() -> None:
             "e": [0.60, 0.61, 0.59],  # clearly slower
         }
     )
-    from autotune.export import feasible_trials
-
-    chosen = [t.user_attrs["label"] for t in confirm.contenders(feasible_trials(study))]
+    ranked = records.ranked_feasible(records.views(study))
+    chosen = [t.label for t in confirm.contenders(ranked)]
     assert chosen == ["a", "b", "c", "d"]
 
 
@@ -133,7 +149,7 @@ def test_tie_rounds_go_on_while_the_budget_has_room() -> None:
 
 def test_export_takes_the_confirmed_winner() -> None:
     study = _study_with({"a": [0.20, 0.20], "b": [0.21, 0.21]})
-    assert best_trial(study).user_attrs["label"] == "a"  # by the search's single probes
+    assert _best_label(study) == "a"  # by the search's single probes
     verdict = confirm.Confirmation(
         contenders=[
             confirm.Contender(trial=0, label="a", samples_per_s=[80.0, 70.0, 70.0]),
@@ -143,12 +159,12 @@ def test_export_takes_the_confirmed_winner() -> None:
     )
     verdict.decide()
     verdict.after_trial = 1
-    study.set_user_attr(confirm.CONFIRMATION_ATTR, verdict.model_dump(mode="json"))
-    assert best_trial(study).user_attrs["label"] == "b"
+    confirm.store(study, verdict)
+    assert _best_label(study) == "b"
     # a later trial that beats the confirmed mean outright wins
     faster = _study_with({"c": [0.1, 0.1]}).trials[0]
     study.add_trial(faster)
-    assert best_trial(study).user_attrs["label"] == "c"
+    assert _best_label(study) == "c"
 
 
 def _tuner(tmp_path, space_yaml: str | None = None, executor=None, **settings: object):
@@ -170,7 +186,11 @@ def _tuner(tmp_path, space_yaml: str | None = None, executor=None, **settings: o
         **settings,
     )
     factory = (lambda plan: executor) if executor is not None else None
-    return Tuner(plan_run(built), log=lambda line: None, executor_factory=factory)
+    return Tuner(plan_run(built), executor_factory=factory)
+
+
+def _load(tmp_path) -> optuna.Study:
+    return optuna.load_study(study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/t.db")
 
 
 class ScriptedExecutor:
@@ -238,7 +258,7 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
         early_stop=False,
     )
     tuner.run()
-    verdict = confirm.load(tuner.open_study())
+    verdict = confirm.load(_load(tmp_path))
     assert verdict is not None and verdict.rounds == confirm.ROUNDS
     confirmation_probes = scripted.order[3:]
     if tied:
@@ -252,14 +272,27 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
     else:
         assert verdict.tie_rounds == 0 and not verdict.tie
         assert len(confirmation_probes) == 3 * confirm.ROUNDS
-    study = tuner.open_study()
+    study = _load(tmp_path)
     assert study.trials[verdict.winner].user_attrs["label"] == "z0 fp32 mb8x1"
 
 
-def test_the_tuner_reserves_by_full_length_probes_and_the_contenders_left(tmp_path) -> None:
+def _reserve(study: optuna.Study, covered: bool = True) -> float:
+    """The reserve the tuner holds for ``study`` (search.Search._update_estimates)."""
+    trials = records.views(study)
+    ranked = records.ranked_feasible(trials)
+    return budget.ReservePolicy().reserve_s(
+        feasible=len(ranked),
+        stages_covered=covered,
+        contenders=len(confirm.contenders(ranked)),
+        full_probe_s=budget.probe_estimate_s(trials, full_only=True),
+        probe_s=budget.probe_estimate_s(trials),
+        budget_s=3600,
+    )
+
+
+def test_the_reserve_is_timed_by_full_length_probes_for_the_contenders_left() -> None:
     """Confirmation probes never stop early: the reserve is timed by the probes that ran in
     full (an early-stopped probe is a fraction of one), for every contender within noise."""
-    tuner = _tuner(tmp_path)
     # four candidates within noise of each other, each probed in full in 3 s
     study = _study_with(
         {
@@ -269,30 +302,33 @@ def test_the_tuner_reserves_by_full_length_probes_and_the_contenders_left(tmp_pa
             "d": [0.22, 0.28, 0.17],
         },
         probe_wall_s=3.0,
-        status="ok",
     )
     # and five probes that stopped early after 0.5 s: they do not time a confirmation probe
-    for _ in range(5):
+    for index in range(5):
         stopped = study.ask()
-        for key, value in {"probe_wall_s": 0.5, "status": "ok", "stopped_early": True}.items():
+        attrs = {"label": f"s{index}", "candidate_key": f"s{index}", "probe_wall_s": 0.5}
+        attrs["candidate"] = study.trials[0].user_attrs["candidate"]
+        for key, value in {**attrs, "status": "ok", "stopped_early": True}.items():
             stopped.set_user_attr(key, value)
-        study.tell(stopped, state=optuna.trial.TrialState.PRUNED)
-    assert tuner._probe_estimate_s(study) == 0.5
-    reserve = tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=0.5)
-    assert reserve == (confirm.ROUNDS * 4 + 2 * confirm.TIE_ROUNDS) * 3.0
+        study.tell(stopped, 1.0)
+    assert budget.probe_estimate_s(records.views(study)) == 0.5
+    assert _reserve(study) == (confirm.ROUNDS * 4 + 2 * confirm.TIE_ROUNDS) * 3.0
     # a warm worker's first probe paid the group's start: once warm probes exist, it is left
     # out of both estimates
     cold = study.ask()
+    cold.set_user_attr("candidate", study.trials[0].user_attrs["candidate"])
     for key, value in {"probe_wall_s": 30.0, "status": "ok", "probe_cold_start": True}.items():
         cold.set_user_attr(key, value)
     study.tell(cold, state=optuna.trial.TrialState.FAIL)
-    assert tuner._full_probe_estimate_s(study) == 3.0
+    assert budget.probe_estimate_s(records.views(study), full_only=True) == 3.0
     # with one feasible config there is nothing to confirm: no time is held back
-    lone = _study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=3.0, status="ok")
-    assert tuner._confirmation_reserve_s(lone, budget_s=3600, estimate_s=3.0) == 0.0
+    lone = _study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=3.0)
+    assert _reserve(lone) == 0.0
+    # nor before every ZeRO stage that may fit has had its probe
+    assert _reserve(study, covered=False) == 0.0
     # before any warm probe, the cold ones are all there is
     only_cold = _study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=30.0, probe_cold_start=True)
-    assert tuner._probe_estimate_s(only_cold) == 30.0
+    assert budget.probe_estimate_s(records.views(only_cold)) == 30.0
 
 
 def test_a_stages_first_probe_is_never_stopped_early(tmp_path) -> None:
@@ -321,10 +357,11 @@ def test_a_stages_first_probe_is_never_stopped_early(tmp_path) -> None:
     assert any(threshold > 0 for threshold in scripted.stop_below)  # the others may stop
 
 
-def test_no_reserve_before_every_stage_that_may_fit_was_probed(tmp_path) -> None:
+def test_stage_coverage_decides_when_the_reserve_starts(tmp_path) -> None:
     """On a short budget the reserve would end the search after two configs; it waits for
     autotune's least search, one probe of every ZeRO stage that may fit."""
     from autotune.candidate import Candidate
+    from autotune.sampler import History
 
     tuner = _tuner(
         tmp_path,
@@ -332,7 +369,8 @@ def test_no_reserve_before_every_stage_that_may_fit_was_probed(tmp_path) -> None
         "offload_param: [none]\nmicro_batch_size: [4, 8]\nactivation_checkpointing: [false]\n",
         global_batch=16,
     )
-    tuner._make_sampler()
+    tuner.make_sampler()
+    assert tuner.policy is not None
 
     def candidate(stage: int, micro_batch: int) -> dict[str, object]:
         return Candidate(
@@ -348,8 +386,55 @@ def test_no_reserve_before_every_stage_that_may_fit_was_probed(tmp_path) -> None
     study.add_trial(
         _study_with({"b": [0.3, 0.3, 0.3]}, probe_wall_s=3.0, candidate=candidate(1, 4)).trials[0]
     )
-    assert tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=3.0) == 0.0
+    assert not tuner.policy.covered(History.of(records.views(study)))
     study.add_trial(
         _study_with({"c": [0.4, 0.4, 0.4]}, probe_wall_s=3.0, candidate=candidate(0, 4)).trials[0]
     )
-    assert tuner._confirmation_reserve_s(study, budget_s=3600, estimate_s=3.0) > 0.0
+    assert tuner.policy.covered(History.of(records.views(study)))
+
+
+def test_one_winner_everywhere_when_the_confirmed_winner_is_not_the_raw_maximum(
+    tmp_path,
+) -> None:
+    """The search's fastest single measurement (z1, a lucky 110) loses the confirmation to
+    z0: the run's export, ``autotune export``, ``autotune status``'s ``*`` and the study's
+    ``autotune_best`` (what optuna-dashboard shows) all name z0, and no re-probe is a trial
+    of its own, so none can pose as a better trial in the dashboard."""
+    import json
+
+    from tests.conftest import run_cli
+
+    scripted = ScriptedExecutor(
+        {
+            "z0 fp32 mb8x1": [100.0, 104.0, 106.0, 105.0, 104.0, 106.0, 105.0],
+            "z1 fp32 mb8x1": [110.0, 90.0, 91.0, 89.0, 90.0, 91.0, 89.0],
+            "z2 fp32 mb8x1": [50.0, 50.5, 49.5],
+        }
+    )
+    tuner = _tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
+        "activation_checkpointing: [false]\n",
+        scripted,
+        budget_s=600,
+        early_stop=False,
+    )
+    summary = tuner.run()
+    study = _load(tmp_path)
+    raw_max = max(study.trials, key=lambda t: t.value or 0.0)
+    assert raw_max.user_attrs["label"] == "z1 fp32 mb8x1"
+    assert summary.best is not None and summary.best.confirmed
+    assert summary.best.label == "z0 fp32 mb8x1"
+    assert study.user_attrs[best.BEST_ATTR]["trial"] == summary.best.trial
+    assert len(study.trials) == 3  # the re-probes are in the verdict, not trials
+    run_config = (tmp_path / "trials" / "gpt-tiny" / "best" / "ds_config.json").read_text()
+    storage = f"sqlite:///{tmp_path}/t.db"
+    exported = run_cli("export", "-o", "out", "--storage", storage, cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert f"trial {summary.best.trial} (z0 fp32 mb8x1) exported" in exported.stdout
+    assert json.loads((tmp_path / "out" / "ds_config.json").read_text()) == json.loads(run_config)
+    status = run_cli("status", "--storage", storage, cwd=tmp_path, env={"COLUMNS": "250"})
+    rows = [line.split("│") for line in status.stdout.splitlines() if line.count("│") > 2]
+    starred = [row for row in rows if "*" in row[1]]
+    assert len(starred) == 1 and "z0 fp32 mb8x1" in starred[0][3], status.stdout

@@ -45,7 +45,7 @@ def _trial(
     }
     if status == "ok":
         return create_trial(value=rate, user_attrs=user_attrs)
-    state = TrialState.PRUNED if status == "oom" or attrs.get("pruned_by") else TrialState.FAIL
+    state = TrialState.PRUNED if status in ("oom", "pruned") else TrialState.FAIL
     return create_trial(state=state, user_attrs=user_attrs)
 
 
@@ -84,7 +84,8 @@ def study() -> optuna.Study:
         _trial(_candidate(2, 4), "ok", 50.0, feasible=False),  # measured above the limit
         _trial(_candidate(1, 4), "error"),
         _trial(_candidate(1, 8), "timeout"),
-        _trial(_candidate(0, 8), "oom", pruned_by="memory-model"),
+        _trial(_candidate(0, 8), "pruned", pruned_by="memory-model"),
+        _trial(_candidate(3, 8), "ok", 45.0, stopped_early=True),  # partial: never exported
     ]
     for trial in trials:
         study.add_trial(trial)
@@ -110,27 +111,68 @@ def test_best_feasible_is_exported_with_the_base_config(study, tmp_path: Path) -
 def test_summary_explains_the_choice(study, tmp_path: Path) -> None:
     summary = (export(study, tmp_path), (tmp_path / "summary.md").read_text())[1]
     assert "# autotune: z3 bf16 mb4x2 opt:cpu ckpt" in summary
-    assert "42.0 samples/s (steps ranged 39.9-44.1), 2688 tokens/s" in summary
+    assert "Fastest of 3 feasible configurations measured: 42.0 samples/s" in summary
+    assert "(steps ranged 39.9-44.1)" in summary and "2688 tokens/s" in summary
     assert "1.00 GiB, 1.00 GiB of 8.00 GiB allowed" in summary
     assert "Host memory (resident, per rank process): 3.00 GiB, 3.00 GiB" in summary
     runners = summary.split("## Runners-up")[1].split("## Search")[0]
-    assert "| 2 | z1 bf16 mb2x4 | 40.0 | 95% |" in runners and "| 0 |" in runners
-    assert "8 candidates evaluated: 3 feasible, 3 infeasible, 2 failed" in summary
-    assert "infeasible, ran out of memory in the probe: 1" in summary
-    assert "infeasible, measured peak above the limit: 1" in summary
-    assert "predicted over the limit (memory-model), not probed: 1" in summary
+    assert "| 2 | z1 bf16 mb2x4 | 40.0 | one probe | 95% |" in runners and "| 0 |" in runners
+    # the chosen trial is never its own runner-up; a partial measurement is never ranked
+    assert "| 1 |" not in runners and "| 8 |" not in runners
+    assert "9 candidates evaluated:" in summary
+    assert "feasible, measured in full: 3" in summary
+    assert "feasible, stopped early as clearly slower than the best so far: 1" in summary
+    assert "infeasible: ran out of memory in the probe: 1" in summary
+    assert "infeasible: measured peak above the limit: 1" in summary
+    assert "infeasible, not probed: memory-model: 1" in summary
+    assert "failed: error: 1" in summary and "failed: timeout: 1" in summary
     assert "gradient_checkpointing_enable" in summary
     assert "leave that much free" in summary
 
 
 def test_choose_a_trial(study) -> None:
-    assert choose_trial(study, 2).number == 2
+    assert choose_trial(study, 2)[0].number == 2
     with pytest.raises(ExportError, match=r"--trial 3 cannot be exported: its status is 'oom'"):
         choose_trial(study, 3)
     with pytest.raises(ExportError, match="--trial 4 cannot be exported: its peak memory exceeded"):
         choose_trial(study, 4)
-    with pytest.raises(ExportError, match=r"--trial 99: study 'unit' has trials 0-7"):
+    with pytest.raises(ExportError, match="--trial 8 cannot be exported: its probe was stopped"):
+        choose_trial(study, 8)
+    with pytest.raises(ExportError, match=r"--trial 99: study 'unit' has trials 0-8"):
         choose_trial(study, 99)
+
+
+def test_a_chosen_trial_says_which_is_the_best(study, tmp_path: Path) -> None:
+    export(study, tmp_path, trial_number=2)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Chosen with --trial 2; the best is trial 1 (z3 bf16 mb4x2 opt:cpu ckpt)" in summary
+    runners = summary.split("## Runners-up")[1].split("## Search")[0]
+    assert "| 1 | z3 bf16 mb4x2 opt:cpu ckpt |" in runners and "| 2 |" not in runners
+
+
+def test_launch_script_quotes_what_comes_from_the_storage(tmp_path: Path) -> None:
+    """A study name is text from a (possibly shared) database: a newline in it must not end
+    the comment it is quoted in and run as a command."""
+    import subprocess
+
+    study = optuna.create_study(direction="maximize", study_name="x\ntouch INJECTED #")
+    config = StudyConfig(
+        workload="gpt-tiny",
+        space={},
+        accelerator="cpu",
+        gpus_per_trial=2,
+        global_batch=16,
+        vram_limit_bytes=8 * 2**30,
+    )
+    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
+    study.add_trial(_trial(_candidate(0, 4), "ok", 10.0, label="a\ntouch INJECTED2 #"))
+    export(study, tmp_path / "out", trial_number=0)
+    launch = tmp_path / "out" / "launch.sh"
+    result = subprocess.run(
+        ["bash", str(launch)], cwd=tmp_path, capture_output=True, text=True, timeout=30
+    )
+    assert "usage:" in result.stderr  # it stopped at the missing script argument
+    assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "INJECTED2").exists()
 
 
 def test_nothing_feasible() -> None:
