@@ -28,6 +28,7 @@ class SetupProgress(Event):
 class DriverTakenOver(Event):
     """This run took the study over from a driver that stopped without releasing it."""
 
+    study_name: str
     holder: str
 
 

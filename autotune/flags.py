@@ -127,11 +127,6 @@ class RunFlags(BaseModel):
     def resolve(cls, given: dict[str, Any], stored: dict[str, Any]) -> RunFlags:
         """Model defaults, then a continued study's stored flags, then the flags given."""
         given = {k: v for k, v in given.items() if v is not None and v is not False}
-        for name in PATHS:
-            if given.get(name) is not None:
-                given[name] = str(Path(given[name]).resolve())
-        if given.get("space") and Path(given["space"]).is_file():
-            given["space"] = str(Path(given["space"]).resolve())
         known = {k: v for k, v in stored.items() if k in cls.model_fields and k not in PER_RUN}
         values = {**known, **given}
         try:
@@ -140,8 +135,15 @@ class RunFlags(BaseModel):
             raise SettingsError(_first_problem(exc)) from None
 
     def stored(self) -> dict[str, Any]:
-        """What a study keeps of these flags (per-run ones left out)."""
-        return self.model_dump(exclude=set(PER_RUN))
+        """What a study keeps of these flags: per-run ones left out, paths made absolute
+        (a continue from another folder must find the same files)."""
+        flags = self.model_dump(exclude=set(PER_RUN))
+        for name in PATHS:
+            if flags[name] is not None:
+                flags[name] = str(Path(flags[name]).resolve())
+        if Path(flags["space"]).is_file():
+            flags["space"] = str(Path(flags["space"]).resolve())
+        return flags
 
     def study_name(self) -> str:
         from autotune.workloads import workload_study_name

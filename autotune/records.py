@@ -144,7 +144,9 @@ class TrialView:
     @property
     def status(self) -> str:
         """The record's status; a trial Optuna failed while it was running (its driver
-        died) reads as interrupted."""
+        died) reads as interrupted, a retry not yet asked as queued."""
+        if self.state == "WAITING":
+            return "queued"  # a retry Optuna holds for the next ask
         if self.record.status == "running" and self.state == "FAIL":
             return "interrupted"
         return self.record.status

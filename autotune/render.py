@@ -22,7 +22,7 @@ def _(event: events.SetupProgress) -> str:
 
 @line.register
 def _(event: events.DriverTakenOver) -> str:
-    return f"taking over the study from a stopped driver: {event.holder}"
+    return f"taking over study {event.study_name!r} from a stopped driver: {event.holder}"
 
 
 @line.register

@@ -151,7 +151,7 @@ class DriverSession:
         )
         self._lock.acquire()
         if self._lock.took_over:
-            self._emit(events.DriverTakenOver(self._lock.took_over))
+            self._emit(events.DriverTakenOver(self.plan.study_name, self._lock.took_over))
 
     def recover(self) -> list[int]:
         """Fail the trials a stopped driver left running and queue each once more (Optuna's

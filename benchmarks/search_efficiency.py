@@ -47,6 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autotune import confirm, records  # noqa: E402
+from autotune.budget import ReservePolicy  # noqa: E402
 from autotune.candidate import Candidate  # noqa: E402
 
 BUDGETS = (5, 10, 20)
@@ -55,6 +57,22 @@ WITHIN = 0.02
 
 
 # -- tables ----------------------------------------------------------------------------
+def relative(ref: str) -> str:
+    """A file path (or ``path.py:function``) under the repository, made relative to it, so
+    that a table does not hold the path of the machine that measured it."""
+    path = Path(ref.split(":")[0])
+    if path.is_absolute() and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT)) + ref[len(str(path)) :]
+    return ref
+
+
+def absolute(ref: str) -> str:
+    """The inverse of :func:`relative`, for a table's references."""
+    head, sep, tail = ref.partition(":")
+    path = ROOT / head
+    return f"{path}{sep}{tail}" if (sep or "/" in head) and path.exists() else ref
+
+
 def dump(storage: str, study_names: list[str], out: Path) -> None:
     """Write the grid studies' table; with several studies of the same grid (repeated
     measurements), each candidate's throughput is the median of its runs and its peak the
@@ -70,13 +88,12 @@ def dump(storage: str, study_names: list[str], out: Path) -> None:
             raise SystemExit(f"study {study_name!r} was measured with other settings")
         config = study_config
         flags = study.user_attrs.get("autotune_flags", {})
-        for trial in study.get_trials():
-            attrs = trial.user_attrs
-            if "candidate" not in attrs or "duplicate_of" in attrs or "confirmation_of" in attrs:
-                continue
-            if attrs.get("status") in ("interrupted", "running"):
-                continue  # its retry is the measurement
-            runs.setdefault(attrs["label"], []).append(attrs)
+        for trial in records.views(study):
+            if not trial.is_evaluation or trial.status in ("interrupted", "running"):
+                continue  # a repeat, or interrupted: its retry is the measurement
+            runs.setdefault(trial.label, []).append(
+                {**trial.record.model_dump(mode="json"), "status": trial.status}
+            )
     assert config is not None and flags is not None
     rows = []
     for label, measured in runs.items():
@@ -100,12 +117,12 @@ def dump(storage: str, study_names: list[str], out: Path) -> None:
         )
     table = {
         "study": study_names[0] if len(study_names) == 1 else study_names,
-        "workload": config["workload"],
+        "workload": relative(config["workload"]),
         "ranks": config["gpus_per_trial"],
         "global_batch": config["global_batch"],
         "accelerator": config["accelerator"],
         "threads_per_rank": config["threads_per_rank"],
-        "space": flags.get("space"),
+        "space": relative(flags.get("space") or "default"),
         "rows": rows,
     }
     if config["accelerator"] == "cpu":
@@ -202,20 +219,31 @@ class Search:
 
 # -- strategies --------------------------------------------------------------------------
 def run_autotune(
-    table: Table, search: Search, max_probes: int, models: Models, reserve_probes: int = 0
+    table: Table, search: Search, max_probes: int, models: Models, *, confirming: bool = False
 ) -> None:
-    """autotune's search for ``max_probes``, less ``reserve_probes`` held back for the
-    confirmation once the tuner would hold them: two feasible configs and every ZeRO stage
-    that may fit probed (autotune/tuner.py, ``_confirmation_reserve_s``)."""
+    """autotune's search for ``max_probes``; ``confirming``: less the confirmation round's
+    reserve, held back by the tuner's own :class:`~autotune.budget.ReservePolicy` (counted
+    in probes: every probe takes one unit of the budget)."""
     from autotune.sampler import CandidatePolicy, History
 
     policy = CandidatePolicy(
         table.candidates, cost=models.cost(), may_fit=search.may_fit, mode="model"
     )
+    reserve = ReservePolicy(enabled=confirming)
     history = History()
     while True:
-        holding = len(search.measured) >= 2 and policy.covered(history)
-        if search.probes >= max_probes - (reserve_probes if holding else 0):
+        estimates = sorted(
+            ((v, 1.96 * table.noise * v) for v in search.measured.values()), reverse=True
+        )
+        held = reserve.reserve_s(
+            feasible=len(search.measured),
+            stages_covered=policy.covered(history),
+            contenders=len(confirm.pick_contenders(estimates)),
+            full_probe_s=1.0,
+            probe_s=1.0,
+            budget_s=float(max_probes),
+        )
+        if search.probes >= max_probes - math.floor(held):
             break
         pick = policy.choose(history)
         if pick is None:
@@ -324,26 +352,20 @@ def run_deepspeed_fast(table: Table, search: Search, max_probes: int, precision:
 
 
 def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> float:
-    """What a run with ``budget`` probes exports: autotune's search, then the confirmation
-    round, both inside the budget as the tuner plans them (autotune/tuner.py): the round's
-    reserve (:func:`autotune.confirm.reserve_s` for :data:`~autotune.confirm.TOP`
-    contenders, counted in probes) is held back from the search once the tuner would hold
-    it (two feasible configs, every stage probed); contenders are the top
-    :data:`~autotune.confirm.TOP` plus any within the best's noise band; then
-    :func:`autotune.confirm.run_rounds`, the tuner's own driver.
-    Returns the table's (true) throughput of the exported candidate."""
-    from autotune import confirm
-
-    reserve = math.floor(confirm.reserve_s(1.0, confirm.TOP, float(budget)))
+    """What a run with ``budget`` probes exports: autotune's search with the tuner's reserve
+    held back (:func:`run_autotune` with ``confirming``), then the confirmation round with
+    the probes left: contenders by :func:`autotune.confirm.pick_contenders` (a probe's 95%
+    interval is ±1.96 x the table's noise), rounds by :func:`autotune.confirm.run_rounds`,
+    the tuner's own driver. Returns the table's (true) throughput of the exported
+    candidate."""
     search = Search(table, models.may_fit, seed)
-    run_autotune(table, search, budget, models, reserve_probes=reserve)
+    run_autotune(table, search, budget, models, confirming=True)
     left = budget - search.probes
     ranked = sorted(search.measured, key=search.measured.get, reverse=True)
     if not ranked:
         return 0.0
-    band = search.measured[ranked[0]] * (1 - 2 * 1.96 * table.noise)  # the two 95% intervals touch
-    keys = [k for i, k in enumerate(ranked) if i < confirm.TOP or search.measured[k] >= band]
-    keys = keys[: confirm.MAX_CONTENDERS]
+    estimates = [(search.measured[k], 1.96 * table.noise * search.measured[k]) for k in ranked]
+    keys = [ranked[i] for i in confirm.pick_contenders(estimates)]
     verdict = confirm.Confirmation(
         contenders=[
             confirm.Contender(trial=i, label=k, samples_per_s=[search.measured[k]])
@@ -379,7 +401,7 @@ class Models:
         from autotune.workloads import get_workload
 
         self.table = table
-        self.workload = get_workload(table.meta["workload"])
+        self.workload = get_workload(absolute(table.meta["workload"]))
         self.memory = MemoryModel(self.workload)
         self.threshold = table.limit_bytes * (1 - margin)
         self._fits: dict[str, bool] = {}
@@ -412,7 +434,7 @@ def table_space(table: Table):
     from autotune.hardware import detect
     from autotune.space import load_space
 
-    spec = load_space(table.meta["space"])
+    spec = load_space(absolute(table.meta["space"]))
     hardware = detect()
     return spec.bind(
         hardware,

@@ -6,7 +6,13 @@ import itertools
 
 import pytest
 
-from autotune.candidate import DEFAULT_BASE_CONFIG, ZERO_KNOB_STAGES, Candidate, ZeroKnobs
+from autotune.candidate import (
+    DEFAULT_BASE_CONFIG,
+    DEFAULT_PARAM_BUFFER_SIZE,
+    ZERO_KNOB_STAGES,
+    Candidate,
+    ZeroKnobs,
+)
 from autotune.errors import ExportError
 from autotune.export import validate_ds_config
 from autotune.space import combination_problem
@@ -34,7 +40,48 @@ def _candidates() -> list[Candidate]:
                     activation_checkpointing=ckpt,
                 )
             )
+    # every fine ZeRO knob set, at every stage (each stage keeps only those it reads), and a
+    # partial optimizer offload
+    knobs = ZeroKnobs(
+        overlap_comm=True,
+        contiguous_gradients=False,
+        reduce_bucket_size=50_000_000,
+        allgather_bucket_size=50_000_000,
+        stage3_prefetch_bucket_size=20_000_000,
+        stage3_param_persistence_threshold=10_000,
+        stage3_max_live_parameters=100_000_000,
+        sub_group_size=100_000_000,
+    )
+    for stage in (0, 1, 2, 3):
+        out.append(
+            Candidate(
+                precision="bf16",
+                zero_stage=stage,
+                micro_batch_size=2,
+                gradient_accumulation_steps=4,
+                data_parallel_size=4,
+                zero_knobs=knobs,
+            )
+        )
+    out.append(
+        Candidate(
+            precision="bf16",
+            zero_stage=3,
+            offload_optimizer="cpu",
+            offload_optimizer_ratio=0.3,
+            micro_batch_size=2,
+            gradient_accumulation_steps=4,
+            data_parallel_size=4,
+        )
+    )
     return out
+
+
+def test_the_candidate_classes_cover_knobs_and_partial_offload() -> None:
+    """The loops of the next test run: some candidates set knobs, one offloads partially."""
+    candidates = _candidates()
+    assert sum(1 for c in candidates if c.zero_knobs.items()) == 4
+    assert any(c.offload_optimizer_ratio < 1 for c in candidates)
 
 
 @pytest.mark.parametrize("candidate", _candidates(), ids=lambda c: c.label.replace(" ", "-"))
@@ -80,6 +127,61 @@ def test_offload_blocks() -> None:
     assert zero["offload_param"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/nvme"}
     with pytest.raises(ValueError, match="nvme_path"):
         c.to_ds_config()
+
+
+def test_nvme_param_buffer_holds_the_largest_partition() -> None:
+    """DeepSpeed swaps each parameter partition through one buffer of offload_param.
+    buffer_size elements and asserts it fits: the buffer grows to the largest partition."""
+    c = Candidate(
+        precision="bf16",
+        zero_stage=3,
+        offload_param="nvme",
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=4,
+    )
+
+    def buffer(largest: int | None = None) -> object:
+        zero = c.to_ds_config(nvme_path="/nvme", largest_param_numel=largest)
+        return zero["zero_optimization"]["offload_param"].get("buffer_size")
+
+    assert buffer() is None  # DeepSpeed's 1e8 default
+    assert buffer(10_000) == DEFAULT_PARAM_BUFFER_SIZE  # fits already
+    # a 128256 x 8192 embedding (Llama 3 70B-like) over 4 ranks: 262,668,288 per rank
+    assert buffer(128256 * 8192) == 262_668_288
+    assert buffer(10**9 + 1) == 250_000_001  # rounded up, as DeepSpeed pads
+    base = {"zero_optimization": {"offload_param": {"buffer_size": 1000, "buffer_count": 7}}}
+    zero = c.to_ds_config(base, nvme_path="/nvme", largest_param_numel=8000)["zero_optimization"]
+    assert zero["offload_param"]["buffer_size"] == 2000  # the base's, raised to the partition
+    assert zero["offload_param"]["buffer_count"] == 7  # the base's tuning is kept
+    cpu = c.model_copy(update={"offload_param": "cpu"})
+    zero = cpu.to_ds_config(largest_param_numel=10**12)["zero_optimization"]
+    assert "buffer_size" not in zero["offload_param"]  # only NVMe swaps through buffers
+
+
+def test_base_offload_block_keeps_its_tuning_but_not_its_device() -> None:
+    base = {
+        "zero_optimization": {
+            "offload_optimizer": {"device": "cpu", "pin_memory": False, "buffer_count": 8},
+            "offload_param": {"device": "cpu", "max_in_cpu": 5},
+        }
+    }
+    c = Candidate(
+        precision="fp32",
+        zero_stage=3,
+        offload_optimizer="nvme",
+        micro_batch_size=1,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+    )
+    zero = c.to_ds_config(base, nvme_path="/nvme")["zero_optimization"]
+    assert zero["offload_optimizer"] == {
+        "device": "nvme",
+        "nvme_path": "/nvme",
+        "pin_memory": False,
+        "buffer_count": 8,
+    }
+    assert "offload_param" not in zero  # the candidate offloads no parameters
 
 
 def test_base_config_is_kept_and_tuned_keys_override() -> None:

@@ -92,11 +92,13 @@ def test_tight_limit_prunes_without_probing(tmp_path: Path) -> None:
         assert trial.state == optuna.trial.TrialState.PRUNED
         assert trial.constraints["peak_over_limit_bytes"] > 0
         assert trial.user_attrs["predicted_peak_bytes"] > 600 * 2**20 * 0.95
-        assert not Path(trial.user_attrs.get("trial_dir", tmp_path / "none")).exists()
+        # never probed: no trial folder was made for it
+        assert not (tmp_path / "trials" / "gpt-tiny" / f"trial-{trial.number:04d}").exists()
+        assert "trial_dir" not in trial.user_attrs
     for trial in probed:
         # every probe stores its prediction next to what it measured
         assert trial.user_attrs["predicted_peak_bytes"] > 0 and trial.user_attrs["peak_bytes"] > 0
     best_label = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
-    assert "predicted over the limit (memory-model), not probed" in best_label
+    assert "infeasible, not probed: memory-model" in best_label
     exported = {t.user_attrs["label"] for t in pruned}
     assert not any(f"# autotune: {label}\n" in best_label for label in exported)
