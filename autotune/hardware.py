@@ -8,7 +8,6 @@ over gloo. The memory limit then applies to the tensor bytes each rank tracks (s
 from __future__ import annotations
 
 import os
-import threading
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -136,149 +135,33 @@ def _cpu_precisions() -> tuple[str, ...]:
     return tuple(name for dtype, name in names.items() if dtype in supported)
 
 
-# A build older than this that still holds its lock was killed mid-compile (torch's
-# FileBaton then waits forever); compiling one DeepSpeed op takes about a minute here.
-STALE_BUILD_LOCK_S = 15 * 60
+# autotune.ops owns DeepSpeed's op building; its names resolve there for importers of this
+# module.
+_MOVED_TO_OPS = (
+    "async_io_problem",
+    "ensure_deepspeed_ops",
+    "partial_offload_supported",
+    "remove_stale_build_locks",
+    "torch_extensions_dir",
+)
 
 
-def torch_extensions_dir() -> str:
-    """Where torch JIT-builds DeepSpeed's ops: one folder per Python environment and
-    torch/DeepSpeed versions, so that two virtual environments never rebuild each other's
-    ops (torch keeps a single folder per op and rebuilds when the build flags differ)."""
-    import hashlib
-    import sys
-    from importlib.metadata import PackageNotFoundError, version
+def __getattr__(name: str) -> object:
+    if name in _MOVED_TO_OPS:
+        from autotune import ops
 
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        return os.environ["TORCH_EXTENSIONS_DIR"]
-    try:
-        versions = f"{version('torch')}-{version('deepspeed')}"
-    except PackageNotFoundError:
-        versions = "unknown"
-    key = hashlib.sha1(f"{sys.prefix}|{versions}".encode()).hexdigest()[:12]
-    return os.path.join(os.path.expanduser("~/.cache/autotune/torch_extensions"), key)
-
-
-# torch's JIT loader takes the same lock for a no-op up-to-date check (well under a second)
-# on every load; a process killed inside it (a probe rank SIGKILLed during initialize) leaves
-# the lock behind and every later load waits forever. Where the op is already built, a lock
-# older than this is such a leftover: the folder's key (environment and versions) means the
-# op is never rebuilt in place.
-STALE_LOCK_OF_BUILT_OP_S = 60
-
-
-def remove_stale_build_locks(root: str) -> None:
-    """Delete build locks left by killed processes (see the two thresholds above)."""
-    import glob
-    import time
-
-    if not os.path.isdir(root):
-        return
-    for folder, _, files in os.walk(root):
-        if "lock" in files:
-            lock = os.path.join(folder, "lock")
-            built = bool(glob.glob(os.path.join(folder, "*.so")))
-            limit = STALE_LOCK_OF_BUILT_OP_S if built else STALE_BUILD_LOCK_S
-            try:
-                if time.time() - os.path.getmtime(lock) > limit:
-                    os.remove(lock)
-            except OSError:
-                pass
-
-
-def sweep_stale_build_locks(root: str) -> threading.Event:
-    """Clear leftover locks every 5 s in a daemon thread until the returned event is set:
-    torch's loader waits on a lock without ever looking at it again, and a process killed
-    moments ago leaves a fresh one."""
-    done = threading.Event()
-
-    def sweep() -> None:
-        while not done.wait(5.0):
-            remove_stale_build_locks(root)
-
-    threading.Thread(target=sweep, name="autotune-lock-sweep", daemon=True).start()
-    return done
-
-
-def partial_offload_supported() -> bool:
-    """Whether this DeepSpeed knows ``offload_optimizer.ratio`` (partial offload, ZeRO-3)."""
-    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
-
-    return "ratio" in DeepSpeedZeroOffloadOptimizerConfig.model_fields
-
-
-def async_io_problem(hardware: Hardware) -> str | None:
-    """Why DeepSpeed's async I/O op (needed for NVMe offload) cannot be used, or None."""
-    os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
-    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
-    from deepspeed.accelerator import get_accelerator
-
-    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
-    if builder is None:
-        return f"DeepSpeed has no async I/O op for the {hardware.accelerator} accelerator"
-    if not builder.is_compatible(verbose=False):
-        return "DeepSpeed's async I/O op needs libaio (apt install libaio-dev)"
-    try:
-        builder.load(verbose=False)
-    except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"DeepSpeed's async I/O op does not build here ({first})"
-    return None
-
-
-def ensure_deepspeed_ops(hardware: Hardware, *, cpu_offload: bool) -> None:
-    """Build (once; cached by torch) the DeepSpeed ops the probes will JIT-load.
-
-    Without this the first probe that needs an op pays its compilation (about 40 s for CPU
-    Adam here) inside its timed run and its timeout.
-    """
-    import importlib
-
-    os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
-    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
-    remove_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
-    names = ["FusedAdamBuilder"]
-    if cpu_offload:
-        names.append("CPUAdamBuilder")
-    if hardware.accelerator == "cpu":
-        names.append("ShareMemCommBuilder")
-    try:
-        from deepspeed.accelerator import get_accelerator
-    except ImportError as exc:  # pragma: no cover - deepspeed is a dependency
-        raise HardwareError(f"cannot import DeepSpeed ({exc}); pip install deepspeed") from None
-    accelerator = get_accelerator()
-    loading = sweep_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
-    try:
-        for name in names:
-            builder = accelerator.create_op_builder(name)
-            if builder is None:
-                continue
-            try:
-                importlib.import_module("deepspeed.ops")
-                builder.load(verbose=False)
-            except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
-                raise HardwareError(
-                    f"DeepSpeed cannot build its {builder.NAME} op here ({type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); install "
-                    "a C++ compiler (and for CUDA ops, the CUDA toolkit), or remove the option "
-                    "that needs it from the space"
-                ) from None
-    finally:
-        loading.set()
+        return getattr(ops, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.hardware [--build-ops]``: print what this machine offers."""
+    """``python -m autotune.hardware``: print what this machine offers."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m autotune.hardware", description=__doc__)
-    parser.add_argument("--build-ops", action="store_true", help="Pre-build DeepSpeed's ops.")
-    args = parser.parse_args(argv)
+    parser.parse_args(argv)
     hardware = detect()
     print(hardware.describe(hardware.device_count if hardware.accelerator == "cuda" else 1))
-    if args.build_ops:
-        ensure_deepspeed_ops(hardware, cpu_offload=True)
-        print("DeepSpeed ops built")
     return 0
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.candidate import Candidate
-from autotune.hardware import torch_extensions_dir
+from autotune.ops import tools_path, torch_extensions_dir
 from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
 
 LOG_TAIL_CHARS = 4000
@@ -97,6 +97,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
     )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [job.cwd, env.get("PYTHONPATH")]))
     env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    env["PATH"] = tools_path(env.get("PATH"))  # ops build with this environment's ninja
     if job.spec.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without LOCAL_SIZE DeepSpeed's CPU backend skips its shared-memory all-reduce, which

@@ -51,7 +51,7 @@ def bind_space(
     nvme_path: str | None,
 ) -> BoundSpace:
     """Bind a space, asking DeepSpeed what it supports only where the space needs it."""
-    from autotune.hardware import async_io_problem, partial_offload_supported
+    from autotune.ops import async_io_problem, partial_offload_supported
 
     nvme_unavailable = async_io_problem(hardware) if spec.uses("nvme") and nvme_path else None
     return spec.bind(

@@ -274,11 +274,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     die_with_parent()  # torchrun killed (its driver died): this rank goes too, even if hung
-    if os.environ.get("TORCH_EXTENSIONS_DIR"):
-        from autotune.hardware import sweep_stale_build_locks
+    from autotune.ops import guard_op_loads
 
-        # a rank killed inside torch's op loader leaves its lock: never wait on that forever
-        sweep_stale_build_locks(os.environ["TORCH_EXTENSIONS_DIR"])
+    guard_op_loads()  # op loads hold a kernel lock; a killed loader's leftover lock is cleared
     parser = argparse.ArgumentParser(prog="python -m autotune.probe", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--spec", type=Path, action="append", help="ProbeSpec JSON (repeatable).")

@@ -1,8 +1,17 @@
-"""Build locks left by killed processes: torch's JIT loader waits on them forever."""
+"""Build locks: torch's ``<op>/lock`` holds no pid, so autotune's loaders hold a kernel lock
+(flock on ``<op>.autotune-lock``) meanwhile. A lock whose holder is gone is a leftover and
+is removed; one whose holder lives stays, however old.
+
+The slow tests pause a real loader inside torch's lock (a test double of torch's FileBaton
+that sleeps after taking the lock, as a long build does) and kill it there, as a probe
+timeout kills a rank inside ``deepspeed.initialize``. They work on a private copy of the
+built ops, so other runs on this machine never wait on them.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -10,77 +19,169 @@ from pathlib import Path
 
 import pytest
 
-from autotune.hardware import (
-    STALE_BUILD_LOCK_S,
-    STALE_LOCK_OF_BUILT_OP_S,
-    detect,
-    ensure_deepspeed_ops,
-    remove_stale_build_locks,
-    torch_extensions_dir,
-)
+from autotune.ops import ensure_deepspeed_ops, op_lock, remove_stale_build_locks
+from tests.conftest import copy_built_ops
+
+OLD_S = 3600  # far older than any age rule a lock sweeper ever used
+
+HOLDER = """
+import sys, time
+from autotune.ops import op_lock
+with op_lock(sys.argv[1], "fused_adam"):
+    open(sys.argv[1] + "/fused_adam/lock", "w").close()  # as torch's loader creates it
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+# A real guarded load of fused_adam that stops inside torch's lock.
+PAUSED_LOADER = """
+import time
+from autotune.ops import guard_op_loads
+guard_op_loads()
+import torch.utils.file_baton as file_baton
+take = file_baton.FileBaton.try_acquire
+def take_then_pause(self):
+    taken = take(self)
+    print("holding", taken, flush=True)
+    time.sleep(600)
+    return taken
+file_baton.FileBaton.try_acquire = take_then_pause
+from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("FusedAdamBuilder").load(verbose=False)
+"""
+
+NEXT_RUN = """
+from autotune.hardware import detect
+from autotune.ops import ensure_deepspeed_ops
+report = ensure_deepspeed_ops(detect(), offload_targets=set(), on_progress=print)
+print("notes:", report.notes, "built:", report.built, flush=True)
+"""
 
 
-def _lock(folder: Path, age_s: float, built: bool) -> Path:
-    folder.mkdir(parents=True)
-    if built:
-        (folder / "op.so").write_bytes(b"")
-    lock = folder / "lock"
-    lock.write_text("")
-    then = time.time() - age_s
-    os.utime(lock, (then, then))
-    return lock
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
 
 
-def test_a_leftover_lock_of_a_built_op_goes_a_compile_in_progress_stays(tmp_path: Path) -> None:
-    leftover = _lock(tmp_path / "built", STALE_LOCK_OF_BUILT_OP_S + 5, built=True)
-    fresh = _lock(tmp_path / "built_fresh", 1, built=True)
-    compiling = _lock(tmp_path / "compiling", STALE_LOCK_OF_BUILT_OP_S + 5, built=False)
-    dead_compile = _lock(tmp_path / "dead_compile", STALE_BUILD_LOCK_S + 5, built=False)
-    remove_stale_build_locks(str(tmp_path))
-    assert not leftover.exists() and fresh.exists()
-    assert compiling.exists() and not dead_compile.exists()
+def _start(code: str, root: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "DS_ACCELERATOR": "cpu"}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
-@pytest.mark.slow
-def test_loading_ops_gets_past_a_lock_a_killed_rank_left() -> None:
-    """The CI hang: a rank SIGKILLed inside torch's loader left ``lock`` in a built op's
-    folder moments before the next run; that run's op check must not wait forever."""
-    hardware = detect()
-    ensure_deepspeed_ops(hardware, cpu_offload=False)  # built (cached) before the lock
-    built = sorted(Path(torch_extensions_dir()).glob("*/fused_adam*.so"))
-    assert built, "fused_adam was not built"
-    lock = built[0].parent / "lock"
-    lock.write_text("")
-    then = time.time() - (STALE_LOCK_OF_BUILT_OP_S - 8)  # stale in 8 s
-    os.utime(lock, (then, then))
-    # a fresh process, as the next run is (this one has the op loaded already)
-    code = "from autotune.hardware import *; ensure_deepspeed_ops(detect(), cpu_offload=False)"
-    started = time.monotonic()
+def _until_holding(process: subprocess.Popen[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("holding"):
+            assert line.split()[1:] in ([], ["True"]), line
+            return
+    raise AssertionError(f"the holder exited with {process.wait()} before holding the lock")
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def test_a_lock_without_a_live_holder_goes_one_with_a_live_holder_stays(tmp_path: Path) -> None:
+    root = tmp_path / "ext"
+    for op in ("fused_adam", "cpu_adam"):
+        (root / op).mkdir(parents=True)
+    leftover = root / "cpu_adam" / "lock"
+    leftover.write_text("")
+    holder = _start(HOLDER, root, str(root))
     try:
-        subprocess.run([sys.executable, "-c", code], check=True, timeout=90)
+        _until_holding(holder)
+        live = root / "fused_adam" / "lock"
+        _age(live, OLD_S)
+        assert remove_stale_build_locks(str(root)) == ["cpu_adam"]
+        assert live.exists() and not leftover.exists()
+        os.kill(holder.pid, signal.SIGKILL)  # killed while holding: its lock is now a leftover
+        holder.wait()
+        assert remove_stale_build_locks(str(root)) == ["fused_adam"]
+        assert not live.exists()
     finally:
-        if lock.exists():
-            lock.unlink()  # never leave the leftover for the rest of the suite
-    waited_s = time.monotonic() - started
-    assert waited_s > 5, "the loader did not wait on the lock: the test tests nothing"
+        _kill(holder)
+
+
+def test_op_lock_clears_a_leftover_and_nests_within_one_process(tmp_path: Path) -> None:
+    root = tmp_path / "ext"
+    (root / "fused_adam").mkdir(parents=True)
+    (root / "fused_adam" / "lock").write_text("")
+    with op_lock(str(root), "fused_adam") as cleared, op_lock(str(root), "fused_adam") as inner:
+        assert cleared and not inner
+        assert not (root / "fused_adam" / "lock").exists()
+        assert remove_stale_build_locks(str(root)) == []
+
+
+@pytest.fixture
+def private_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the built ops (fused_adam and the shared-memory all-reduce) of the default
+    folder: up to date where it lies, so loading it compiles nothing."""
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    from autotune.hardware import detect
+    from autotune.ops import torch_extensions_dir
+
+    default = torch_extensions_dir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", default)
+    ensure_deepspeed_ops(detect(), offload_targets=set())
+    root = tmp_path / "ext"
+    ops = ("deepspeed_shm_comm", "fused_adam")
+    assert sorted(copy_built_ops(default, str(root), only=ops)) == list(ops)
+    return root
 
 
 @pytest.mark.slow
-def test_probe_ranks_get_past_a_lock_a_killed_rank_left(tmp_path: Path) -> None:
-    """Ranks JIT-load ops in deepspeed.initialize, without the driver's check in front
-    (launch_probes): they must not wait on a leftover lock either."""
+def test_the_next_run_waits_for_a_live_loader_however_old_and_not_for_a_killed_one(
+    private_ops: Path,
+) -> None:
+    """A loader holds fused_adam's lock; the next run waits for it even though the lock is
+    an hour old. The loader is SIGKILLed inside torch's lock: the next run goes on."""
+    loader = _start(PAUSED_LOADER, private_ops)
+    next_run = None
+    try:
+        _until_holding(loader)
+        lock = private_ops / "fused_adam" / "lock"
+        _age(lock, OLD_S)
+        next_run = _start(NEXT_RUN, private_ops)
+        time.sleep(15)  # imports and ensure up to fused_adam's lock: a few seconds
+        assert next_run.poll() is None, next_run.communicate()[0][-3000:]
+        assert lock.exists(), "a live loader's lock was removed"
+        os.kill(loader.pid, signal.SIGKILL)
+        out, _ = next_run.communicate(timeout=120)
+        assert next_run.returncode == 0, out[-3000:]
+        assert "waiting for another process" in out
+        assert "removed the build lock a killed process left in fused_adam/" in out
+        assert "built: []" in out, "a copied op was rebuilt"
+        assert not lock.exists()
+    finally:
+        _kill(loader)
+        if next_run is not None:
+            _kill(next_run)
+
+
+@pytest.mark.slow
+def test_probe_ranks_get_past_a_lock_a_killed_rank_left(
+    private_ops: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks JIT-load ops inside deepspeed.initialize, with no driver's build in front of
+    them (launch_probe): a lock left by a rank killed there must not stop them."""
     from autotune.launch import launch_probe
     from tests.test_probe import make_job
 
-    ensure_deepspeed_ops(detect(), cpu_offload=False)
-    built = sorted(Path(torch_extensions_dir()).glob("*/fused_adam*.so"))
-    lock = built[0].parent / "lock"
-    lock.write_text("")
-    then = time.time() - (STALE_LOCK_OF_BUILT_OP_S - 8)
-    os.utime(lock, (then, then))
+    loader = _start(PAUSED_LOADER, private_ops)
     try:
-        result = launch_probe(make_job(tmp_path, timeout_s=120))
+        _until_holding(loader)
     finally:
-        if lock.exists():
-            lock.unlink()
+        _kill(loader)
+    assert (private_ops / "fused_adam" / "lock").exists()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(private_ops))
+    result = launch_probe(make_job(tmp_path, timeout_s=180))
     assert result.status == "ok", result.error
+    assert not (private_ops / "fused_adam" / "lock").exists()

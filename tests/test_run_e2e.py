@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from autotune.export import validate_ds_config
-from autotune.hardware import torch_extensions_dir
+from autotune.ops import torch_extensions_dir
 from tests.conftest import ROOT, probe_processes, run_cli
 
 pytestmark = pytest.mark.slow

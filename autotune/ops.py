@@ -1,0 +1,425 @@
+"""DeepSpeed's JIT-compiled ops on this machine: building them once, with progress, before
+any probe needs them; the build tools and the locks those builds take; and the optional
+DeepSpeed features (async I/O, partial offload) a space may ask for.
+
+torch compiles an op into ``<TORCH_EXTENSIONS_DIR>/<op>/`` under a ``lock`` file that holds
+no pid, so a lock left by a killed process cannot be told from a live build by looking at
+it. Every autotune process therefore loads ops under a kernel lock (``flock``) on the
+sibling file ``<op>.autotune-lock``: the kernel drops it when its holder dies, so a
+``lock`` whose op has no live flock holder is a leftover and is removed, and one with a
+live holder never is, however old.
+
+Heavy imports (torch, deepspeed) stay inside functions: the CLI imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import HardwareError
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
+
+Progress = Callable[[str], None]
+
+# The JIT build of one op: one to three minutes on 2 busy cores (CPU Adam is the longest).
+BUILD_ESTIMATE = "one time, 1-3 min"
+LOCK_SUFFIX = ".autotune-lock"
+
+
+class OpsReport(BaseModel):
+    """What :func:`ensure_deepspeed_ops` did: which ops it compiled and which were cached."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    built: list[str] = Field(default_factory=list, description="Ops compiled by this call.")
+    cached: list[str] = Field(default_factory=list, description="Ops already built.")
+    seconds: float = Field(default=0.0, description="Wall time of the whole call.")
+    torch_adam: bool = Field(
+        default=False,
+        description="FusedAdam does not build here: configs must use torch's Adam "
+        "(see use_torch_adam).",
+    )
+    notes: list[str] = Field(default_factory=list, description="One line each, for the user.")
+
+
+def torch_extensions_dir() -> str:
+    """Where torch JIT-builds DeepSpeed's ops: ``TORCH_EXTENSIONS_DIR`` when set, else one
+    folder per Python environment, torch, DeepSpeed and ninja versions, so that two virtual
+    environments never rebuild each other's ops (torch keeps a single folder per op and
+    rebuilds when the build flags differ, and ninja discards another version's build log and
+    rebuilds everything)."""
+    import hashlib
+    from importlib.metadata import PackageNotFoundError, version
+
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    parts = [sys.prefix]
+    for package in ("torch", "deepspeed", "ninja"):
+        try:
+            parts.append(version(package))
+        except PackageNotFoundError:
+            parts.append(f"no-{package}")
+    key = hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
+    return os.path.join(os.path.expanduser("~/.cache/autotune/torch_extensions"), key)
+
+
+def tools_path(path: str | None) -> str:
+    """``path`` (a PATH value) with this interpreter's folder first: pip installs ``ninja``
+    there, and torch calls ``ninja`` from PATH, so a venv's autotune started without
+    activating the venv still builds with the venv's ninja, not another one."""
+    own = os.path.dirname(sys.executable)
+    rest = [entry for entry in (path or "").split(os.pathsep) if entry and entry != own]
+    return os.pathsep.join([own, *rest] if own else rest)
+
+
+def build_tool_problem(path: str, *, compiler: bool) -> str | None:
+    """Which build tool is missing from ``path`` (ninja always; the C++ compiler when
+    ``compiler``, i.e. something must be compiled), as one actionable line, or None."""
+    if shutil.which("ninja", path=path) is None:
+        return (
+            "DeepSpeed builds its ops with ninja, which this environment lacks: "
+            f"`{sys.executable} -m pip install ninja`"
+        )
+    cxx = os.environ.get("CXX", "c++")  # what torch's cpp_extension compiles with
+    if compiler and shutil.which(cxx, path=path) is None:
+        return (
+            f"DeepSpeed builds its ops with a C++ compiler (`{cxx}`), which this machine lacks: "
+            "install one (e.g. `apt install g++`), or set CXX to its path"
+        )
+    return None
+
+
+def build_environment(accelerator: str | None = None) -> str:
+    """Point this process's builds at the environment's tools and at autotune's op folder
+    (DeepSpeed and torch read both from the environment); returns that folder."""
+    if accelerator is not None:
+        os.environ.setdefault("DS_ACCELERATOR", accelerator)
+    os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
+    os.environ["PATH"] = tools_path(os.environ.get("PATH"))
+    return os.environ["TORCH_EXTENSIONS_DIR"]
+
+
+# One op load at a time in this process; the depth per lock file lets a load nest inside
+# another holder of the same op's lock in this process (ensure_deepspeed_ops around DeepSpeed's
+# loader) without locking against itself.
+_LOCAL = threading.RLock()
+_DEPTH: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def op_lock(root: str, op: str, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+    """Hold ``op``'s kernel lock under ``root`` while torch builds or loads it; yields
+    whether a leftover ``lock`` of a killed process was removed. Blocks while another live
+    process holds it (calling ``on_wait`` first), for as long as that build takes."""
+    path = os.path.join(root, op + LOCK_SUFFIX)
+    with _LOCAL:
+        if _DEPTH.get(path):
+            _DEPTH[path] += 1
+            try:
+                yield False
+            finally:
+                _DEPTH[path] -= 1
+            return
+        os.makedirs(root, exist_ok=True)
+        # The lock file is never deleted: a path that always names one inode keeps
+        # two processes from locking two different files.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            # Every autotune loader holds this lock while torch's lock exists, so one found
+            # now was left by a process killed inside torch's loader.
+            cleared = _remove(os.path.join(root, op, "lock"))
+            _DEPTH[path] = 1
+            try:
+                yield cleared
+            finally:
+                _DEPTH.pop(path, None)
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _remove(path: str) -> bool:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def remove_stale_build_locks(root: str) -> list[str]:
+    """Remove every op's ``lock`` under ``root`` whose op has no live flock holder (a
+    process killed inside torch's loader left it); returns the op names cleared."""
+    if not os.path.isdir(root):
+        return []
+    cleared = []
+    for op in sorted(os.listdir(root)):
+        if not os.path.exists(os.path.join(root, op, "lock")):
+            continue
+        fd = os.open(os.path.join(root, op + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # removed while holding the flock: no loader can start in between
+            if _remove(os.path.join(root, op, "lock")):
+                cleared.append(op)
+        except BlockingIOError:
+            pass  # a live process is building or loading it
+        finally:
+            os.close(fd)
+    return cleared
+
+
+def guard_op_loads() -> str:
+    """Make every JIT load of a DeepSpeed op in this process hold that op's kernel lock
+    (:func:`op_lock`), with the environment's build tools; returns the op folder.
+
+    DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
+    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``."""
+    root = build_environment()
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    original = OpBuilder.jit_load
+    if getattr(original, "_autotune_op_lock", False):
+        return root
+
+    def jit_load(self: Any, verbose: bool = True) -> Any:
+        with op_lock(torch_extensions_dir(), self.name):
+            return original(self, verbose)
+
+    jit_load._autotune_op_lock = True  # type: ignore[attr-defined]
+    OpBuilder.jit_load = jit_load  # type: ignore[method-assign]
+    return root
+
+
+def _built_at(root: str, op: str) -> float | None:
+    """Newest modification time of the op's compiled library, or None if it has none."""
+    folder = os.path.join(root, op)
+    try:
+        times = [
+            os.path.getmtime(os.path.join(folder, name))
+            for name in os.listdir(folder)
+            if name.endswith(".so")
+        ]
+    except OSError:
+        return None
+    return max(times, default=None)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _builder_names(accelerator: str, offload_targets: Iterable[str]) -> list[str]:
+    """DeepSpeed op builders the probes will load: FusedAdam for the optimizer on the
+    device, CPU Adam for optimizer offload (DeepSpeed steps NVMe-offloaded optimizers with
+    CPU Adam too), async I/O for NVMe, the shared-memory all-reduce on CPU ranks."""
+    targets = set(offload_targets)
+    names = ["FusedAdamBuilder"]
+    if targets & {"cpu", "nvme"}:
+        names.append("CPUAdamBuilder")
+    if "nvme" in targets:
+        names.append("AsyncIOBuilder")
+    if accelerator == "cpu":
+        names.append("ShareMemCommBuilder")
+    return names
+
+
+def ensure_deepspeed_ops(
+    hardware: Hardware,
+    *,
+    offload_targets: Iterable[str] | None = None,
+    on_progress: Progress | None = None,
+    cpu_offload: bool | None = None,
+    create_builder: Callable[[str], Any] | None = None,
+) -> OpsReport:
+    """Build (once; then cached) the DeepSpeed ops the probes will JIT-load, so that no
+    probe pays a compile inside its timed run and its timeout, and the caller can start its
+    budget clock after this returns.
+
+    ``offload_targets``: the devices candidates offload to (``cpu``, ``nvme``);
+    ``cpu_offload=True`` is the same as ``{"cpu"}``. ``on_progress`` gets one line before
+    each op that must be compiled, and when waiting for another process's build.
+    ``create_builder`` maps a DeepSpeed builder class name to a builder (default: the
+    accelerator's). A FusedAdam that does not build (on CUDA: nvcc missing or not matching
+    torch's CUDA) sets ``torch_adam`` instead of failing; any other op that does not build
+    raises :class:`HardwareError`, as does a missing ninja or C++ compiler.
+    """
+    started = time.monotonic()
+    targets = set(offload_targets or ())
+    if cpu_offload:
+        targets.add("cpu")
+    os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
+    root = guard_op_loads()
+    problem = build_tool_problem(os.environ["PATH"], compiler=False)
+    if problem:
+        raise HardwareError(problem)
+    if create_builder is None:
+        try:
+            import deepspeed.ops  # noqa: F401 - DeepSpeed's op modules register on import
+            from deepspeed.accelerator import get_accelerator
+        except ImportError as exc:  # pragma: no cover - deepspeed is a dependency
+            raise HardwareError(f"cannot import DeepSpeed ({exc}); pip install deepspeed") from None
+        create_builder = get_accelerator().create_op_builder
+    report = OpsReport()
+    say = on_progress or (lambda line: None)
+    for name in _builder_names(hardware.accelerator, targets):
+        builder = create_builder(name)
+        if builder is not None:
+            _ensure_op(builder, root, report, say)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _ensure_op(builder: Any, root: str, report: OpsReport, say: Progress) -> None:
+    """Load one op (compiling it when it is not cached) and record what happened."""
+    op = builder.name
+    before = _built_at(root, op)
+    if before is None:
+        problem = build_tool_problem(os.environ["PATH"], compiler=True)
+        if problem:
+            raise HardwareError(problem)
+        say(f"building DeepSpeed's {op} op ({BUILD_ESTIMATE}) ...")
+    started = time.monotonic()
+
+    def waiting() -> None:
+        say(f"waiting for another process that is building or loading DeepSpeed's {op} op ...")
+
+    try:
+        with op_lock(root, op, on_wait=waiting) as cleared:
+            if cleared:
+                report.notes.append(f"removed the build lock a killed process left in {op}/")
+            builder.load(verbose=False)
+    except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
+        _op_failed(builder, op, exc, root, report)
+        return
+    after = _built_at(root, op)
+    if after is not None and after != before:
+        report.built.append(op)
+        say(f"built DeepSpeed's {op} op in {time.monotonic() - started:.0f} s (cached from now on)")
+    else:
+        report.cached.append(op)
+
+
+def _op_failed(builder: Any, op: str, exc: Exception, root: str, report: OpsReport) -> None:
+    """FusedAdam and async I/O may be missing (torch's Adam, no NVMe); other ops may not."""
+    why = _first_line(exc)
+    kind = type(builder).__name__
+    if op == "fused_adam" or kind == "FusedAdamBuilder":
+        report.torch_adam = True
+        report.notes.append(
+            f"DeepSpeed's FusedAdam does not build here ({why}; log in {root}/{op}/): probes "
+            "and the exported config use torch's Adam (optimizer.params.torch_adam); install "
+            "the CUDA toolkit matching torch's CUDA for FusedAdam"
+        )
+        return
+    if op == "async_io" or kind == "AsyncIOBuilder":
+        report.notes.append(f"NVMe offload is unavailable: DeepSpeed's async I/O op ({why})")
+        return
+    raise HardwareError(
+        f"DeepSpeed cannot build its {op} op here ({why}; log in {root}/{op}/); fix the "
+        "build, or remove the option that needs it from the space"
+    ) from None
+
+
+def use_torch_adam(ds_config: dict[str, Any]) -> dict[str, Any]:
+    """``ds_config`` with torch's Adam in place of DeepSpeed's FusedAdam, for machines where
+    FusedAdam does not build. Only an Adam/AdamW optimizer stepped on the device changes:
+    with optimizer offload (cpu or nvme) DeepSpeed steps with its CPU Adam, which
+    ``torch_adam`` would replace too. Returns a new dict."""
+    config = copy.deepcopy(ds_config)
+    optimizer = config.get("optimizer")
+    if not isinstance(optimizer, dict):
+        return config
+    if str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
+        return config
+    zero = config.get("zero_optimization") or {}
+    offload = zero.get("offload_optimizer") or {}
+    if zero.get("stage") not in (None, 0) and offload.get("device") in ("cpu", "nvme"):
+        return config
+    params = optimizer.get("params") or {}
+    params["torch_adam"] = True  # DeepSpeed's key (deepspeed.runtime.config.TORCH_ADAM_PARAM)
+    optimizer["params"] = params
+    return config
+
+
+def partial_offload_supported() -> bool:
+    """Whether this DeepSpeed knows ``offload_optimizer.ratio`` (partial offload, ZeRO-3)."""
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+
+    return "ratio" in DeepSpeedZeroOffloadOptimizerConfig.model_fields
+
+
+def async_io_problem(hardware: Hardware) -> str | None:
+    """Why DeepSpeed's async I/O op (needed for NVMe offload) cannot be used, or None."""
+    os.environ.setdefault("DS_ACCELERATOR", hardware.accelerator)
+    guard_op_loads()
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None:
+        return f"DeepSpeed has no async I/O op for the {hardware.accelerator} accelerator"
+    if not builder.is_compatible(verbose=False):
+        return "DeepSpeed's async I/O op needs libaio (apt install libaio-dev)"
+    problem = build_tool_problem(os.environ["PATH"], compiler=True)
+    if problem:
+        return problem
+    try:
+        builder.load(verbose=False)
+    except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
+        return f"DeepSpeed's async I/O op does not build here ({_first_line(exc)})"
+    return None
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m autotune.ops --build-ops``: build every op a probe may load, with progress."""
+    import argparse
+
+    from autotune.hardware import detect
+
+    parser = argparse.ArgumentParser(prog="python -m autotune.ops", description=__doc__)
+    parser.add_argument(
+        "--build-ops",
+        action="store_true",
+        help="Build DeepSpeed's ops for every offload target (cached from then on).",
+    )
+    args = parser.parse_args(argv)
+    if not args.build_ops:
+        parser.print_usage()
+        return 2
+    hardware = detect()
+    try:
+        report = ensure_deepspeed_ops(
+            hardware, offload_targets={"cpu", "nvme"}, on_progress=lambda line: print(line)
+        )
+    except HardwareError as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    for note in report.notes:
+        print(f"note: {note}")
+    print(
+        f"DeepSpeed ops in {torch_extensions_dir()}: built {', '.join(report.built) or 'none'}, "
+        f"cached {', '.join(report.cached) or 'none'} ({report.seconds:.0f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

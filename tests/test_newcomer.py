@@ -1,0 +1,73 @@
+"""README's command 1 as a newcomer runs it on a fresh machine: the venv's ``autotune`` by
+its path (the venv not activated, so its bin is not on PATH), in an empty folder, with no
+DeepSpeed op built yet. The one-time op build must not eat the budget: the run ends with
+an exported config.
+
+The ops this run builds seed the default op cache (tests/conftest.py runs this test first),
+so the rest of the suite does not build them again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, copy_built_ops
+
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def readme_command() -> list[str]:
+    """The ``autotune ...`` part of README's command 1 (``... && .venv/bin/autotune run ...``)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("# 1.", 1)[1].split("# 2.", 1)[0]
+    found = re.search(r"\.venv/bin/autotune ([^\n`]+)", block)
+    assert found, "README's command 1 no longer runs .venv/bin/autotune"
+    return shlex.split(found.group(1))
+
+
+def test_readme_command_1_parses_to_a_run() -> None:
+    args = readme_command()
+    assert args[0] == "run" and "--budget" in args
+
+
+@pytest.mark.slow
+def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
+    tmp_path: Path,
+) -> None:
+    from autotune.ops import torch_extensions_dir
+
+    autotune = os.path.join(VENV_BIN, "autotune")
+    assert os.access(autotune, os.X_OK), f"{autotune} missing: pip install -e ."
+    work = tmp_path / "work"
+    work.mkdir()
+    ops = tmp_path / "torch_extensions"
+    ops.mkdir()
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    env["PATH"] = os.pathsep.join(
+        entry for entry in env.get("PATH", "").split(os.pathsep) if entry and entry != VENV_BIN
+    )
+    env["TORCH_EXTENSIONS_DIR"] = str(ops)
+    default_ops = os.environ.get("TORCH_EXTENSIONS_DIR") or torch_extensions_dir()
+    try:
+        result = subprocess.run(
+            [autotune, *readme_command()],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30 * 60,
+        )
+    finally:
+        copy_built_ops(str(ops), default_ops)
+    output = f"{result.stdout[:2000]}\n...\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, output
+    assert (work / "trials" / "gpt-tiny" / "best" / "ds_config.json").is_file(), output
+    assert list(ops.glob("fused_adam/*.so")), "the ops were not built in the empty cache"
