@@ -39,9 +39,9 @@ class Best(BaseModel):
 def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best | None:
     """The confirmation round's winner when there is one; else the fastest feasible trial.
 
-    A trial measured after the round was decided that beats the winner's confirmed mean
-    outright takes its place (a continued study's search found something faster, and the
-    next round will confirm it)."""
+    A trial measured after the round was decided that beats the winner's confirmed estimate
+    outright (above its 95% interval) takes its place: a continued study's search found
+    something faster, and the next round will confirm it."""
     ranked = ranked_feasible(trials)
     if not ranked:
         return None
@@ -59,19 +59,24 @@ def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best |
     winner = by_number.get(verdict.winner)
     leader = verdict.contenders[0]
     newer = [t for t in ranked if t.number > verdict.after_trial]
-    if winner is None or (newer and (newer[0].value or 0.0) > leader.mean):
+    if winner is None or (newer and (newer[0].value or 0.0) > leader.estimate + leader.half_width):
         return raw.model_copy(
             update={"reason": raw.reason + ", measured after the confirmation round"}
         )
     return Best(
         trial=winner.number,
         label=winner.label,
-        samples_per_s=leader.mean,
+        samples_per_s=leader.estimate,
         half_width=leader.half_width,
         probes=len(leader.samples_per_s),
         confirmed=True,
-        reason=f"confirmed: highest mean over {len(leader.samples_per_s)} interleaved probes "
-        f"of {len(verdict.contenders)} contenders",
+        reason=f"confirmed over {len(leader.samples_per_s)} interleaved probes of "
+        f"{len(verdict.contenders)} contenders"
+        + (
+            ", the steadier within noise of the fastest"
+            if verdict.steadier_over is not None
+            else ""
+        ),
     )
 
 

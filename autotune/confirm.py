@@ -4,9 +4,10 @@ One short probe moves by about ±10% on a shared machine, so the search's rankin
 candidates is partly luck. Before the export, the top candidates (:data:`TOP`, plus every
 candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) are probed
 again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them
-alike. Each probe's samples/s is one sample; the winner is the highest mean, and the
-summary states each contender's mean with its 95% interval (Student's t over the samples:
-the search's probe plus every confirmation probe).
+alike. Each probe's samples/s is one sample; a contender's estimate is the median of its
+samples (one lucky or unlucky probe moves it little), with a 95% interval and its spread
+between probes; the winner is the highest median unless a markedly steadier contender is
+within noise of it (:class:`Confirmation`).
 
 The round's time is reserved from the budget before the search starts
 (:func:`reserve_s`), so it is never skipped because the search used everything.
@@ -19,9 +20,9 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from autotune.steps import mean_interval
+from autotune.steps import mean_interval, t95
 
 if TYPE_CHECKING:
     import optuna
@@ -31,60 +32,133 @@ if TYPE_CHECKING:
 TOP = 3
 MAX_CONTENDERS = 5
 ROUNDS = 3
-TIE_ROUNDS = 3  # rounds of the best two alone while their intervals overlap, reserved
+TIE_ROUNDS = 3  # rounds of the two closest alone while they overlap, reserved
 MAX_TIE_ROUNDS = 6  # ... and more while the budget has room for them
 MAX_RESERVE_SHARE = 0.4  # the search keeps at least the rest of the budget
 CONFIRMATION_ATTR = "autotune_confirmation"
+# The sample median's standard error is sqrt(pi/2) ~ 1.2533 times the mean's for normally
+# distributed data (Kenney and Keeping, "Mathematics of Statistics", 1962, sec. 13.13).
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
+# Within noise of the leader, a contender whose spread between probes is at most this share
+# of the leader's is the steadier one, and wins; under MIN_SPREAD every contender is steady.
+STEADIER_RATIO = 0.5
+MIN_SPREAD = 0.05
+MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank by it
 
 
 class Contender(BaseModel):
+    """One candidate in the round: every probe of it, and what they say together."""
+
     model_config = ConfigDict(extra="forbid")
 
     trial: int = Field(description="The search trial of this candidate.")
     label: str
     samples_per_s: list[float] = Field(description="One value per probe: search + confirmation.")
-    mean: float = 0.0
-    half_width: float = Field(default=0.0, description="95% interval of the mean, samples/s.")
+    step_spreads: list[float] = Field(
+        default_factory=list,
+        description="Each re-probe's own spread over its timed steps, (max - min) / median.",
+    )
+    estimate: float = Field(default=0.0, description="Median of the probes' samples/s.")
+    half_width: float = Field(default=0.0, description="95% interval of the median, samples/s.")
+    spread: float = Field(
+        default=0.0, description="Spread between probes: standard deviation / estimate."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """Verdicts stored by the mean-based rule carry ``mean``; decide() recomputes."""
+        if isinstance(data, dict) and "mean" in data:
+            data = {k: v for k, v in data.items() if k != "mean"}
+        return data
 
     def summarize(self) -> None:
-        self.mean = statistics.fmean(self.samples_per_s) if self.samples_per_s else 0.0
-        _, half = mean_interval(self.samples_per_s) if len(self.samples_per_s) > 1 else (0, 0)
-        self.half_width = 0.0 if math.isinf(half) else half
+        values = self.samples_per_s
+        self.estimate = statistics.median(values) if values else 0.0
+        if len(values) < 2 or self.estimate <= 0:
+            self.half_width = self.spread = 0.0
+            return
+        stdev = statistics.stdev(values)
+        self.half_width = t95(len(values) - 1) * MEDIAN_SE_FACTOR * stdev / math.sqrt(len(values))
+        self.spread = stdev / self.estimate
+
+    def overlaps(self, other: Contender) -> bool:
+        """The two 95% intervals overlap: within noise of each other."""
+        return (
+            self.estimate - self.half_width <= other.estimate + other.half_width
+            and other.estimate - other.half_width <= self.estimate + self.half_width
+        )
 
     def describe(self) -> str:
-        interval = f" ±{self.half_width:.1f}" if len(self.samples_per_s) > 1 else ""
+        count = len(self.samples_per_s)
+        if count < 2:
+            return f"{self.label}: {self.estimate:.1f} samples/s (1 probe)"
         return (
-            f"{self.label}: {self.mean:.1f} samples/s{interval} "
-            f"(95% interval, {len(self.samples_per_s)} probes)"
+            f"{self.label}: {self.estimate:.1f} samples/s ±{self.half_width:.1f} (median of "
+            f"{count} probes, 95% interval; they ranged {min(self.samples_per_s):.1f}.."
+            f"{max(self.samples_per_s):.1f}, spread ±{100 * self.spread:.0f}%)"
         )
 
 
 class Confirmation(BaseModel):
-    """The round's outcome, stored as a study user attr and read by the export."""
+    """The round's outcome, stored as a study user attr and read by the decision of the
+    best (:mod:`autotune.best`).
+
+    The winner has the highest median, unless a contender within noise of it is markedly
+    steadier (:data:`STEADIER_RATIO`): a config taken to production for weeks should be
+    fast every time, not the one whose probes were sometimes lucky (CPU offload, for one,
+    measures bimodal here)."""
 
     model_config = ConfigDict(extra="forbid")
 
     contenders: list[Contender]
     rounds: int = 0
-    tie_rounds: int = Field(default=0, description="Extra rounds of the best two (a tie).")
+    tie_rounds: int = Field(default=0, description="Extra rounds of the two closest.")
     seconds: float = 0.0
     winner: int | None = Field(default=None, description="Trial number of the winner.")
     after_trial: int = Field(default=-1, description="Last trial number when it was decided.")
+    steadier_over: int | None = Field(
+        default=None,
+        description="The trial with the higher median that the steadier winner was chosen over.",
+    )
 
     def decide(self) -> None:
         for contender in self.contenders:
             contender.summarize()
-        ranked = sorted(self.contenders, key=lambda c: c.mean, reverse=True)
+        ranked = sorted(self.contenders, key=lambda c: c.estimate, reverse=True)
+        self.steadier_over = None
+        if ranked:
+            leader = ranked[0]
+            steadier = [
+                c
+                for c in ranked[1:]
+                if leader.spread > MIN_SPREAD
+                and c.spread <= STEADIER_RATIO * leader.spread
+                and min(len(c.samples_per_s), len(leader.samples_per_s)) >= MIN_PROBES_FOR_SPREAD
+                and c.overlaps(leader)
+            ]
+            if steadier:
+                ranked.remove(steadier[0])
+                ranked.insert(0, steadier[0])
+                self.steadier_over = leader.trial
         self.contenders = ranked
         self.winner = ranked[0].trial if ranked else None
 
     @property
     def tie(self) -> bool:
-        """The winner's and the runner-up's intervals overlap: statistically a tie."""
-        if len(self.contenders) < 2 or self.rounds == 0:
-            return False
-        first, second = self.contenders[0], self.contenders[1]
-        return first.mean - first.half_width <= second.mean + second.half_width
+        """The winner overlaps another contender: not ranked apart yet."""
+        return self.rounds > 0 and bool(self.closest())
+
+    def closest(self) -> list[int]:
+        """The winner and the contender within its noise whose spread is widest (the one
+        least ranked), for the extra rounds; empty when the winner stands apart."""
+        if len(self.contenders) < 2:
+            return []
+        winner = self.contenders[0]
+        near = [c for c in self.contenders[1:] if c.overlaps(winner)]
+        if not near:
+            return []
+        return [winner.trial, max(near, key=lambda c: c.spread).trial]
 
     def describe(self) -> str:
         if not self.contenders:
@@ -92,27 +166,32 @@ class Confirmation(BaseModel):
         lines = [f"winner {self.contenders[0].describe()}"]
         lines += [f"runner-up {c.describe()}" for c in self.contenders[1:]]
         if self.tie_rounds:
-            lines.append(f"{self.tie_rounds} more round(s) of the best two to break a tie")
-        if self.tie:
-            lines.append("the best two overlap within noise: the higher mean was taken")
+            lines.append(f"{self.tie_rounds} more round(s) of the two closest to rank them")
+        if self.steadier_over is not None:
+            lines.append(
+                f"within noise of trial {self.steadier_over}'s higher median and markedly "
+                "steadier: chose the steadier"
+            )
+        elif self.tie:
+            lines.append("the best two overlap within noise: the higher median was taken")
         return "; ".join(lines)
 
 
 def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) -> None:
-    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender, then, while the
-    best two still overlap, up to :data:`MAX_TIE_ROUNDS` rounds of just those two (each
-    halves a round's cost and narrows both intervals). ``one_round(trials)`` probes those
-    contenders once each and appends to their samples; False when there was no time for the
-    whole round (it is not counted). When a round of every contender no longer fits, the
-    rounds of the best two still may: the closest call gets the time that is left. Decides
-    ``verdict``."""
+    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender, then, while
+    the winner overlaps another, up to :data:`MAX_TIE_ROUNDS` rounds of the winner and the
+    widest-spread contender within its noise (a contender too scattered to rank gets more
+    probes before any other). ``one_round(trials)`` probes those contenders once each and
+    appends to their samples; False when there was no time for the whole round (it is not
+    counted). When a round of every contender no longer fits, the rounds of the two
+    closest still may: the closest call gets the time that is left. Decides ``verdict``."""
     for _ in range(ROUNDS):
         if not one_round([c.trial for c in verdict.contenders]):
             break
         verdict.rounds += 1
     verdict.decide()
     while verdict.tie and verdict.tie_rounds < MAX_TIE_ROUNDS:
-        if not one_round([c.trial for c in verdict.contenders[:2]]):
+        if not one_round(verdict.closest()):
             break
         verdict.tie_rounds += 1
         verdict.decide()

@@ -75,8 +75,15 @@ def _error_line(exc: Exception) -> str:
 
 
 def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
-    """The trial's candidate over the user's base config, with the user's NVMe path."""
-    return trial.candidate.to_ds_config(config.base_config, nvme_path=config.nvme_path)
+    """The trial's candidate over the user's base config, with the user's NVMe path; with
+    torch's Adam where the probe stepped with it (FusedAdam did not build there)."""
+    rendered = trial.candidate.to_ds_config(config.base_config, nvme_path=config.nvme_path)
+    probed = (trial.record.ds_config or {}).get("optimizer", {}).get("params", {})
+    if probed.get("torch_adam"):
+        from autotune.ops import use_torch_adam
+
+        rendered = use_torch_adam(rendered)
+    return rendered
 
 
 def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Best | None]:

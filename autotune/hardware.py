@@ -135,25 +135,6 @@ def _cpu_precisions() -> tuple[str, ...]:
     return tuple(name for dtype, name in names.items() if dtype in supported)
 
 
-# autotune.ops owns DeepSpeed's op building; its names resolve there for importers of this
-# module.
-_MOVED_TO_OPS = (
-    "async_io_problem",
-    "ensure_deepspeed_ops",
-    "partial_offload_supported",
-    "remove_stale_build_locks",
-    "torch_extensions_dir",
-)
-
-
-def __getattr__(name: str) -> object:
-    if name in _MOVED_TO_OPS:
-        from autotune import ops
-
-        return getattr(ops, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _main(argv: list[str] | None = None) -> int:
     """``python -m autotune.hardware``: print what this machine offers."""
     import argparse

@@ -33,12 +33,18 @@ class Plan:
     trials_dir: Path
     probe_timeout_s: float = 300.0
     notes: list[str] = field(default_factory=list)
+    torch_adam: bool = False  # FusedAdam does not build here: probes step with torch's Adam
 
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
-        return candidate.to_ds_config(
+        config = candidate.to_ds_config(
             self.config.base_config, nvme_path=nvme_dir or self.config.nvme_path
         )
+        if self.torch_adam:
+            from autotune.ops import use_torch_adam
+
+            config = use_torch_adam(config)
+        return config
 
 
 def bind_space(

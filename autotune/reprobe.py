@@ -76,6 +76,8 @@ def run_confirmation(search: Search) -> confirm.Confirmation | None:
             )
             if result.status == "ok":
                 contender.samples_per_s.append(result.samples_per_s)
+                contender.step_spreads.append(round(result.spread, 4))
+            search.emit(events.ConfirmationProgress.of(verdict))
         return True
 
     confirm.run_rounds(verdict, one_round)

@@ -173,7 +173,9 @@ def standings(
         assert verdict is not None
         for contender in verdict.contenders:
             if contender.trial in by_number:
-                rows.append((by_number.pop(contender.trial), contender.mean, "confirmed mean"))
+                rows.append(
+                    (by_number.pop(contender.trial), contender.estimate, "confirmed median")
+                )
     rows += [(t, float(t.value or 0.0), "one probe") for t in by_number.values()]
     if decided is not None:
         rows.sort(key=lambda row: row[0].number != decided.trial)
@@ -262,8 +264,8 @@ def render_summary(
 
 
 def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
-    tie = (
-        f", then {verdict.tie_rounds} more of the best two to break a tie"
+    extra = (
+        f", then {verdict.tie_rounds} more of the two closest to rank them"
         if verdict.tie_rounds
         else ""
     )
@@ -271,17 +273,26 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
         "## Confirmation round",
         "",
         f"The top {len(verdict.contenders)} were probed again, interleaved, in "
-        f"{verdict.rounds} round(s){tie} ({verdict.seconds:.0f} s of the budget); means with "
-        "their 95% intervals over every probe of each:",
+        f"{verdict.rounds} round(s){extra} ({verdict.seconds:.0f} s of the budget); the "
+        "median of every probe of each, with its 95% interval and how far the probes ranged:",
         "",
     ]
     for contender in verdict.contenders:
         mark = " (chosen)" if contender.trial == chosen else ""
         lines.append(f"- trial {contender.trial} {contender.describe()}{mark}")
-    if verdict.tie:
+    by_trial = {c.trial: c for c in verdict.contenders}
+    if verdict.steadier_over is not None and verdict.steadier_over in by_trial:
+        winner, faster = verdict.contenders[0], by_trial[verdict.steadier_over]
+        lines.append(
+            f"- {winner.label}: {winner.estimate:.1f} samples/s, spread "
+            f"±{100 * winner.spread:.0f}%; {faster.label}: {faster.estimate:.1f}, spread "
+            f"{min(faster.samples_per_s):.1f}..{max(faster.samples_per_s):.1f} — within "
+            "noise of each other: chose the steadier, which is fast every time."
+        )
+    elif verdict.tie:
         lines.append(
             "- The best two overlap within the noise of this machine: either is a sound "
-            "choice; the higher mean was taken."
+            "choice; the higher median was taken."
         )
     return lines
 

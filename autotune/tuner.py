@@ -260,13 +260,31 @@ class Tuner:
         return len(screened)
 
     def _prepare_ops(self) -> None:
-        from autotune.hardware import ensure_deepspeed_ops
+        """Build the DeepSpeed ops the probes need (once per environment, with progress);
+        where FusedAdam cannot be built, the probes use torch's Adam."""
+        from autotune.ops import ensure_deepspeed_ops
 
-        offload = any(
-            c.offload_optimizer != "none" or c.offload_param != "none"
+        targets = {
+            device
             for c in self.plan.space.candidates()
+            for device in (c.offload_optimizer, c.offload_param)
+        } - {"none"}
+        report = ensure_deepspeed_ops(
+            self.plan.hardware,
+            offload_targets=targets,
+            on_progress=lambda text: self.emit(events.SetupProgress(text)),
         )
-        ensure_deepspeed_ops(self.plan.hardware, cpu_offload=offload)
+        for note in report.notes:
+            self.emit(events.SetupProgress(f"note: {note}"))
+        if report.built:
+            self.emit(
+                events.SetupProgress(
+                    f"built DeepSpeed's {', '.join(report.built)} op(s) in "
+                    f"{report.seconds:.0f} s, once for this environment (not charged to the "
+                    "budget)"
+                )
+            )
+        self.plan.torch_adam = report.torch_adam
 
 
 def default_executor(plan: Plan) -> Executor:
