@@ -147,8 +147,6 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
         f"{summary.pruned + summary.screened} candidate(s) ruled out without a probe, "
         f"{summary.duplicates} duplicate proposal(s) skipped"
     )
-    if summary.confirmation:
-        console.print(f"confirmed: {summary.confirmation}")
     if summary.interrupted:
         console.print(
             f"interrupted: {len(summary.interrupted)} running probe(s) stopped and recorded as "
@@ -156,10 +154,11 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
         )
     best, record = summary.best, summary.best_record
     if best is not None and record is not None and summary.export_dir:
-        estimate = "confirmed mean" if best.confirmed else "measured"
+        estimate = "confirmed median" if best.confirmed else "measured"
+        tokens_per_s = best.samples_per_s * record.tokens_per_s / max(record.samples_per_s, 1e-9)
         console.print(
             f"best: trial {best.trial} {best.label}: {best.samples_per_s:.1f} samples/s "
-            f"({estimate}), {record.tokens_per_s:.0f} tokens/s, peak "
+            f"({estimate}), {tokens_per_s:.0f} tokens/s, peak "
             f"{format_bytes(record.peak_bytes)} of {format_bytes(summary.vram_limit_bytes)} "
             "per rank"
         )
