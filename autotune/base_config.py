@@ -23,6 +23,11 @@ def load_base_config(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError(f"--base-config {path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(
+            f"--base-config {path}: not UTF-8 text (byte {exc.start}); give a DeepSpeed JSON "
+            "config saved as UTF-8"
+        ) from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -35,7 +40,38 @@ def load_base_config(path: Path) -> dict[str, Any]:
             f"--base-config {path}: a DeepSpeed config is a JSON object, got "
             f"{type(config).__name__}"
         )
+    check_blocks(config, str(path))
     return config
+
+
+# Sections of a DeepSpeed config that are objects (DeepSpeed's config-json docs), with an
+# example each; a scalar there (``"fp16": true``) is a typo DeepSpeed would only report deep
+# inside a probe.
+OBJECT_SECTIONS = {
+    "fp16": '"fp16": {"enabled": true}',
+    "bf16": '"bf16": {"enabled": true}',
+    "zero_optimization": '"zero_optimization": {"stage": 3}',
+    "optimizer": '"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}',
+    "scheduler": '"scheduler": {"type": "WarmupLR", "params": {}}',
+}
+ZERO_OBJECTS = ("offload_optimizer", "offload_param")
+
+
+def check_blocks(config: dict[str, Any], source: str) -> None:
+    """Refuse a section that must be a JSON object but is not, naming it and the fix."""
+    for key, example in OBJECT_SECTIONS.items():
+        if key in config and not isinstance(config[key], dict):
+            raise SettingsError(
+                f"--base-config {source}: {key!r} must be an object, e.g. {example}, got "
+                f"{config[key]!r}"
+            )
+    zero = config.get("zero_optimization") or {}
+    for key in ZERO_OBJECTS:
+        if key in zero and not isinstance(zero[key], dict):
+            raise SettingsError(
+                f"--base-config {source}: zero_optimization.{key} must be an object, e.g. "
+                f'{{"device": "cpu"}}, got {zero[key]!r}'
+            )
 
 
 def base_global_batch(base: dict[str, Any], flag: int | None, source: str) -> int | None:

@@ -75,7 +75,9 @@ def run(**given: Any) -> None:
     plan = plan_run(flags.settings())
     if stored:
         inherited = sorted(
-            k for k, v in flags.stored().items() if not given.get(k) and stored.get(k) == v and v
+            k
+            for k, v in flags.stored().items()
+            if not k.startswith("_") and not given.get(k) and stored.get(k) == v and v
         )
         console.print(f"continuing study {name!r} with its flags ({', '.join(inherited)})")
     _print_plan(plan)

@@ -39,7 +39,7 @@ class Exported(BaseModel):
     summary: str
 
 
-def validate_ds_config(config: dict[str, Any], world_size: int) -> None:
+def validate_ds_config(config: dict[str, Any], world_size: int, accelerator: str = "cpu") -> None:
     """Have DeepSpeed's own config class parse ``config`` for ``world_size`` ranks.
 
     ``DeepSpeedConfig`` reads the world size from ``deepspeed.comm``, which needs a live
@@ -47,9 +47,15 @@ def validate_ds_config(config: dict[str, Any], world_size: int) -> None:
     (the batch-size assertion train_batch = micro x accumulation x world is the one that
     depends on it).
     """
+    import logging
+    import os
+
+    os.environ.setdefault("DS_ACCELERATOR", accelerator)  # else DeepSpeed warns as it guesses
     import deepspeed.comm
     from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger as ds_logger
 
+    ds_logger.setLevel(logging.ERROR)  # its notes about the config are not the user's output
     try:
         with (
             mock.patch.object(deepspeed.comm, "get_rank", return_value=0),
@@ -128,7 +134,7 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         raise ExportError(f"study {study.study_name!r} was not made by autotune run")
     trial, decided = choose_trial(study, trial_number)
     ds_config = production_config(trial, config)
-    validate_ds_config(ds_config, trial.candidate.data_parallel_size)
+    validate_ds_config(ds_config, trial.candidate.data_parallel_size, config.accelerator)
     files = {
         "ds_config.json": json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
         "launch.sh": render_launch(study.study_name, trial, config),

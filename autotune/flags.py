@@ -9,6 +9,9 @@ flags given on this command line. :meth:`RunFlags.settings` turns them into the 
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +21,7 @@ from autotune.errors import SettingsError
 from autotune.settings import DEFAULT_STORAGE, RunSettings, parse_duration, parse_size
 
 # Flags that concern one run, not what a study measures: never stored with the study.
-PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault")
+PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet")
 # Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
 PATHS = ("base_config", "nvme_path", "trials_dir")
 
@@ -37,9 +40,11 @@ class RunFlags(BaseModel):
     space: str = Field(
         default="default", description="Search space: a YAML path or a built-in name."
     )
-    gpus: int = Field(default=1, description="Devices the study may use (CPU ranks without GPUs).")
+    gpus: int = Field(
+        default=1, gt=0, description="Devices the study may use (CPU ranks without GPUs)."
+    )
     gpus_per_trial: int | None = Field(
-        default=None, description="Devices one probe uses (default: all of --gpus)."
+        default=None, gt=0, description="Devices one probe uses (default: all of --gpus)."
     )
     vram: str = Field(
         default="auto",
@@ -52,7 +57,7 @@ class RunFlags(BaseModel):
         "workload's), or 'auto' to search it up to --max-global-batch.",
     )
     max_global_batch: int | None = Field(
-        default=None, description="Largest global batch with --global-batch auto."
+        default=None, gt=0, description="Largest global batch with --global-batch auto."
     )
     base_config: str | None = Field(
         default=None,
@@ -67,7 +72,7 @@ class RunFlags(BaseModel):
         "gets 30m; a continued one keeps what is left of its own unless given a new total.",
     )
     max_trials: int | None = Field(
-        default=None, description="Stop after this many new candidates are probed."
+        default=None, gt=0, description="Stop after this many new candidates are probed."
     )
     study: str | None = Field(
         default=None,
@@ -92,15 +97,24 @@ class RunFlags(BaseModel):
     )
     no_prune: bool = Field(default=False, description="Probe even what the memory model rules out.")
     memory_margin: float = Field(
-        default=0.05, description="Prune above the limit minus this share of it (0.05 = 5%)."
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        description="Prune above the limit minus this share of it (0.05 = 5%).",
     )
     host_ram: str = Field(
         default="auto", description="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's)."
     )
-    warmup_steps: int = Field(default=2, description="Untimed optimizer steps per probe, at least.")
-    timed_steps: int = Field(default=3, description="Timed optimizer steps per probe, at least.")
+    warmup_steps: int = Field(
+        default=2, gt=0, description="Untimed optimizer steps per probe, at least."
+    )
+    timed_steps: int = Field(
+        default=3, gt=0, description="Timed optimizer steps per probe, at least."
+    )
     max_timed_steps: int = Field(
-        default=20, description="Timed steps at most; a probe stops once its spread is under 2%."
+        default=20,
+        gt=0,
+        description="Timed steps at most; a probe stops once its spread is under 2%.",
     )
     sampler: Literal["autotune", "tpe", "gp", "random", "grid"] = Field(
         default="autotune",
@@ -117,6 +131,10 @@ class RunFlags(BaseModel):
     trials_dir: str = Field(
         default="trials", description="Folder for per-trial logs and the export."
     )
+    quiet: bool = Field(
+        default=False,
+        description="Plain lines, one per event, even on a terminal (no live view).",
+    )
     inject_fault: Literal["none", "oom", "error", "crash", "hang"] = Field(
         default="none",
         description="Testing only: make every probe fail this way.",
@@ -125,19 +143,45 @@ class RunFlags(BaseModel):
 
     @classmethod
     def resolve(cls, given: dict[str, Any], stored: dict[str, Any]) -> RunFlags:
-        """Model defaults, then a continued study's stored flags, then the flags given."""
+        """Model defaults, then a continued study's stored flags, then the flags given;
+        checked whole (units, relations, the study's name) before any file is opened."""
         given = {k: v for k, v in given.items() if v is not None and v is not False}
-        known = {k: v for k, v in stored.items() if k in cls.model_fields and k not in PER_RUN}
-        values = {**known, **given}
+        values = {**inherited(stored, given), **given}
         try:
-            return cls(**values)
+            flags = cls(**values)
         except ValueError as exc:
             raise SettingsError(_first_problem(exc)) from None
+        flags.check()
+        return flags
+
+    def check(self) -> None:
+        """What a field's type cannot say: units, and flags that must agree."""
+        if self.budget is not None and parse_duration(self.budget) > MAX_BUDGET_S:
+            raise SettingsError(
+                f"--budget {self.budget}: more than {MAX_BUDGET_S // 3600} hours "
+                f"({MAX_BUDGET_S // 86400} days); give a budget such as 2h or 30m"
+            )
+        if self.probe_timeout is not None:
+            parse_duration(self.probe_timeout, flag="--probe-timeout")
+        _size_or_auto(self.vram, "--vram")
+        _size_or_auto(self.host_ram, "--host-ram")
+        parse_global_batch(self.global_batch)
+        if self.max_timed_steps < self.timed_steps:
+            raise SettingsError(
+                f"--max-timed-steps {self.max_timed_steps} is below --timed-steps "
+                f"{self.timed_steps}; give --max-timed-steps {self.timed_steps} or more"
+            )
+        if self.study is not None:
+            check_study_name(self.study, flag="--study")
 
     def stored(self) -> dict[str, Any]:
         """What a study keeps of these flags: per-run ones left out, paths made absolute
-        (a continue from another folder must find the same files)."""
+        (a continue from another folder must find the same files), and the host."""
         flags = self.model_dump(exclude=set(PER_RUN))
+        flags[HOST_KEY] = socket.gethostname()
+        location, sep, function = str(flags["workload"] or "").rpartition(":")
+        if sep and (location.endswith(".py") or "/" in location):
+            flags["workload"] = f"{Path(location).resolve()}:{function}"
         for name in PATHS:
             if flags[name] is not None:
                 flags[name] = str(Path(flags[name]).resolve())
@@ -155,7 +199,8 @@ class RunFlags(BaseModel):
                 "--workload is required for a new study (e.g. --workload gpt-tiny); to "
                 "continue a study, pass --study NAME"
             )
-        return workload_study_name(self.workload)
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", workload_study_name(self.workload)).strip("-.")
+        return check_study_name(name[:100] or "study", flag="--workload")
 
     def settings(self) -> RunSettings:
         """The typed settings: sizes and durations parsed, 'auto' resolved later."""
@@ -195,6 +240,75 @@ class RunFlags(BaseModel):
             early_stop=not self.no_early_stop,
             confirm=not self.no_confirm,
         )
+
+
+MAX_BUDGET_S = 30 * 24 * 3600  # a month: past it, a typo (99999h), not a plan
+# A study name becomes a folder under --trials-dir and text in shell scripts: keep it plain.
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+HOST_KEY = "_host"  # in a study's stored flags: the host it was started on
+# Stored flags that name files or code: taken back only on the host that stored them, and
+# only where the file is this user's (a shared database must not choose what is imported
+# or where files go).
+FILE_FLAGS = ("workload", "space", "base_config", "nvme_path", "trials_dir")
+
+
+def check_study_name(name: str, *, flag: str) -> str:
+    if not STUDY_NAME.match(name):
+        raise SettingsError(
+            f"{flag}: study name {name!r} must be 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names a folder under --trials-dir)"
+        )
+    return name
+
+
+def _names_a_file(flag: str, value: Any) -> bool:
+    if value is None:
+        return False
+    if flag == "workload":
+        return ":" in str(value)  # path/to/file.py:fn or package.module:fn: code to import
+    if flag == "space":
+        return Path(str(value)).suffix in (".yaml", ".yml") or "/" in str(value)
+    return True
+
+
+def _owned_here(value: str) -> bool:
+    """The file (or the nearest folder above it that exists) belongs to this user."""
+    path = Path(value.rpartition(":")[0] if ":" in value else value)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return path.stat().st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def inherited(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """The stored flags a continue takes back; refuses, in one line, a stored file or code
+    reference from another host or another user's file (give those flags explicitly)."""
+    known = {k: v for k, v in stored.items() if k in RunFlags.model_fields and k not in PER_RUN}
+    if not known:
+        return {}
+    same_host = stored.get(HOST_KEY) == socket.gethostname()
+    foreign = [
+        flag
+        for flag in FILE_FLAGS
+        if flag not in given
+        and _names_a_file(flag, known.get(flag))
+        and not (same_host and _owned_here(str(known[flag])))
+    ]
+    if foreign == ["trials_dir"]:
+        known.pop("trials_dir")  # this host's default folder, not the stored one
+    elif foreign:
+        origin = stored.get(HOST_KEY) or "an unknown host"
+        shown = " ".join(
+            f"--{f.replace('_', '-')} {known[f]}" for f in foreign if f != "trials_dir"
+        )
+        raise SettingsError(
+            f"this study was started on {origin} with files this run will not take from the "
+            f"database ({shown}); give them explicitly to continue here, e.g. "
+            + " ".join(f"--{f.replace('_', '-')} PATH" for f in foreign if f != "trials_dir")
+        )
+    return known
 
 
 def parse_global_batch(text: str | None) -> int | str | None:

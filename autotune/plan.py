@@ -160,10 +160,11 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     )
     study_name = settings.study_name or workload_study_name(settings.workload)
     trials_dir = settings.trials_dir.resolve() / study_name
-    check_writable(settings.trials_dir, flag="--trials-dir")
+    check_model_builds(workload, settings.workload)
     probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
         workload, hardware, global_batch or settings.max_global_batch or 1, per_trial, settings
     )
+    check_writable(settings.trials_dir, flag="--trials-dir")  # the first thing written
     return Plan(
         settings=settings,
         hardware=hardware,
@@ -176,6 +177,23 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         probe_timeout_s=probe_timeout_s,
         notes=notes,
     )
+
+
+def check_model_builds(workload: Workload, ref: str) -> None:
+    """Build the workload's model on the meta device once (the memory and cost models do
+    the same), so user code that fails says so in one line before anything starts."""
+    from autotune.errors import WorkloadError
+    from autotune.memory import model_facts
+
+    try:
+        model_facts(workload, 0)
+    except Exception as exc:  # noqa: BLE001 - user code: any failure is the user's to fix
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WorkloadError(
+            f"workload {ref!r}: build_model() failed on the meta device with "
+            f"{type(exc).__name__}: {first}; fix the model code (it must build without data "
+            "or downloads)"
+        ) from None
 
 
 def check_writable(folder: Path, *, flag: str) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from autotune import events
 from autotune.errors import StorageError
 from autotune.lock import STALE_S, DatabaseClock, DriverLock
+from autotune.settings import mask_url
 
 if TYPE_CHECKING:
     import optuna
@@ -202,8 +203,9 @@ class DriverSession:
             yield
         except storage_errors() as exc:
             raise StorageError(
-                f"the storage {self.plan.settings.storage_url} failed ({first_line(exc)}); "
-                "every trial recorded before is kept; fix it (another process holding the "
+                f"the storage {mask_url(self.plan.settings.storage_url)} failed "
+                f"({mask_url(first_line(exc))}); every trial recorded before is kept; fix it "
+                "(another process holding the "
                 f"database locked?), then continue with {continue_command(self.plan)}"
             ) from None
         except OSError as exc:
@@ -219,5 +221,5 @@ def continue_command(plan: Plan) -> str:
 
     command = f"autotune run --study {plan.study_name}"
     if plan.settings.storage_url != DEFAULT_STORAGE:
-        command += f" --storage {plan.settings.storage_url}"
+        command += f" --storage {mask_url(plan.settings.storage_url)}"
     return command

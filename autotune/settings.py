@@ -70,6 +70,14 @@ def parse_size(text: str, *, flag: str = "--vram") -> int:
     return size_bytes
 
 
+_URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]*@")
+
+
+def mask_url(url: str) -> str:
+    """A storage URL as it may be printed: a password in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(r"\1***@", url)
+
+
 def format_bytes(size_bytes: float) -> str:
     """Human-readable binary size, e.g. ``1.50 GiB``."""
     value = float(size_bytes)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import StorageError
+from autotune.settings import mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,8 +114,8 @@ def open_storage(
                 connection.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as exc:
             raise StorageError(
-                f"--storage {url}: cannot open the SQLite file {path} ({exc}); check that "
-                "the folder is writable, or pass another --storage"
+                f"--storage {mask_url(url)}: cannot open the SQLite file {path} ({exc}); check "
+                "that the folder is writable, or pass another --storage"
             ) from None
     # How long a write waits for another process's SQLite lock before failing.
     busy_timeout_s = float(os.environ.get("AUTOTUNE_SQLITE_BUSY_TIMEOUT_S", "30"))
@@ -132,8 +133,8 @@ def open_storage(
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StorageError(
-            f"--storage {url}: cannot open ({first}); pass a reachable SQLAlchemy URL such as "
-            "sqlite:///trials/autotune.db"
+            f"--storage {mask_url(url)}: cannot open ({mask_url(first)}); pass a reachable "
+            "SQLAlchemy URL such as sqlite:///trials/autotune.db"
         ) from None
 
 
@@ -142,9 +143,15 @@ def study_names(storage: optuna.storages.BaseStorage) -> list[str]:
 
 
 def load_existing_study(url: str, name: str | None) -> optuna.Study:
-    """A study that must exist (status, export); the error lists the ones that do."""
+    """A study that must exist (status, export); the error lists the ones that do. An
+    SQLite file that does not exist is not created by asking."""
     import optuna
 
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        raise StorageError(
+            f"--study {name or ''}: no such study in {mask_url(url)} (there is no database "
+            "file there); pass the --storage of a study, or start one with autotune run"
+        )
     storage = open_storage(url)
     names = study_names(storage)
     if name is None:
@@ -152,12 +159,12 @@ def load_existing_study(url: str, name: str | None) -> optuna.Study:
             name = names[0]
         else:
             raise StorageError(
-                f"--study: {url} holds {len(names)} studies ({', '.join(names) or 'none'}); "
-                "name one with --study"
+                f"--study: {mask_url(url)} holds {len(names)} studies "
+                f"({', '.join(names) or 'none'}); name one with --study"
             )
     if name not in names:
         raise StorageError(
-            f"--study {name}: no such study in {url}; studies there: "
+            f"--study {name}: no such study in {mask_url(url)}; studies there: "
             f"{', '.join(names) or 'none'} (start one with autotune run)"
         )
     return optuna.load_study(study_name=name, storage=storage)
@@ -176,8 +183,21 @@ def stored_run_flags(url: str, name: str) -> dict[str, Any]:
 
 
 def study_config(study: optuna.Study) -> StudyConfig | None:
+    """The settings the study was started with (None: not a study autotune made)."""
+    from pydantic import ValidationError
+
     raw = study.user_attrs.get(CONFIG_ATTR)
-    return None if raw is None else StudyConfig.model_validate(raw)
+    if raw is None:
+        return None
+    try:
+        return StudyConfig.model_validate(raw)
+    except ValidationError as exc:
+        where = ".".join(str(part) for part in exc.errors()[0]["loc"]) or "settings"
+        raise StorageError(
+            f"study {study.study_name!r}: its stored settings ({CONFIG_ATTR}.{where}) are not "
+            "what this autotune reads (edited, or written by another version); start a new "
+            "study with --study NEW_NAME"
+        ) from None
 
 
 def store_start(study: optuna.Study, config: StudyConfig, flags: dict[str, Any]) -> None:
