@@ -72,3 +72,37 @@ def test_settings_are_frozen() -> None:
     settings = RunSettings.build(workload="gpt-tiny", gpus=2, budget_s=60)
     with pytest.raises(Exception, match="frozen"):
         settings.gpus = 3  # type: ignore[misc]
+
+
+def test_a_continue_takes_stored_files_only_from_this_host_and_user(tmp_path) -> None:
+    """A shared database must not choose which code a continue imports or where files go:
+    a stored file or code reference is taken back only on the host that stored it, and only
+    when the file is this user's."""
+    import os
+    import socket
+
+    from autotune.errors import SettingsError
+    from autotune.flags import HOST_KEY, RunFlags, inherited
+
+    workload = tmp_path / "mine.py"
+    workload.write_text("def make(): ...\n")
+    here = socket.gethostname()
+    stored = RunFlags(workload=f"{workload}:make", gpus=2).stored()
+    assert stored[HOST_KEY] == here
+    assert inherited(stored, {})["workload"] == f"{workload}:make"  # same host, own file
+    # another host: refused, naming the flag and how to continue
+    with pytest.raises(SettingsError, match=r"started on elsewhere.*--workload PATH"):
+        inherited({**stored, HOST_KEY: "elsewhere"}, {})
+    # given explicitly, it is the user's choice
+    assert inherited({**stored, HOST_KEY: "elsewhere"}, {"workload": "gpt-tiny"})["gpus"] == 2
+    # a built-in workload is no file: taken back from anywhere; the trials folder falls back
+    # to this host's default
+    builtin = {**RunFlags(workload="gpt-tiny").stored(), HOST_KEY: "elsewhere"}
+    assert inherited(builtin, {}) == {
+        k: v for k, v in builtin.items() if k not in (HOST_KEY, "trials_dir")
+    }
+    # another user's file on this host: refused
+    if os.getuid() == 0:
+        os.chown(workload, 65534, 65534)
+        with pytest.raises(SettingsError, match="--workload"):
+            inherited(stored, {})
