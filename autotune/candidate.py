@@ -36,6 +36,13 @@ FP16_DYNAMIC_LOSS_SCALING: dict[str, Any] = {
 }
 
 
+# DeepSpeed's offload_param.buffer_size default (elements): one NVMe swap buffer.
+DEFAULT_PARAM_BUFFER_SIZE = 100_000_000
+# Keys of an offload block that the candidate decides; a base config's other keys
+# (pin_memory, buffer_count, buffer_size, max_in_cpu ...) are production tuning and kept.
+_OFFLOAD_TUNED_KEYS = ("device", "nvme_path", "ratio")
+
+
 # Fine ZeRO knobs and the stages whose DeepSpeed code reads them (runtime/zero/config.py;
 # stage 0 reduces gradients with the engine's fixed-size buckets). Unset knobs keep the base
 # config's value or DeepSpeed's default.
@@ -160,9 +167,19 @@ class Candidate(BaseModel):
         return " ".join([*parts, knobs] if knobs else parts)
 
     def to_ds_config(
-        self, base: dict[str, Any] | None = None, *, nvme_path: str | None = None
+        self,
+        base: dict[str, Any] | None = None,
+        *,
+        nvme_path: str | None = None,
+        largest_param_numel: int | None = None,
     ) -> dict[str, Any]:
-        """The base config with this candidate's tuned keys laid over it."""
+        """The base config with this candidate's tuned keys laid over it.
+
+        ``largest_param_numel``: elements of the model's largest parameter (an upper bound
+        such as ``memory.largest_layer_params`` will do). With parameter offload to NVMe,
+        ``offload_param.buffer_size`` is raised to at least that parameter's partition on
+        one rank: DeepSpeed swaps each partition through one buffer and asserts it fits.
+        """
         config = copy.deepcopy(DEFAULT_BASE_CONFIG if base is None else base)
         config["train_batch_size"] = self.train_batch_size
         config["train_micro_batch_size_per_gpu"] = self.micro_batch_size
@@ -179,14 +196,21 @@ class Candidate(BaseModel):
 
         zero = dict(config.get("zero_optimization") or {})
         zero["stage"] = self.zero_stage
-        zero.pop("offload_optimizer", None)
-        zero.pop("offload_param", None)
+        base_optimizer = zero.pop("offload_optimizer", None)
+        base_param = zero.pop("offload_param", None)
         if self.offload_optimizer != "none":
-            zero["offload_optimizer"] = _offload_block(self.offload_optimizer, nvme_path)
+            block = _offload_block(self.offload_optimizer, nvme_path, base_optimizer)
             if self.offload_optimizer_ratio < 1.0:
-                zero["offload_optimizer"]["ratio"] = self.offload_optimizer_ratio
+                block["ratio"] = self.offload_optimizer_ratio
+            zero["offload_optimizer"] = block
         if self.offload_param != "none":
-            zero["offload_param"] = _offload_block(self.offload_param, nvme_path)
+            block = _offload_block(self.offload_param, nvme_path, base_param)
+            size = block.get("buffer_size", DEFAULT_PARAM_BUFFER_SIZE)
+            numeric = isinstance(size, (int, float))  # a JSON base may write 1e8
+            if self.offload_param == "nvme" and largest_param_numel and numeric:
+                partition = -(-largest_param_numel // self.data_parallel_size)
+                block["buffer_size"] = max(int(size), partition)
+            zero["offload_param"] = block
         for name, value in self.zero_knobs.items():
             if self.zero_stage in ZERO_KNOB_STAGES[name]:
                 zero[name] = value
@@ -194,8 +218,9 @@ class Candidate(BaseModel):
         return config
 
 
-def _offload_block(device: str, nvme_path: str | None) -> dict[str, Any]:
-    block: dict[str, Any] = {"device": device, "pin_memory": True}
+def _offload_block(device: str, nvme_path: str | None, base: Any = None) -> dict[str, Any]:
+    kept = {k: v for k, v in (base or {}).items() if k not in _OFFLOAD_TUNED_KEYS}
+    block: dict[str, Any] = {"pin_memory": True, **kept, "device": device}
     if device == "nvme":
         if not nvme_path:
             raise ValueError("nvme offload needs an nvme_path")

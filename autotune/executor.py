@@ -64,6 +64,28 @@ class _Slot:
             self.worker.close()
 
 
+def slot_devices(capacity: int, devices_per_probe: int, parent_visible: str | None) -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` of each slot: slot i gets entries i*K .. i*K+K-1 of the
+    parent's list (indices such as ``4,5`` or GPU UUIDs, as SLURM and Kubernetes set it),
+    or of ``0 .. N-1`` when the parent sets none. Raises ExecutorError when the parent's
+    list is shorter than the slots need."""
+    needed = capacity * devices_per_probe
+    if parent_visible is None:
+        entries = [str(index) for index in range(needed)]
+    else:
+        entries = [entry.strip() for entry in parent_visible.split(",") if entry.strip()]
+        if len(entries) < needed:
+            raise ExecutorError(
+                f"CUDA_VISIBLE_DEVICES={parent_visible!r} lists {len(entries)} device(s) but "
+                f"{capacity} slot(s) of {devices_per_probe} need {needed}; lower --gpus or "
+                "make more devices visible"
+            )
+    return [
+        ",".join(entries[index * devices_per_probe : (index + 1) * devices_per_probe])
+        for index in range(capacity)
+    ]
+
+
 class LocalExecutor:
     """Slots driven from threads of the driver; CUDA devices split between slots."""
 
@@ -73,9 +95,15 @@ class LocalExecutor:
         self.capacity = max(1, total_devices // devices_per_probe)
         self._idle: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._slots = []
-        for index in range(self.capacity):
-            devices = range(index * devices_per_probe, (index + 1) * devices_per_probe)
-            slot = _Slot(",".join(map(str, devices)) if cuda else None, warm)
+        # never plain indices over the parent's list: SLURM or Kubernetes may give 4,5
+        parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible: list[str | None] = (
+            list(slot_devices(self.capacity, devices_per_probe, parent))
+            if cuda
+            else [None] * self.capacity
+        )
+        for devices in visible:
+            slot = _Slot(devices, warm)
             self._slots.append(slot)
             self._idle.put(slot)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.capacity)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.candidate import Candidate
 from autotune.ops import tools_path, torch_extensions_dir
@@ -38,6 +39,21 @@ class ProbeJob(BaseModel):
     timeout_s: float = Field(description="Hard limit, launch to exit.")
     threads_per_rank: int = Field(description="OMP/MKL threads of each rank, as in production.")
     cwd: str = Field(description="Working directory (the driver's), for user workload paths.")
+    scratch_dir: str | None = Field(
+        default=None,
+        description="Absolute folder of this probe alone (its NVMe swap files): created before "
+        "the probe and removed after it, whatever the outcome.",
+    )
+
+    @field_validator("scratch_dir")
+    @classmethod
+    def _scratch_is_a_subfolder(cls, value: str | None) -> str | None:
+        # removed recursively after the probe: never a root or a top-level folder
+        if value is not None and (not os.path.isabs(value) or len(Path(value).parts) < 3):
+            raise ValueError(
+                f"scratch_dir must be an absolute folder at least two levels deep, got {value!r}"
+            )
+        return value
 
 
 def cpu_probe_jobs(
@@ -189,7 +205,9 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
     The ranks pay interpreter start, imports and process-group set-up once for all of them.
     The jobs must share world size, working directory and threads; the launch's timeout is
     the sum of theirs. If a candidate fails, the ranks exit and later candidates are
-    reported as not probed.
+    reported as not probed. If the ranks find an earlier candidate's memory still allocated
+    (``unclean``), that candidate and the rest go to a fresh launch. Each job's scratch
+    folder is removed once the launch is over.
     """
     first = jobs[0]
     if any(
@@ -198,6 +216,25 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
         for j in jobs
     ):
         raise ValueError("jobs launched together must share world size, cwd and threads")
+    try:
+        results: list[ProbeResult] = []
+        leaked = 0
+        while len(results) < len(jobs):
+            launched, unclean = _launch(jobs[len(results) :], visible_devices)
+            launched[0].leak_restart_bytes = leaked
+            results += launched
+            leaked = unclean
+        return results
+    finally:
+        for job in jobs:
+            remove_scratch(job)
+
+
+def _launch(jobs: list[ProbeJob], visible_devices: str | None) -> tuple[list[ProbeResult], int]:
+    """One torchrun launch of ``jobs``: the results up to the first candidate (not the
+    launch's first) whose ranks were unclean, and the bytes they found left behind (0 if
+    none were). A fresh launch's first candidate is never unclean."""
+    first = jobs[0]
     restore_child_signals()
     spec_paths = [prepare_trial_dir(job) for job in jobs]
     log_path = Path(first.trial_dir) / "probe.log"
@@ -216,7 +253,8 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
                 start_new_session=True,  # its own process group: killed as one
             )
         except OSError as exc:
-            return [ProbeResult(status="error", error=f"cannot start torchrun: {exc}")] * len(jobs)
+            failed = ProbeResult(status="error", error=f"cannot start torchrun: {exc}")
+            return [failed.model_copy() for _ in jobs], 0
         track_group(process.pid)
         try:
             exit_code: int | None = process.wait(timeout=timeout_s)
@@ -234,8 +272,11 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
     wall_s = time.perf_counter() - started
     log_tail = read_tail(log_path)
     results: list[ProbeResult] = []
-    for job in jobs:
+    for index, job in enumerate(jobs):
         reports = read_reports(job)
+        leaked = unclean_bytes(reports)
+        if leaked and index > 0:
+            return results, leaked  # this one and the rest go to a fresh launch
         if not reports and results and results[-1].status != "ok":
             results.append(
                 ProbeResult(
@@ -248,18 +289,30 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
             continue
         # A candidate every rank finished is not failed by a later one that ended the launch.
         finished = len(jobs) > 1 and {r.rank for r in reports} == set(range(job.world_size))
-        results.append(
-            aggregate(
-                job.spec,
-                reports,
-                world_size=job.world_size,
-                exit_code=0 if finished else exit_code,
-                timed_out=timed_out and not finished,
-                wall_s=wall_s if len(jobs) == 1 else max((r.wall_s for r in reports), default=0),
-                log_tail=log_tail,
-            )
+        result = aggregate(
+            job.spec,
+            reports,
+            world_size=job.world_size,
+            exit_code=0 if finished else exit_code,
+            timed_out=timed_out and not finished,
+            wall_s=wall_s if len(jobs) == 1 else max((r.wall_s for r in reports), default=0),
+            log_tail=log_tail,
         )
-    return results
+        result.cold_start = index == 0
+        results.append(result)
+    return results, 0
+
+
+def unclean_bytes(reports: list[RankReport]) -> int:
+    """The leak the ranks reported when they refused to probe (``unclean``), else 0."""
+    return max((r.leaked_bytes for r in reports if r.status == "unclean"), default=0)
+
+
+def remove_scratch(job: ProbeJob) -> None:
+    """Delete the job's scratch folder (NVMe swap files of a finished, failed or killed
+    probe); a rank still closing its files keeps only the open inodes until it exits."""
+    if job.scratch_dir:
+        shutil.rmtree(job.scratch_dir, ignore_errors=True)
 
 
 def prepare_trial_dir(job: ProbeJob) -> Path:
@@ -268,6 +321,8 @@ def prepare_trial_dir(job: ProbeJob) -> Path:
     trial_dir.mkdir(parents=True, exist_ok=True)
     for stale in trial_dir.glob("rank-*.json"):
         stale.unlink()
+    if job.scratch_dir:
+        Path(job.scratch_dir).mkdir(parents=True, exist_ok=True)
     spec_path = trial_dir / "spec.json"
     spec_path.write_text(job.spec.model_dump_json(indent=1), encoding="utf-8")
     (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.ds_config), encoding="utf-8")

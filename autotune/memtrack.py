@@ -14,6 +14,7 @@ CUDA caching allocator does under ``torch.cuda.set_per_process_memory_fraction``
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 from typing import Any
@@ -66,6 +67,13 @@ class TensorMemoryTracker(TorchDispatchMode):
                 f"{self.limit_bytes} bytes (autotune CPU memory limit)"
             )
 
+    def adopt(self, tensors: Any) -> None:
+        """Count the storages of ``tensors`` (alive before the tracker) as live, as a device
+        allocator still holds what an earlier candidate left: they are part of this peak,
+        and their release is subtracted like any other."""
+        for tensor in tensors:
+            self._track(tensor)
+
     def ignore(self, tensors: Any) -> None:
         """Treat the storages of ``tensors`` (made before the tracker) as not ours: views
         of them, such as a weight's transpose, then count nothing."""
@@ -81,3 +89,29 @@ class TensorMemoryTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_bytes = self.live_bytes
+
+
+def live_tensors(device_type: str = "cpu") -> list[torch.Tensor]:
+    """One tensor per distinct storage on ``device_type`` that the Python heap holds now
+    (call ``gc.collect()`` first to leave out unreachable cycles). Tensors only C++ code
+    holds (autograd's saved tensors, communication buffers) are not seen."""
+    found: dict[int, torch.Tensor] = {}
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance reads __class__, which deprecated module
+        # attributes (torch.distributed.reduce_op) answer with a warning
+        if not issubclass(type(obj), torch.Tensor) or obj.device.type != device_type:
+            continue
+        try:
+            storage = obj.untyped_storage()
+            holds_memory = bool(storage.nbytes() and storage.data_ptr())  # not fake or meta
+        except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
+            continue
+        if holds_memory:
+            found.setdefault(storage._cdata, obj)
+    return list(found.values())
+
+
+def storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages of ``tensors``."""
+    sizes = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in tensors}
+    return sum(sizes.values())

@@ -1,16 +1,26 @@
 """One probe rank: ``python -m autotune.probe --spec spec.json`` under torchrun.
 
-Each rank builds the workload, calls ``deepspeed.initialize`` with the candidate's config,
-runs warm-up steps (where, on CPU, tensor memory is traced and the limit enforced), then
-times optimizer steps, and writes a :class:`~autotune.protocol.RankReport` to
-``rank-<r>.json`` next to the spec. A failure is data: the rank reports ``oom`` or
-``error`` and exits without tearing down collectives (torchrun stops its peers).
+Each rank builds the workload (at ZeRO-3 under ``deepspeed.zero.Init``, partitioned as it
+is built; at other stages on the device in the target dtype), calls ``deepspeed.initialize``
+with the candidate's config, runs warm-up steps (where, on CPU, tensor memory is traced and
+the limit enforced), then times optimizer steps, and writes a
+:class:`~autotune.protocol.RankReport` to ``rank-<r>.json`` next to the spec. A failure is
+data: the rank reports ``oom`` or ``error`` and exits without tearing down collectives
+(torchrun stops its peers).
+
+Ranks that probe several candidates (a warm worker, several ``--spec``) drop every
+reference to a candidate's engine before collecting and emptying caches, and check at the
+start of the next candidate that nothing of the earlier ones is still allocated; if
+something is, they report ``unclean`` and exit, and their launcher probes the candidate in
+a fresh group. The memory side (limit, leak check, release, what counts as an OOM) is
+:mod:`autotune.rank_memory`; how the model is built, :mod:`autotune.model_build`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -18,23 +28,18 @@ import platform
 import signal
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune import steps
+from autotune import rank_memory, steps
+from autotune.model_build import build_model
 from autotune.protocol import ProbeSpec, RankReport
+from autotune.rank_memory import classify_failure, leak_tolerance_bytes
 
-OOM_MARKERS = ("out of memory", "outofmemoryerror")
-
-
-def is_oom(exc: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or an OOM another layer wrapped into a RuntimeError."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    text = f"{type(exc).__name__}: {exc}".lower()
-    return any(marker in text for marker in OOM_MARKERS)
+# What the "leak" fault keeps alive (a test double for a library holding on to an engine).
+_KEPT_BY_FAULT: list[Any] = []
 
 
 def _host_peak_bytes() -> int:
@@ -45,7 +50,8 @@ def _host_peak_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def _versions() -> dict[str, str]:
+def _versions(device: Any) -> dict[str, str]:
+    """Library versions, and the numeric settings that change fp32 speed (TF32)."""
     import deepspeed
     import torch
 
@@ -55,6 +61,12 @@ def _versions() -> dict[str, str]:
         import transformers
 
         versions["transformers"] = transformers.__version__
+    versions["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    versions["cuda_matmul_allow_tf32"] = str(torch.backends.cuda.matmul.allow_tf32)
+    versions["cudnn_allow_tf32"] = str(torch.backends.cudnn.allow_tf32)
+    if device.type == "cuda":
+        versions["cuda"] = str(torch.version.cuda)
+        versions["device"] = torch.cuda.get_device_name(device)
     return versions
 
 
@@ -88,40 +100,35 @@ def _inject(fault: str, rank: int, world_size: int) -> None:
             time.sleep(3600)
 
 
-def run_rank(spec: ProbeSpec, report: RankReport, started: float) -> Any:
-    """Build, initialise, warm up, time. Fills ``report``; returns the engine."""
-    import deepspeed
+def _device(spec: ProbeSpec) -> Any:
     import torch
 
-    _quiet_libraries()
+    if spec.accelerator == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def run_rank(spec: ProbeSpec, report: RankReport, started: float, device: Any) -> None:
+    """Build, initialise, warm up, time; fill ``report``. Every reference to the engine lives
+    in this frame (helpers hold it only while they run) and is gone when it returns, so the
+    caller's collection frees it."""
+    import deepspeed
+
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = spec.accelerator == "cuda"
-    if cuda:
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        # The caching allocator raises OutOfMemoryError at the limit, as a smaller GPU would.
-        fraction = min(1.0, spec.vram_limit_bytes / spec.device_memory_bytes)
-        torch.cuda.set_per_process_memory_fraction(fraction, device)
-        tracker: Any = contextlib.nullcontext()
-    else:
-        from autotune.memtrack import TensorMemoryTracker
-
-        device = torch.device("cpu")
-        tracker = TensorMemoryTracker(limit_bytes=spec.vram_limit_bytes)
-
-    deepspeed.init_distributed()
-    report.versions = _versions()
-    report.threads = torch.get_num_threads()
+    tracker, overhead = _set_up(spec, report, device)
     from autotune.workloads import get_workload
 
     candidate = spec.candidate
     with tracker:
         workload = get_workload(spec.workload)
-        model = workload.build_model()
+        model, report.build = build_model(workload, spec, device)
         if candidate.activation_checkpointing:
             workload.enable_activation_checkpointing(model)
+        if spec.fault == "leak" and rank == world_size - 1:
+            _keep_alive(model, spec, device)
         engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=[p for p in model.parameters() if p.requires_grad],
@@ -130,55 +137,127 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float) -> Any:
         report.init_s = time.perf_counter() - started
         batch = workload.make_batch(candidate.micro_batch_size, device)
         _inject(spec.fault, rank, world_size)
-        warmup_started = time.perf_counter()
-        max_warmup = spec.max_warmup_steps or spec.warmup_steps
-        while not steps.warmed_up(report.warmup_step_times_s, spec.warmup_steps, max_warmup):
-            report.warmup_step_times_s.append(
-                _timed_step(engine, workload, batch, candidate, device)
-            )
-        report.warmup_s = time.perf_counter() - warmup_started
+        step = functools.partial(_timed_step, engine, workload, batch, candidate, device)
+        warmup_skipped = _warm_up(step, spec, report)
+    timed_skipped = _time_steps(step, spec, report)
+    report.skipped_steps = warmup_skipped + timed_skipped
+    if not report.step_times_s:
+        raise RuntimeError(
+            f"fp16 loss scaling skipped every timed step ({timed_skipped} overflows after "
+            f"{warmup_skipped} in warm-up): the loss scale never settled; check the model or "
+            "the fp16 block of the base config"
+        )
+    _record_peaks(report, tracker, device, overhead)
+    if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
+        engine.destroy()
 
-    # Adaptive length and early stop decide on the agreed (slowest-rank) times, so all
-    # ranks stop after the same step.
+
+def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]:
+    """Process group, numeric settings and the memory limit of one candidate: the CPU
+    tracker (or a null context on CUDA) and the CUDA memory outside the allocator."""
+    import deepspeed
+    import torch
+
+    _quiet_libraries()
+    deepspeed.init_distributed()
+    # Explicit for every candidate: production's setting, never the previous candidate's.
+    torch.set_float32_matmul_precision(spec.float32_matmul_precision)
+    report.versions = _versions(device)
+    report.threads = torch.get_num_threads()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return contextlib.nullcontext(), rank_memory.limit_cuda_memory(spec, device)
+    from autotune.memtrack import TensorMemoryTracker, live_tensors
+
+    tracker = TensorMemoryTracker(limit_bytes=spec.vram_limit_bytes)
+    # What is still alive counts toward this peak, as a device's allocator would count it.
+    tracker.adopt(live_tensors("cpu"))
+    return tracker, 0
+
+
+def _keep_alive(model: Any, spec: ProbeSpec, device: Any) -> None:
+    """The "leak" fault: keep the model and twice the leak tolerance alive for good."""
+    import torch
+
+    held = torch.empty(2 * leak_tolerance_bytes(spec.vram_limit_bytes), dtype=torch.uint8)
+    _KEPT_BY_FAULT.extend([model, held.to(device)])
+
+
+def _warm_up(step: Callable[[], tuple[float, bool]], spec: ProbeSpec, report: RankReport) -> int:
+    """Untimed steps until step time settles (skipped fp16 steps extend it); the number
+    of steps the loss scaler skipped."""
+    started = time.perf_counter()
+    max_warmup = spec.max_warmup_steps or spec.warmup_steps
+    skipped: list[bool] = []
+    while not steps.warmup_done(report.warmup_step_times_s, skipped, spec.warmup_steps, max_warmup):
+        step_time, was_skipped = step()
+        report.warmup_step_times_s.append(step_time)
+        skipped.append(was_skipped)
+    report.warmup_s = time.perf_counter() - started
+    return sum(skipped)
+
+
+def _time_steps(step: Callable[[], tuple[float, bool]], spec: ProbeSpec, report: RankReport) -> int:
+    """Timed steps until the interval is tight, a cap, or clearly slower than the best; the
+    number of steps the loss scaler skipped (not timed). Adaptive length and early stop
+    decide on the agreed (slowest-rank) times, so all ranks stop after the same step."""
     max_timed = spec.max_timed_steps or spec.timed_steps
-    while not steps.timed_enough(
+    skipped = 0
+    while not steps.timing_done(
         report.step_times_s,
+        skipped,
         min_steps=spec.timed_steps,
         max_steps=max_timed,
         target=spec.target_spread,
         max_s=spec.max_timed_s,
     ):
-        report.step_times_s.append(_timed_step(engine, workload, batch, candidate, device))
-        if steps.clearly_slower(
-            report.step_times_s, candidate.train_batch_size, spec.stop_below_samples_per_s
-        ):
+        step_time, was_skipped = step()
+        if was_skipped:
+            skipped += 1
+            continue
+        report.step_times_s.append(step_time)
+        samples = spec.candidate.train_batch_size
+        if steps.clearly_slower(report.step_times_s, samples, spec.stop_below_samples_per_s):
             report.stopped_early = True
             break
+    return skipped
 
-    if cuda:
-        report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
-        report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device))
-    else:
+
+def _record_peaks(report: RankReport, tracker: Any, device: Any, overhead: int) -> None:
+    import torch
+
+    if device.type != "cuda":
         report.peak_allocated_bytes = tracker.peak_bytes
-    return engine
+        return
+    overhead = max(overhead, rank_memory.cuda_overhead_bytes(device))
+    report.device_overhead_bytes = overhead
+    report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
+    # What the device had to provide: the allocator's reserve plus what lies outside it.
+    report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device)) + overhead
 
 
-def _timed_step(engine: Any, workload: Any, batch: Any, candidate: Any, device: Any) -> float:
-    """One optimizer step's time, the slowest rank's (all ranks get the same number)."""
+def _timed_step(
+    engine: Any, workload: Any, batch: Any, candidate: Any, device: Any
+) -> tuple[float, bool]:
+    """One optimizer step's time, the slowest rank's, and whether any rank's fp16 loss
+    scaler skipped it (all ranks get the same answer)."""
     import torch
     import torch.distributed as dist
 
     cuda = device.type == "cuda"
+    skipped_before = int(getattr(engine, "skipped_steps", 0))
     if cuda:
         torch.cuda.synchronize(device)
     started = time.perf_counter()
     _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
     if cuda:
         torch.cuda.synchronize(device)
-    elapsed = torch.tensor([time.perf_counter() - started], device=device)
+    elapsed = time.perf_counter() - started
+    skipped = int(getattr(engine, "skipped_steps", 0)) > skipped_before
+    agreed = torch.tensor([elapsed, float(skipped)], device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return float(agreed[0].item()), bool(agreed[1].item() > 0)
 
 
 def _optimizer_step(engine: Any, workload: Any, batch: Any, accumulation_steps: int) -> None:
@@ -196,36 +275,46 @@ def _write_report(report: RankReport, directory: Path) -> None:
     os.replace(tmp, path)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
-
-
-def probe_spec(spec_path: Path, started: float) -> None:
-    """Probe one spec and write this rank's report beside it. On failure the process
-    exits at once: peers may be blocked in a collective, interpreter teardown would abort
-    in gloo/NCCL destructors, and torchrun stops the other ranks."""
-    spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
-    report = RankReport(rank=int(os.environ.get("RANK", "0")), status="ok", pid=os.getpid())
-    try:
-        engine = run_rank(spec, report, started)
-    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
-        report.status = "oom" if is_oom(exc) else "error"
-        report.error = _first_line(exc)
-        report.host_peak_bytes = _host_peak_bytes()
-        report.wall_s = time.perf_counter() - started
-        if report.status == "error":
-            import traceback
-
-            traceback.print_exc()
-        _write_report(report, spec_path.parent)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+def _leave_now(report: RankReport, spec_path: Path, started: float) -> None:
+    """Write the report of a rank that stops here and exit at once: peers may be blocked in
+    a collective, interpreter teardown would abort in gloo/NCCL destructors, and torchrun
+    stops the other ranks."""
     report.host_peak_bytes = _host_peak_bytes()
     report.wall_s = time.perf_counter() - started
     _write_report(report, spec_path.parent)
-    _release(engine, spec.accelerator)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def probe_spec(spec_path: Path, started: float) -> None:
+    """Probe one spec and write this rank's report beside it; on failure, or when earlier
+    candidates left memory behind (``unclean``), write the report and exit."""
+    spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+    report = RankReport(rank=int(os.environ.get("RANK", "0")), status="ok", pid=os.getpid())
+    tolerance = leak_tolerance_bytes(spec.vram_limit_bytes)
+    try:
+        device = _device(spec)
+        report.leaked_bytes = rank_memory.leaked_bytes(device)
+        report.pinned_host_bytes_at_start = rank_memory.pinned_host_bytes(device)
+        if report.leaked_bytes <= tolerance:
+            run_rank(spec, report, started, device)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+        report.status, report.error = classify_failure(exc)
+        if report.status == "error":
+            traceback.print_exc()
+        _leave_now(report, spec_path, started)
+    if report.leaked_bytes > tolerance:
+        report.status = "unclean"
+        report.error = (
+            f"{report.leaked_bytes} bytes of earlier candidates still allocated at the start "
+            f"(more than {tolerance}); the ranks must restart"
+        )
+        _leave_now(report, spec_path, started)
+    report.host_peak_bytes = _host_peak_bytes()
+    report.wall_s = time.perf_counter() - started
+    _write_report(report, spec_path.parent)
+    rank_memory.release(spec.accelerator)
 
 
 def serve(inbox: Path) -> None:
@@ -290,39 +379,6 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
     _leave_process_group()
     return 0
-
-
-def _release(engine: Any, accelerator: str) -> None:
-    """Free one candidate's engine before the next is built in the same process."""
-    import gc
-
-    import torch
-
-    if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
-        engine.destroy()
-    del engine
-    gc.collect()
-    if accelerator == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        _trim_host_heap()
-
-
-def _trim_host_heap() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``): without it a warm
-    worker's resident memory ratchets up over candidates of a 124M model until the kernel's
-    OOM killer takes a rank (seen at 11 GB after 30 candidates on a 24 GB host)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        return
 
 
 def _leave_process_group() -> None:

@@ -16,10 +16,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from autotune.candidate import Candidate
 
 ProbeStatus = Literal["ok", "oom", "error", "timeout"]
-RankStatus = Literal["ok", "oom", "error"]
+# "unclean": a warm rank found memory of earlier candidates still allocated at the start of
+# this one; it probed nothing, and its worker restarts the group and probes the job cold.
+RankStatus = Literal["ok", "oom", "error", "unclean"]
 # Faults a probe can be told to inject, for tests of the tuner's failure handling; a CUDA
 # OOM cannot be produced on a CPU machine, so "oom" raises torch.OutOfMemoryError itself.
-Fault = Literal["none", "oom", "error", "crash", "hang"]
+# "leak" keeps the candidate's model and a tensor alive after the probe, standing in for a
+# library that holds on to an engine, so the next candidate in the group starts unclean.
+Fault = Literal["none", "oom", "error", "crash", "hang", "leak"]
+# torch.set_float32_matmul_precision: "highest" is PyTorch's default (no TF32 on CUDA);
+# "high" lets fp32 matmuls use TF32 on Ampere and later, "medium" bf16.
+Float32MatmulPrecision = Literal["highest", "high", "medium"]
 
 
 class ProbeSpec(BaseModel):
@@ -53,7 +60,25 @@ class ProbeSpec(BaseModel):
         "margin); 0: never.",
     )
     tokens_per_sample: int = Field(default=1, description="For tokens/s.")
+    float32_matmul_precision: Float32MatmulPrecision = Field(
+        default="highest",
+        description="torch.set_float32_matmul_precision for the probe, as production sets it "
+        "(highest: PyTorch's default, no TF32; high: TF32 matmuls on CUDA).",
+    )
     fault: Fault = Field(default="none", description="Injected fault, for tests only.")
+
+
+class BuildInfo(BaseModel):
+    """How a rank built the model, checked right after the build."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    zero_init: bool = Field(description="Built under deepspeed.zero.Init (ZeRO-3).")
+    device: str = Field(description="Device the parameters were built on.")
+    dtype: str = Field(description="Dtype of the floating-point parameters as built.")
+    partitioned: bool = Field(description="Every parameter is a ZeRO-3 partition (ds_numel).")
+    param_bytes: int = Field(description="Bytes of parameter data this rank holds after build.")
+    model_param_count: int = Field(description="Parameters of the whole model.")
 
 
 class RankReport(BaseModel):
@@ -75,7 +100,29 @@ class RankReport(BaseModel):
     pid: int = Field(default=0, description="The rank's process id (a warm worker keeps it).")
     warmup_step_times_s: list[float] = Field(default_factory=list)
     stopped_early: bool = Field(default=False, description="Clearly slower than the best.")
-    versions: dict[str, str] = Field(default_factory=dict)
+    skipped_steps: int = Field(
+        default=0,
+        description="Optimizer steps the fp16 loss scaler skipped (overflow); never timed.",
+    )
+    leaked_bytes: int = Field(
+        default=0,
+        description="Device (CUDA) or live-tensor (CPU) bytes allocated at the candidate's "
+        "start beyond the process's first candidate's: what earlier candidates left behind.",
+    )
+    pinned_host_bytes_at_start: int = Field(
+        default=0,
+        description="Pinned host memory PyTorch's host allocator held at the candidate's start "
+        "(CUDA): what earlier candidates left in its cache.",
+    )
+    device_overhead_bytes: int = Field(
+        default=0,
+        description="CUDA memory outside PyTorch's allocator (context, NCCL, cuBLAS), "
+        "included in peak_reserved_bytes.",
+    )
+    build: BuildInfo | None = Field(default=None, description="How the model was built.")
+    versions: dict[str, str] = Field(
+        default_factory=dict, description="Library versions and numeric settings (TF32)."
+    )
 
 
 class ProbeResult(BaseModel):
@@ -118,6 +165,19 @@ class ProbeResult(BaseModel):
     stopped_early: bool = Field(
         default=False, description="Stopped as clearly slower than the best so far."
     )
+    skipped_steps: int = Field(
+        default=0, description="fp16 overflow-skipped optimizer steps (not timed)."
+    )
+    overhead_bytes_per_rank: list[int] = Field(
+        default_factory=list,
+        description="CUDA context, NCCL and cuBLAS memory outside the allocator, per rank; "
+        "already included in reserved_bytes_per_rank.",
+    )
+    leak_restart_bytes: int = Field(
+        default=0,
+        description="The warm group was restarted before this probe because this many bytes "
+        "of earlier candidates were still allocated; the probe then ran cold.",
+    )
 
     @property
     def peak_bytes(self) -> int:
@@ -156,9 +216,12 @@ def aggregate(
         "versions": reports[0].versions if reports else {},
         "warmup_steps": max((len(r.warmup_step_times_s) for r in reports), default=0),
         "stopped_early": any(r.stopped_early for r in reports),
+        "skipped_steps": max((r.skipped_steps for r in reports), default=0),
+        "overhead_bytes_per_rank": [r.device_overhead_bytes for r in reports],
     }
     oom = [r for r in reports if r.status == "oom"]
-    errors = [r for r in reports if r.status == "error"]
+    # An unclean start probed nothing; its launcher normally restarts the group instead.
+    errors = [r for r in reports if r.status in ("error", "unclean")]
     if oom:
         return ProbeResult(status="oom", error=f"rank {oom[0].rank}: {oom[0].error}", **common)
     if timed_out:

@@ -6,14 +6,13 @@ its decisions in one place, :meth:`BoundSpace._decide` (define-by-run: a dimensi
 decided only where it can vary and is valid), and that one procedure serves Optuna
 (:meth:`suggest`), exhaustive enumeration (:meth:`candidates`) and the reverse mapping to
 Optuna parameters (:meth:`params_of`), so the three can never disagree. The DeepSpeed
-validity rules live in :func:`combination_problem` and ``ZERO_KNOB_STAGES``.
+validity rules and the filters of binding live in :mod:`autotune.space_rules`
+(``combination_problem``, re-exported here) and ``ZERO_KNOB_STAGES``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
@@ -21,13 +20,21 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError,
 
 from autotune.candidate import ZERO_KNOB_STAGES, Candidate, OffloadDevice, Precision, ZeroKnobs
 from autotune.errors import SpaceError
+from autotune.space_files import builtin_space_names as builtin_space_names  # re-exported
+from autotune.space_files import key_lines, resolve_space_path
+from autotune.space_rules import (
+    combination_problem,
+    keep_micro_batches,
+    keep_offload_targets,
+    keep_precisions,
+    keep_stages,
+)
 
 if TYPE_CHECKING:
     import optuna
 
     from autotune.hardware import Hardware
 
-SPACES_PACKAGE = "autotune.search_spaces"
 Chooser = Callable[[str, Sequence[Any], str], Any]
 
 
@@ -161,102 +168,30 @@ class SpaceSpec(BaseModel):
         and micro x accumulation x ranks may be anything up to ``max_global_batch``.
         """
         notes: list[str] = []
-        precisions = [p for p in self.precision if p in hardware.precisions]
-        dropped = [p for p in self.precision if p not in hardware.precisions]
-        if dropped:
-            notes.append(
-                f"{', '.join(dropped)} not supported on {hardware.accelerator} "
-                f"({hardware.device_name}): dropped from the space"
-            )
-        if not precisions:
-            raise SpaceError(
-                f"space allows precision {self.precision} but this {hardware.accelerator} "
-                f"supports only {list(hardware.precisions)}; add one of those to 'precision'"
-            )
-        offload_optimizer, offload_param = list(self.offload_optimizer), list(self.offload_param)
-        if self.uses("nvme"):
-            reason = nvme_unavailable
-            if not nvme_path:
-                reason = "it needs --nvme-path DIR, a folder on an NVMe disk"
-            if reason:
-                for key, values in (
-                    ("offload_optimizer", offload_optimizer),
-                    ("offload_param", offload_param),
-                ):
-                    if values == ["nvme"]:
-                        raise SpaceError(
-                            f"space key {key} lists only 'nvme', but {reason}; pass "
-                            "--nvme-path DIR (with libaio installed) or list other targets"
-                        )
-                notes.append(f"nvme offload dropped: {reason}")
-                offload_optimizer = [d for d in offload_optimizer if d != "nvme"]
-                offload_param = [d for d in offload_param if d != "nvme"]
+        precisions = keep_precisions(list(self.precision), hardware, notes)
+        offload_optimizer, offload_param = keep_offload_targets(
+            list(self.offload_optimizer),
+            list(self.offload_param),
+            list(self.zero_stage),
+            nvme_path,
+            nvme_unavailable,
+            notes,
+        )
         ratios = list(self.offload_optimizer_ratio)
         if not partial_offload_supported and any(r < 1 for r in ratios):
             notes.append(
                 "offload_optimizer_ratio < 1 dropped: this DeepSpeed has no partial offload"
             )
             ratios = [1.0]
-        if global_batch is not None and global_batch % data_parallel_size:
-            raise SpaceError(
-                f"--global-batch {global_batch} is not divisible by the {data_parallel_size} "
-                f"data-parallel ranks of a trial; pick a multiple of {data_parallel_size}"
-            )
-        if global_batch is not None:
-            per_rank = global_batch // data_parallel_size
-            micro_batches = sorted(m for m in self.micro_batch_size if per_rank % m == 0)
-            if not micro_batches:
-                raise SpaceError(
-                    f"no micro_batch_size in {self.micro_batch_size} divides the per-rank batch "
-                    f"{per_rank} (--global-batch {global_batch} / {data_parallel_size} ranks); "
-                    "add a divisor to micro_batch_size or change --global-batch"
-                )
-            skipped = sorted(set(self.micro_batch_size) - set(micro_batches))
-            if skipped:
-                notes.append(
-                    f"micro_batch_size {skipped} do not divide the per-rank batch {per_rank}: "
-                    "not candidates"
-                )
-        else:
-            if max_global_batch is None:
-                raise SpaceError(
-                    "--global-batch auto needs --max-global-batch N, the largest global batch "
-                    "your training may use"
-                )
-            smallest_accumulation = min(self.gradient_accumulation_steps)
-            micro_batches = sorted(
-                m
-                for m in self.micro_batch_size
-                if m * smallest_accumulation * data_parallel_size <= max_global_batch
-            )
-            if not micro_batches:
-                raise SpaceError(
-                    f"--max-global-batch {max_global_batch} is below every micro_batch_size in "
-                    f"{self.micro_batch_size} x {data_parallel_size} ranks; raise it"
-                )
-        # A stage stays only if some listed offload pair is valid at it, so that define-by-run
-        # decisions (offload asked only where it can vary) never leave the valid set.
-        zero_stages = [
-            stage
-            for stage in self.zero_stage
-            if any(
-                combination_problem(stage, opt, param) is None
-                for opt in offload_optimizer
-                for param in offload_param
-            )
-        ]
-        if not zero_stages:
-            problems = {
-                combination_problem(s, o, p)
-                for s in self.zero_stage
-                for o in offload_optimizer
-                for p in offload_param
-            }
-            raise SpaceError(
-                f"no zero_stage in {self.zero_stage} is valid with offload_optimizer "
-                f"{offload_optimizer} and offload_param {offload_param}: "
-                + "; ".join(sorted(filter(None, problems)))
-            )
+        micro_batches = keep_micro_batches(
+            list(self.micro_batch_size),
+            list(self.gradient_accumulation_steps),
+            data_parallel_size=data_parallel_size,
+            global_batch=global_batch,
+            max_global_batch=max_global_batch,
+            notes=notes,
+        )
+        zero_stages = keep_stages(list(self.zero_stage), offload_optimizer, offload_param)
         return BoundSpace(
             spec=self,
             precisions=tuple(precisions),
@@ -271,21 +206,6 @@ class SpaceSpec(BaseModel):
             nvme_path=nvme_path,
             notes=tuple(notes),
         )
-
-
-def combination_problem(zero_stage: int, offload_optimizer: str, offload_param: str) -> str | None:
-    """Why a combination is invalid in DeepSpeed, or None when it is valid.
-
-    DeepSpeed offloads optimizer states from ZeRO-1 on (ZeRO-Offload), and parameters only
-    at ZeRO-3 (ZeRO-Infinity); see DeepSpeed's config-json docs, "zero_optimization".
-    Partial offload (ratio < 1) is ZeRO-3 with CPU offload only (DeepSpeed asserts it in
-    ``DeepSpeedZeroConfig.offload_ratio_check``); that rule is in ``BoundSpace._decide``.
-    """
-    if offload_optimizer != "none" and zero_stage < 1:
-        return f"offload_optimizer {offload_optimizer!r} needs zero_stage 1, 2 or 3"
-    if offload_param != "none" and zero_stage != 3:
-        return f"offload_param {offload_param!r} needs zero_stage 3"
-    return None
 
 
 class BoundSpace(BaseModel):
@@ -311,15 +231,31 @@ class BoundSpace(BaseModel):
         limit = self.max_global_batch // (micro_batch_size * self.data_parallel_size)
         return [a for a in sorted(self.spec.gradient_accumulation_steps) if a <= limit]
 
+    def _optimizer_targets(self, stage: int) -> tuple[str, ...]:
+        """The optimizer offload targets valid at ``stage`` with some listed parameter target
+        (binding keeps only stages where at least one is)."""
+        return tuple(
+            device
+            for device in self.offload_optimizer
+            if any(
+                combination_problem(stage, device, param) is None
+                for param in (self.offload_param if stage == 3 else ("none",))
+            )
+        )
+
     def _decide(self, choose: Chooser) -> Candidate:
         """Every decision, in define-by-run order; ``choose(name, choices, attribute)``."""
         precision = choose("precision", self.precisions, "precision")
         stage = choose("zero_stage", self.zero_stages, "zero_stage")
         offload_optimizer = "none"
         if stage >= 1:
-            offload_optimizer = choose(
-                "offload_optimizer", self.offload_optimizer, "offload_optimizer"
-            )
+            targets = self._optimizer_targets(stage)
+            # Optuna wants one fixed set of choices per parameter name: a stage where fewer
+            # targets are valid (no nvme below ZeRO-3) asks under its own name.
+            name = "offload_optimizer"
+            if targets != self.offload_optimizer:
+                name = "offload_optimizer_z12"
+            offload_optimizer = choose(name, targets, "offload_optimizer")
         ratio = 1.0
         if stage == 3 and offload_optimizer == "cpu":
             ratio = choose(
@@ -432,26 +368,6 @@ class BoundSpace(BaseModel):
         return counts
 
 
-def builtin_space_names() -> list[str]:
-    root = resources.files(SPACES_PACKAGE)
-    return sorted(p.name[: -len(".yaml")] for p in root.iterdir() if p.name.endswith(".yaml"))
-
-
-def resolve_space_path(ref: str) -> tuple[str, str]:
-    """A path or a built-in name -> (display name, YAML text)."""
-    path = Path(ref)
-    if path.is_file():
-        return str(path), path.read_text(encoding="utf-8")
-    root = resources.files(SPACES_PACKAGE)
-    builtin = root / f"{ref}.yaml"
-    if "/" not in ref and not ref.endswith((".yaml", ".yml")) and builtin.is_file():
-        return f"search_spaces/{ref}.yaml", builtin.read_text(encoding="utf-8")
-    raise SpaceError(
-        f"--space {ref}: no such file, and no built-in space of that name; give a YAML path "
-        f"or one of: {', '.join(builtin_space_names())}"
-    )
-
-
 def load_space(ref: str) -> SpaceSpec:
     """Load and validate a space; errors name the file, the key and what is allowed."""
     name, text = resolve_space_path(ref)
@@ -472,7 +388,7 @@ def parse_space(text: str, *, source: str = "<space>") -> SpaceSpec:
             f"{source}: a space is a mapping of dimension -> list of values, got "
             f"{type(data).__name__}; see search_spaces/default.yaml"
         )
-    lines = _key_lines(node)
+    lines = key_lines(node)
     try:
         return SpaceSpec.model_validate(data)
     except ValidationError as exc:
@@ -492,16 +408,3 @@ def parse_space(text: str, *, source: str = "<space>") -> SpaceSpec:
         raise SpaceError(
             f"{where}: {path}: {error['msg']}, got {error.get('input')!r}{hint}"
         ) from None
-
-
-def _key_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
-    """Line number (1-based) of each key (and of nested mapping keys), for error messages."""
-    if not isinstance(node, yaml.MappingNode):
-        return {}
-    lines: dict[str, int] = {}
-    for key, value in node.value:
-        if isinstance(key, yaml.ScalarNode):
-            name = f"{prefix}{key.value}"
-            lines[name] = key.start_mark.line + 1
-            lines.update(_key_lines(value, prefix=f"{name}."))
-    return lines

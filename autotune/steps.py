@@ -12,6 +12,10 @@ rank is left waiting in a collective.
 - A probe is clearly slower than ``threshold`` samples/s when even the fast end of its
   interval is below it: it can stop early (the tuner records it as pruned, with what it
   measured).
+- fp16: a step the dynamic loss scaler skips (gradient overflow: no optimizer update) is
+  faster than a real one. Warm-up goes on while steps are skipped (the scale is still
+  searching), skipped steps never count as settled or timed, and at most
+  :data:`MAX_SKIPPED_STEPS` of them are run in each phase.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ import statistics
 
 SETTLE_TOLERANCE = 0.10
 MIN_STEPS_FOR_STOP = 3
+# fp16 overflow skips a phase may run before it stops waiting for the loss scale: from
+# DeepSpeed's initial 2**16 a scale that still overflows after 16 halvings is broken.
+MAX_SKIPPED_STEPS = 16
 
 # Two-sided 95% quantiles of Student's t by degrees of freedom (1..30), then the normal's.
 _T95 = [
@@ -56,6 +63,35 @@ def warmed_up(times_s: list[float], min_steps: int, max_steps: int) -> bool:
         return False
     previous, last = times_s[-2], times_s[-1]
     return abs(last - previous) <= SETTLE_TOLERANCE * max(previous, last)
+
+
+def warmup_done(times_s: list[float], skipped: list[bool], min_steps: int, max_steps: int) -> bool:
+    """:func:`warmed_up` over the steps the loss scaler did not skip; never right after a
+    skipped step, unless :data:`MAX_SKIPPED_STEPS` were skipped already."""
+    kept = [t for t, s in zip(times_s, skipped, strict=True) if not s]
+    if len(times_s) - len(kept) >= MAX_SKIPPED_STEPS:
+        return True
+    if skipped and skipped[-1]:
+        return False
+    return warmed_up(kept, min_steps, max_steps)
+
+
+def timing_done(
+    times_s: list[float],
+    skipped: int,
+    *,
+    min_steps: int,
+    max_steps: int,
+    target: float,
+    max_s: float,
+) -> bool:
+    """:func:`timed_enough` over the timed (not skipped) steps; or ``skipped`` reached
+    :data:`MAX_SKIPPED_STEPS`."""
+    if skipped >= MAX_SKIPPED_STEPS:
+        return True
+    return timed_enough(
+        times_s, min_steps=min_steps, max_steps=max_steps, target=target, max_s=max_s
+    )
 
 
 def timed_enough(

@@ -7,7 +7,9 @@ under torchrun and posts each job as a file; the ranks build, initialise, step a
 one candidate after the other. A failed, hung or cancelled probe kills the whole group (its
 ranks may be stuck in a collective, or hold a broken device); the next job starts a fresh
 one. So isolation is the same as a cold probe's where it matters, and the start-up cost is
-paid once per failure instead of once per probe.
+paid once per failure instead of once per probe. Ranks that find an earlier candidate's
+memory still allocated when a job starts report ``unclean`` without probing; the worker then
+restarts the group and probes the job cold, so no probe measures another's leftovers.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from autotune.launch import (
     probe_env,
     read_reports,
     read_tail,
+    remove_scratch,
     restore_child_signals,
     track_group,
+    unclean_bytes,
 )
 from autotune.protocol import ProbeResult, aggregate
 
@@ -88,65 +92,82 @@ class WarmWorker:
             self._log.close()
 
     def run(self, job: ProbeJob) -> ProbeResult:
-        """Probe one job; never raises for what the probe did."""
+        """Probe one job; never raises for what the probe did. Its scratch folder is removed
+        afterwards, whatever the outcome."""
         with self._lock:
             self._cancel.clear()
-            shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
-            cold_start = not self._alive() or shape != self._shape
-            if cold_start:
-                self._kill()
-                self._start(job)
-            assert self._process is not None
-            spec_path = prepare_trial_dir(job)
-            started = time.perf_counter()
-            log_start = self._log.tell() if not self._log.closed else 0
-            self._post({"spec": str(spec_path)})
-            deadline = started + job.timeout_s
-            timed_out = cancelled = False
-            while True:
-                reports = read_reports(job)
-                done = len(reports) >= job.world_size
-                failed = any(r.status != "ok" for r in reports)
-                if done and not failed:
-                    break
-                if self._process.poll() is not None:
-                    break
-                if time.perf_counter() > deadline:
-                    timed_out = True
-                    break
-                if self._cancel.is_set():
-                    cancelled = True
-                    break
-                time.sleep(POLL_S)
-            healthy = done and not failed and not timed_out and not cancelled
-            exit_code: int | None = 0 if healthy else self._process.poll()
-            if not healthy:
-                # give the failing rank's peers a moment to be torn down by torchrun
-                if failed and not timed_out:
-                    try:
-                        exit_code = self._process.wait(timeout=10)
-                    except subprocess.TimeoutExpired:
-                        exit_code = None
-                self._kill()
-            wall_s = time.perf_counter() - started
-            log_tail = read_tail(Path(job.trial_dir) / "probe.log")
-            if not healthy:
-                log_tail += _tail_since(self._home / "torchrun.log", log_start)
-            result = aggregate(
-                job.spec,
-                read_reports(job),
-                world_size=job.world_size,
-                exit_code=exit_code,
-                timed_out=timed_out,
-                wall_s=wall_s,
-                log_tail=log_tail,
+            try:
+                shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+                cold_start = not self._alive() or shape != self._shape
+                result, leaked = self._attempt(job, cold_start)
+                if leaked:
+                    # the group refused the job: probe it again in a fresh one
+                    result, _ = self._attempt(job, cold_start=True)
+                    result.leak_restart_bytes = leaked
+                return result
+            finally:
+                remove_scratch(job)
+
+    def _attempt(self, job: ProbeJob, cold_start: bool) -> tuple[ProbeResult, int]:
+        """Probe ``job`` once (in a fresh group if ``cold_start``); the result, and the bytes
+        of earlier candidates the ranks found still allocated if they refused it (then the
+        group is gone, and the result is not the job's)."""
+        if cold_start:
+            self._kill()
+            self._start(job)
+        assert self._process is not None
+        spec_path = prepare_trial_dir(job)
+        started = time.perf_counter()
+        log_start = self._log.tell() if not self._log.closed else 0
+        self._post({"spec": str(spec_path)})
+        deadline = started + job.timeout_s
+        timed_out = cancelled = False
+        while True:
+            reports = read_reports(job)
+            done = len(reports) >= job.world_size
+            failed = any(r.status != "ok" for r in reports)
+            if done and not failed:
+                break
+            if self._process.poll() is not None:
+                break
+            if time.perf_counter() > deadline:
+                timed_out = True
+                break
+            if self._cancel.is_set():
+                cancelled = True
+                break
+            time.sleep(POLL_S)
+        healthy = done and not failed and not timed_out and not cancelled
+        exit_code: int | None = 0 if healthy else self._process.poll()
+        if not healthy:
+            # give the failing rank's peers a moment to be torn down by torchrun
+            if failed and not timed_out:
+                try:
+                    exit_code = self._process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    exit_code = None
+            self._kill()
+        reports = read_reports(job)
+        leaked = unclean_bytes(reports)
+        wall_s = time.perf_counter() - started
+        log_tail = read_tail(Path(job.trial_dir) / "probe.log")
+        if not healthy:
+            log_tail += _tail_since(self._home / "torchrun.log", log_start)
+        result = aggregate(
+            job.spec,
+            reports,
+            world_size=job.world_size,
+            exit_code=exit_code,
+            timed_out=timed_out,
+            wall_s=wall_s,
+            log_tail=log_tail,
+        )
+        result.cold_start = cold_start
+        if cancelled:
+            result = result.model_copy(
+                update={"status": "error", "error": "cancelled: the run was interrupted"}
             )
-            result.cold_start = cold_start
-            if cancelled:
-                result = result.model_copy(
-                    update={"status": "error", "error": "cancelled: the run was interrupted"}
-                )
-            return result
+        return result, 0 if cancelled or cold_start else leaked
 
     def cancel(self) -> None:
         """Make a running :meth:`run` kill the group and return (thread-safe)."""

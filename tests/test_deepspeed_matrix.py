@@ -1,7 +1,7 @@
 """Real DeepSpeed on 2 CPU ranks, 2 optimizer steps each, for every CPU-supported class of
 candidate: fp32/bf16 x ZeRO 0-3 x optimizer offload none/cpu x parameter offload (ZeRO 3)
-none/cpu x activation checkpointing off/on, plus NVMe offload where DeepSpeed's async I/O op
-builds. All candidates of a group run in one torchrun launch (launch_probes)."""
+none/cpu x activation checkpointing off/on (NVMe offload: tests/test_nvme.py). All
+candidates of a group run in one torchrun launch (launch_probes)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,15 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.hardware import async_io_problem, detect
 from autotune.launch import cpu_probe_jobs, launch_probes
 from autotune.space import combination_problem
 
 pytestmark = pytest.mark.slow
 
 
-def jobs_for(candidates: list[Candidate], root: Path, nvme_path: str | None = None):
+def jobs_for(candidates: list[Candidate], root: Path):
     return cpu_probe_jobs(
-        "gpt-tiny",
-        candidates,
-        root,
-        warmup_steps=1,
-        timed_steps=1,
-        timeout_s=120,
-        nvme_path=nvme_path,
+        "gpt-tiny", candidates, root, warmup_steps=1, timed_steps=1, timeout_s=120
     )
 
 
@@ -66,19 +59,3 @@ def test_cpu_cross_product_trains(tmp_path: Path) -> None:
         plain = by_label[f"z0 {precision} mb2x1"].peak_bytes
         checkpointed = by_label[f"z0 {precision} mb2x1 ckpt"].peak_bytes
         assert checkpointed < plain
-
-
-def test_nvme_offload_trains(tmp_path: Path) -> None:
-    problem = async_io_problem(detect())
-    if problem:
-        pytest.skip(f"NVMe offload not testable here: {problem}")
-    nvme = tmp_path / "nvme"
-    nvme.mkdir()
-    candidates = [
-        candidate("fp32", 2, opt="nvme"),
-        candidate("fp32", 3, opt="nvme"),
-        candidate("fp32", 3, opt="nvme", param="nvme"),
-    ]
-    results = launch_probes(jobs_for(candidates, tmp_path, nvme_path=str(nvme)))
-    assert [(r.status, r.error) for r in results] == [("ok", "")] * 3
-    assert any(nvme.rglob("*")), "DeepSpeed wrote no swap files"

@@ -53,3 +53,25 @@ def test_reset_peak() -> None:
         small = torch.zeros(16)
     assert tracker.peak_bytes == 64
     del small
+
+
+def test_live_tensors_and_adopt_count_what_was_alive_before() -> None:
+    """A warm rank's tracker starts from what is still alive, as a device allocator would:
+    a tensor an earlier candidate left counts in the peak, and its release is subtracted."""
+    from autotune.memtrack import live_tensors, storage_bytes
+
+    gc.collect()
+    before = storage_bytes(live_tensors("cpu"))
+    left_over = torch.zeros(4096)  # 16 KiB, made before the tracker
+    view = left_over[:10]  # same storage: counted once
+    assert storage_bytes(live_tensors("cpu")) - before == 16384
+    with TensorMemoryTracker() as tracker:
+        tracker.adopt(live_tensors("cpu"))
+        assert tracker.live_bytes == before + 16384
+        doubled = view * 2  # 40 B of its own; the view's storage is not counted again
+        assert tracker.live_bytes == before + 16384 + 40
+        del left_over, view
+        gc.collect()
+        assert tracker.live_bytes == before + 40
+    assert tracker.peak_bytes == before + 16384 + 40
+    del doubled

@@ -1,8 +1,9 @@
-"""Real DeepSpeed probes on 2 CPU ranks through torchrun: status classification and cleanup.
+"""Real DeepSpeed probes on 2 CPU ranks through torchrun: status classification, cleanup,
+and candidates probed one after another in the same ranks.
 
 A CUDA out-of-memory cannot happen on this CPU machine; the OOM here is the real CPU limit
-enforced by the tensor-memory tracker, and the crash and hang are injected faults of the
-probe (ProbeSpec.fault), named as such.
+enforced by the tensor-memory tracker, and the crash, hang and leak are injected faults of
+the probe (ProbeSpec.fault), named as such.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.candidate import Candidate
-from autotune.launch import ProbeJob, launch_probe, launch_probes
+from autotune.candidate import Candidate, ZeroKnobs
+from autotune.launch import ProbeJob, launch_probe, launch_probes, read_reports
 from autotune.protocol import ProbeSpec
 from tests.conftest import probe_processes
 
@@ -164,4 +165,147 @@ def test_a_crash_in_a_shared_launch_fails_only_its_own_candidate(tmp_path: Path)
     ok, crashed = launch_probes([first, second])
     assert ok.status == "ok" and ok.samples_per_s > 0, ok.error
     assert crashed.status == "error" and "rank 1 died first" in crashed.error
+    assert_no_probe_left()
+
+
+# Candidates probed one after another in the same ranks. SMALL_BUCKETS keeps ZeRO's default
+# ~1.9 GiB of buckets per rank out of the way, so that what one candidate leaves behind is a
+# large share of the next one's peak.
+SMALL_BUCKETS = ZeroKnobs(reduce_bucket_size=5_000_000, allgather_bucket_size=5_000_000)
+BIG = Candidate(
+    precision="fp32",
+    zero_stage=1,
+    micro_batch_size=4,
+    gradient_accumulation_steps=1,
+    data_parallel_size=2,
+    zero_knobs=SMALL_BUCKETS,
+)
+SMALL = Candidate(
+    precision="bf16",
+    zero_stage=0,
+    micro_batch_size=2,
+    gradient_accumulation_steps=1,
+    data_parallel_size=2,
+)
+ZERO3 = Candidate(
+    precision="bf16",
+    zero_stage=3,
+    micro_batch_size=2,
+    gradient_accumulation_steps=1,
+    data_parallel_size=2,
+    zero_knobs=ZeroKnobs(reduce_bucket_size=5_000_000, stage3_prefetch_bucket_size=5_000_000),
+)
+GPT_TINY_PARAMS = 929_280
+
+
+def sequence_job(root: Path, name: str, candidate: Candidate, **spec: object) -> ProbeJob:
+    job = make_job(root, candidate=candidate)
+    return job.model_copy(
+        update={
+            "trial_dir": str(root / name),
+            "spec": job.spec.model_copy(update={"timed_steps": 2, **spec}),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def sequences(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ProbeJob, object]]:
+    """Two launches of several candidates each: BIG then SMALL; SMALL alone, then ZERO3 with
+    the "leak" fault (it keeps its model and a tensor alive), then SMALL again."""
+    root = tmp_path_factory.mktemp("sequences")
+    first = [
+        sequence_job(root, "big", BIG, float32_matmul_precision="high"),
+        sequence_job(root, "small_after_big", SMALL),
+    ]
+    second = [
+        sequence_job(root, "small_alone", SMALL),
+        sequence_job(root, "zero3_leaking", ZERO3, fault="leak"),
+        sequence_job(root, "small_after_leak", SMALL),
+    ]
+    jobs = first + second
+    results = launch_probes(first) + launch_probes(second)
+    assert_no_probe_left()
+    return {Path(j.trial_dir).name: (j, r) for j, r in zip(jobs, results, strict=True)}
+
+
+def test_a_candidate_after_another_in_the_same_ranks_measures_as_alone(sequences) -> None:
+    """Every reference to an engine is dropped before the collection: the next candidate
+    starts from nothing, so its peak is its own (on CPU the tracker counts what is still
+    alive, as the CUDA allocator would)."""
+    (after_job, after), (_, alone) = sequences["small_after_big"], sequences["small_alone"]
+    assert after.status == alone.status == "ok", after.error + alone.error
+    assert not after.cold_start and after.leak_restart_bytes == 0  # probed warm, no restart
+    assert all(r.leaked_bytes == 0 for r in read_reports(after_job))
+    for warm, cold in zip(after.peak_bytes_per_rank, alone.peak_bytes_per_rank, strict=True):
+        assert warm == pytest.approx(cold, rel=0.01)
+
+
+def test_each_probe_applies_its_own_float32_matmul_precision(sequences) -> None:
+    _, big = sequences["big"]
+    _, after = sequences["small_after_big"]
+    assert big.versions["float32_matmul_precision"] == "high"
+    assert big.versions["cuda_matmul_allow_tf32"] == "True"
+    # not the previous candidate's setting: PyTorch's default, set explicitly
+    assert after.versions["float32_matmul_precision"] == "highest"
+    assert after.versions["cuda_matmul_allow_tf32"] == "False"
+
+
+def test_zero3_builds_partitioned_under_zero_init_other_stages_in_their_dtype(sequences) -> None:
+    job, result = sequences["zero3_leaking"]
+    assert result.status == "ok" and len(result.step_times_s) == 2, result.error
+    for report in read_reports(job):
+        build = report.build
+        assert build is not None and build.zero_init and build.partitioned
+        assert build.model_param_count == GPT_TINY_PARAMS
+        # bf16 (zero.Init casts to the config's dtype), half of the model on each of 2 ranks
+        assert build.dtype == "bfloat16" and build.param_bytes == GPT_TINY_PARAMS * 2 // 2
+    for name, dtype, width in (("big", "float32", 4), ("small_alone", "bfloat16", 2)):
+        for report in read_reports(sequences[name][0]):
+            assert report.build is not None and not report.build.zero_init
+            assert (report.build.dtype, report.build.device) == (dtype, "cpu")
+            assert report.build.param_bytes == GPT_TINY_PARAMS * width
+
+
+def test_ranks_that_find_a_leak_restart_and_probe_cold(sequences) -> None:
+    """The "leak" fault keeps ZERO3's model and 2x the tolerance alive: the next candidate's
+    ranks refuse it (unclean) and a fresh launch probes it, cold."""
+    from autotune.rank_memory import leak_tolerance_bytes
+
+    (_, leaking), (_, restarted) = sequences["zero3_leaking"], sequences["small_after_leak"]
+    (_, alone) = sequences["small_alone"]
+    assert leaking.status == "ok" and not leaking.cold_start
+    assert restarted.status == "ok", restarted.error
+    assert restarted.cold_start
+    assert restarted.leak_restart_bytes >= 2 * leak_tolerance_bytes(8 * 2**30)
+    assert restarted.peak_bytes_per_rank == pytest.approx(alone.peak_bytes_per_rank, rel=0.01)
+
+
+def test_a_warm_worker_restarts_unclean_ranks_and_removes_scratch(tmp_path: Path) -> None:
+    from autotune.rank_memory import leak_tolerance_bytes
+    from autotune.worker import WarmWorker
+
+    def job(name: str, candidate: Candidate, **spec: object) -> ProbeJob:
+        return sequence_job(tmp_path, name, candidate, **spec).model_copy(
+            update={"scratch_dir": str(tmp_path / "swap" / name)}
+        )
+
+    worker = WarmWorker()
+    try:
+        leaking = worker.run(job("leaking", SMALL, fault="leak"))
+        assert leaking.status == "ok" and leaking.cold_start, leaking.error
+        first_group = worker.pid
+        assert not (tmp_path / "swap" / "leaking").exists()  # removed after the probe
+        restarted = worker.run(job("restarted", SMALL))
+        assert restarted.status == "ok" and restarted.cold_start, restarted.error
+        assert restarted.leak_restart_bytes >= 2 * leak_tolerance_bytes(8 * 2**30)
+        assert worker.pid != first_group
+        assert not (tmp_path / "swap" / "restarted").exists()
+        clean = worker.run(job("clean", SMALL))
+        assert clean.status == "ok" and not clean.cold_start and clean.leak_restart_bytes == 0
+        assert clean.peak_bytes_per_rank == pytest.approx(restarted.peak_bytes_per_rank, rel=0.01)
+        failed = worker.run(job("failed", SMALL, fault="error"))
+        assert failed.status == "error"
+        assert not (tmp_path / "swap" / "failed").exists()  # whatever the outcome
+    finally:
+        worker.close()
     assert_no_probe_left()

@@ -85,7 +85,10 @@ def test_validity_rules() -> None:
     assert combination_problem(0, "cpu", "none") is not None
     assert combination_problem(2, "none", "cpu") is not None
     assert combination_problem(3, "cpu", "cpu") is None
-    assert combination_problem(1, "nvme", "none") is None
+    assert combination_problem(3, "nvme", "none") is None
+    assert combination_problem(3, "nvme", "nvme") is None
+    for stage in (0, 1, 2):
+        assert "needs zero_stage 3" in (combination_problem(stage, "nvme", "none") or "")
     spec = parse_space(
         "precision: [fp32]\noffload_optimizer: [none, cpu]\noffload_param: [none, cpu]\n"
         "micro_batch_size: [1]"
@@ -269,7 +272,7 @@ def test_nvme_needs_a_path_and_is_dropped_without_aio() -> None:
         dropped.notes[-1]
         == "nvme offload dropped: it needs --nvme-path DIR, a folder on an NVMe disk"
     )
-    only = parse_space("offload_optimizer: [nvme]\nzero_stage: [1, 2]\nmicro_batch_size: [1]\n")
+    only = parse_space("offload_optimizer: [nvme]\nzero_stage: [3]\nmicro_batch_size: [1]\n")
     with pytest.raises(
         SpaceError, match=r"offload_optimizer lists only 'nvme', but it needs --nvme"
     ):
@@ -281,6 +284,50 @@ def test_nvme_needs_a_path_and_is_dropped_without_aio() -> None:
     assert bound.notes[-1] == "nvme offload dropped: no libaio"
     kept = spec.bind(CPU, data_parallel_size=1, global_batch=1, nvme_path="/nvme")
     assert any(c.offload_optimizer == "nvme" for c in kept.candidates())
+
+
+def test_nvme_optimizer_offload_only_at_zero3() -> None:
+    """DeepSpeed swaps optimizer states to NVMe only at ZeRO-3 (at 1-2 it quietly offloads
+    to CPU): no candidate pairs nvme with a lower stage, a space that can only do that is
+    one error line, and Optuna gets one fixed set of choices per parameter name."""
+    only_low = parse_space("offload_optimizer: [nvme]\nzero_stage: [1, 2]\nmicro_batch_size: [1]")
+    for nvme_path in ("/nvme", None):
+        with pytest.raises(SpaceError) as error:
+            only_low.bind(CPU, data_parallel_size=2, global_batch=2, nvme_path=nvme_path)
+        message = str(error.value)
+        assert "\n" not in message
+        assert "NVMe only at ZeRO-3" in message and "add 3 to zero_stage" in message
+
+    mixed_low = parse_space(
+        "offload_optimizer: [cpu, nvme]\nzero_stage: [1, 2]\nmicro_batch_size: [1]"
+    )
+    bound = mixed_low.bind(CPU, data_parallel_size=2, global_batch=2, nvme_path="/nvme")
+    assert bound.offload_optimizer == ("cpu",)
+    assert "offload_optimizer nvme dropped: it needs zero_stage 3, not listed" in bound.notes
+
+    spec = parse_space(
+        "precision: [fp32]\noffload_optimizer: [none, cpu, nvme]\noffload_param: [none, nvme]\n"
+        "offload_optimizer_ratio: [1.0]\nmicro_batch_size: [1, 2]"
+    )
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=4, nvme_path="/nvme")
+    candidates = list(bound.candidates())
+    assert {c.zero_stage for c in candidates if c.offload_optimizer == "nvme"} == {3}
+    for c in candidates:
+        assert combination_problem(c.zero_stage, c.offload_optimizer, c.offload_param) is None
+    # stage 0: 1; stages 1-2: none/cpu; stage 3: 3 optimizer x 2 parameter targets; x 2 mb
+    assert len(candidates) == (1 + 2 + 2 + 6) * 2
+    assert bound.params_of(candidates[2])["offload_optimizer_z12"] in ("none", "cpu")
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(60):  # raises if a name were asked with two sets of choices
+        trial = study.ask()
+        candidate = bound.suggest(trial)
+        assert bound.params_of(candidate) == trial.params
+        seen.add((candidate.zero_stage, candidate.offload_optimizer))
+        study.tell(trial, 0.0)
+    assert {(1, "cpu"), (2, "none"), (3, "nvme")} <= seen
+    assert not any(stage < 3 and opt == "nvme" for stage, opt in seen)
 
 
 def test_nested_knob_errors_name_the_line() -> None:

@@ -1,0 +1,87 @@
+"""How a probe rank builds the workload's model: as production builds it for the stage.
+
+ZeRO-3 builds under ``deepspeed.zero.Init``: each parameter is partitioned (and cast to the
+config's dtype) as its module is constructed, so no rank ever holds the whole model. Other
+stages build on the device in the target dtype, as DeepSpeed would hold them after
+``initialize``. Heavy imports stay inside functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from autotune.protocol import BuildInfo, ProbeSpec
+
+# Workloads whose model code this process has imported (see _import_model_code).
+_IMPORTED_WORKLOADS: set[str] = set()
+
+
+def build_model(workload: Any, spec: ProbeSpec, device: Any) -> tuple[Any, BuildInfo]:
+    """The workload's model as production builds it for this stage.
+
+    ZeRO-3 builds under ``deepspeed.zero.Init``: each parameter is partitioned (and cast to
+    the config's dtype) as its module is constructed, so no rank ever holds the whole model
+    (a 7B model would otherwise need ~28 GB of host RAM per rank). Other stages build on the
+    device in the target dtype, as DeepSpeed would hold them after ``initialize``.
+    """
+    import deepspeed
+
+    zero_init = spec.candidate.zero_stage == 3
+    if zero_init:
+        _import_model_code(workload, spec.workload)
+        with deepspeed.zero.Init(config_dict_or_path=spec.ds_config):
+            model = workload.build_model()
+    else:
+        with device, _default_dtype(_target_dtype(spec.candidate.precision)):
+            model = workload.build_model()
+    return model, _build_info(model, zero_init)
+
+
+def _import_model_code(workload: Any, ref: str) -> None:
+    """Build the model once on the meta device (no memory), outside ``zero.Init``, so that
+    what its code imports lazily (transformers' model modules, and through them
+    ``torch._dynamo``) is imported before ``zero.Init`` patches torch's tensor constructors:
+    importing ``torch._dynamo`` under that patch fails ("Duplicate dispatch rule")."""
+    import torch
+
+    if ref in _IMPORTED_WORKLOADS:
+        return
+    with torch.device("meta"):
+        workload.build_model()
+    _IMPORTED_WORKLOADS.add(ref)
+
+
+def _build_info(model: Any, zero_init: bool) -> BuildInfo:
+    params = list(model.parameters())
+    partitioned = bool(params) and all(hasattr(p, "ds_numel") for p in params)
+    held = [p.ds_tensor if partitioned else p for p in params]
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in held}
+    floating = next((t for t in held if t.is_floating_point()), None)
+    return BuildInfo(
+        zero_init=zero_init,
+        device=str(held[0].device) if held else "",
+        dtype=str(floating.dtype).removeprefix("torch.") if floating is not None else "",
+        partitioned=partitioned,
+        param_bytes=sum(storages.values()),
+        model_param_count=sum(int(p.ds_numel if partitioned else p.numel()) for p in params),
+    )
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: Any) -> Iterator[None]:
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _target_dtype(precision: str) -> Any:
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
