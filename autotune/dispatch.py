@@ -5,7 +5,8 @@ A probe is a search trial's (an Optuna trial, whose record is written as it star
 confirmation re-probe of an evaluated trial (no trial of its own: its result joins the
 confirmation verdict). Either way the job is the same: the candidate's DeepSpeed config over
 the study's base config, the probe's length and early-stop threshold, the memory limit, its
-own folder under ``trials/<study>/`` and, for NVMe offload, its own swap folder.
+own folder under ``trials/<study>/`` and, for NVMe offload, its own swap folder (removed
+after the probe).
 """
 
 from __future__ import annotations
@@ -103,7 +104,6 @@ class Dispatcher:
             nvme_dir = str(
                 Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name
             )
-            Path(nvme_dir).mkdir(parents=True, exist_ok=True)
         spec = ProbeSpec(
             workload=plan.workload_ref,
             candidate=candidate,
@@ -117,6 +117,7 @@ class Dispatcher:
             max_timed_steps=max(settings.max_timed_steps, settings.timed_steps),
             stop_below_samples_per_s=stop_below,
             tokens_per_sample=plan.workload.tokens_per_sample,
+            float32_matmul_precision=plan.config.float32_matmul_precision,  # type: ignore[arg-type]
             fault=self._fault,  # type: ignore[arg-type]
         )
         return ProbeJob(
@@ -126,6 +127,7 @@ class Dispatcher:
             timeout_s=plan.probe_timeout_s,
             threads_per_rank=plan.config.threads_per_rank,
             cwd=str(Path.cwd()),
+            scratch_dir=nvme_dir,  # removed after the probe: swap files fill a disk
         )
 
     def cancel_all(self) -> list[InFlight]:

@@ -83,7 +83,15 @@ def _error_line(exc: Exception) -> str:
 def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     """The trial's candidate over the user's base config, with the user's NVMe path; with
     torch's Adam where the probe stepped with it (FusedAdam did not build there)."""
-    rendered = trial.candidate.to_ds_config(config.base_config, nvme_path=config.nvme_path)
+    largest = None
+    if trial.candidate.offload_param == "nvme":  # its swap buffer must hold a partition
+        from autotune.memory import model_facts
+        from autotune.workloads import get_workload
+
+        largest = model_facts(get_workload(config.workload), 0).largest_param
+    rendered = trial.candidate.to_ds_config(
+        config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
+    )
     probed = (trial.record.ds_config or {}).get("optimizer", {}).get("params", {})
     if probed.get("torch_adam"):
         from autotune.ops import use_torch_adam

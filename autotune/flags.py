@@ -128,6 +128,11 @@ class RunFlags(BaseModel):
     no_early_stop: bool = Field(
         default=False, description="Time every probe in full, even when clearly slower."
     )
+    tf32: bool = Field(
+        default=False,
+        description="Let fp32 matmuls use TF32 on GPUs, as your training does if it sets "
+        "torch.set_float32_matmul_precision('high') (default: IEEE fp32, PyTorch's default).",
+    )
     trials_dir: str = Field(
         default="trials", description="Folder for per-trial logs and the export."
     )
@@ -239,6 +244,7 @@ class RunFlags(BaseModel):
             sampler=self.sampler,
             early_stop=not self.no_early_stop,
             confirm=not self.no_confirm,
+            tf32=self.tf32,
         )
 
 

@@ -34,11 +34,14 @@ class Plan:
     probe_timeout_s: float = 300.0
     notes: list[str] = field(default_factory=list)
     torch_adam: bool = False  # FusedAdam does not build here: probes step with torch's Adam
+    largest_param_numel: int = 0  # sizes NVMe parameter offload's swap buffer
 
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
         config = candidate.to_ds_config(
-            self.config.base_config, nvme_path=nvme_dir or self.config.nvme_path
+            self.config.base_config,
+            nvme_path=nvme_dir or self.config.nvme_path,
+            largest_param_numel=self.largest_param_numel,
         )
         if self.torch_adam:
             from autotune.ops import use_torch_adam
@@ -157,12 +160,18 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         base_config=base,
         nvme_path=nvme_path,
         threads_per_rank=hardware.threads_per_rank(settings.gpus),
+        float32_matmul_precision="high" if settings.tf32 else "highest",
     )
     study_name = settings.study_name or workload_study_name(settings.workload)
     trials_dir = settings.trials_dir.resolve() / study_name
-    check_model_builds(workload, settings.workload)
+    largest_param_numel = check_model_builds(workload, settings.workload)
     probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
-        workload, hardware, global_batch or settings.max_global_batch or 1, per_trial, settings
+        workload,
+        hardware,
+        global_batch or settings.max_global_batch or 1,
+        per_trial,
+        settings,
+        fp16="fp16" in bound.precisions,
     )
     check_writable(settings.trials_dir, flag="--trials-dir")  # the first thing written
     return Plan(
@@ -176,17 +185,19 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         trials_dir=trials_dir,
         probe_timeout_s=probe_timeout_s,
         notes=notes,
+        largest_param_numel=largest_param_numel,
     )
 
 
-def check_model_builds(workload: Workload, ref: str) -> None:
+def check_model_builds(workload: Workload, ref: str) -> int:
     """Build the workload's model on the meta device once (the memory and cost models do
-    the same), so user code that fails says so in one line before anything starts."""
+    the same), so user code that fails says so in one line before anything starts; return
+    the elements of its largest parameter."""
     from autotune.errors import WorkloadError
     from autotune.memory import model_facts
 
     try:
-        model_facts(workload, 0)
+        return model_facts(workload, 0).largest_param
     except Exception as exc:  # noqa: BLE001 - user code: any failure is the user's to fix
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise WorkloadError(
@@ -226,7 +237,13 @@ _RATE_FLOP_S = {"cuda": 20e12, "cpu": 2e9}
 
 
 def derived_probe_timeout_s(
-    workload: Workload, hardware: Hardware, global_batch: int, ranks: int, settings: RunSettings
+    workload: Workload,
+    hardware: Hardware,
+    global_batch: int,
+    ranks: int,
+    settings: RunSettings,
+    *,
+    fp16: bool = False,
 ) -> float:
     """The default ``--probe-timeout``: start-up plus every probe step at a pessimistic
     rate, times 4 for offload and recomputation. Training costs ~6 FLOPs per parameter and
@@ -239,6 +256,10 @@ def derived_probe_timeout_s(
     if hardware.accelerator == "cpu":
         rate *= hardware.threads_per_rank(ranks)
     steps = settings.warmup_steps + settings.timed_steps
+    if fp16:  # steps the loss scaler skips are run again, in warm-up and in timing
+        from autotune.steps import MAX_SKIPPED_STEPS
+
+        steps += 2 * MAX_SKIPPED_STEPS
     build_s = params / 1e8  # random init of the weights, ~1 s per 100M parameters
     return round(PROBE_START_S + build_s + 4 * steps * flops_per_rank_step / rate)
 

@@ -147,7 +147,10 @@ class MemoryScreen:
             return
         self.monotonicity.add(record.candidate, trial.status, trial.number)
         if trial.status == "ok" and record.predicted_raw_bytes:
-            self.calibration.add(record.candidate, record.predicted_raw_bytes, record.peak_bytes)
+            # the model predicts what tensors allocate; on CUDA the reserved peak also holds
+            # the caching allocator's slack and the context, outside the model
+            measured = max(record.peak_bytes_per_rank, default=record.peak_bytes)
+            self.calibration.add(record.candidate, record.predicted_raw_bytes, measured)
 
     def verdict(self, candidate: Candidate) -> Verdict:
         """Whether to probe ``candidate``, with the prediction a trial records."""

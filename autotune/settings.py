@@ -208,6 +208,11 @@ class RunSettings(BaseModel):
     early_stop: bool = Field(
         default=True, description="Stop a probe once it is clearly slower than the best so far."
     )
+    tf32: bool = Field(
+        default=False,
+        description="fp32 matmuls may use TF32 (torch float32_matmul_precision 'high'), as a "
+        "production run that sets it; False: IEEE fp32, PyTorch's default.",
+    )
 
     @classmethod
     def build(cls, **values: object) -> RunSettings:

@@ -50,6 +50,11 @@ class StudyConfig(BaseModel):
     )
     nvme_path: str | None = Field(default=None, description="NVMe folder for nvme offload.")
     threads_per_rank: int = Field(default=1, description="OMP threads of each rank.")
+    float32_matmul_precision: str = Field(
+        default="highest",
+        description="torch.set_float32_matmul_precision of the probes: 'highest' (IEEE fp32, "
+        "PyTorch's default) or 'high' (TF32 on GPUs that have it).",
+    )
 
     def differences(self, other: StudyConfig) -> list[str]:
         """One line per setting that differs, naming the flag that sets it."""
@@ -81,6 +86,7 @@ FLAG_OF_CONFIG = {
     "base_config": "--base-config",
     "nvme_path": "--nvme-path",
     "threads_per_rank": "threads per rank (--gpus on a CPU machine)",
+    "float32_matmul_precision": "--tf32",
 }
 
 
