@@ -11,18 +11,21 @@ import inspect
 import os
 import signal
 import sys
-from pathlib import Path
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
+from autotune import study_commands
 from autotune.errors import AutotuneError, NoResultError
-from autotune.flags import parse_global_batch
-from autotune.settings import DEFAULT_STORAGE, format_bytes, parse_size
+from autotune.settings import format_bytes
+from autotune.study_commands import after_run, previous_best
 
 if TYPE_CHECKING:
-    from autotune.events import Event
+    from collections.abc import Iterator
+
+    from autotune.events import Emit, Event
     from autotune.plan import Plan
     from autotune.tuner import RunSummary
 
@@ -42,12 +45,6 @@ _PIPE_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 250
 console = Console(highlight=False, soft_wrap=True, width=_PIPE_WIDTH, markup=False)
 error_console = Console(stderr=True, highlight=False, markup=False)
 
-StorageOption = Annotated[
-    str, typer.Option("--storage", help="Optuna storage URL (any SQLAlchemy URL Optuna takes).")
-]
-StudyOption = Annotated[
-    str | None, typer.Option("--study", help="Study name (default: the only study, if one).")
-]
 EXIT_INTERRUPTED = 130
 
 
@@ -81,8 +78,26 @@ def run(**given: Any) -> None:
         )
         console.print(f"continuing study {name!r} with its flags ({', '.join(inherited)})")
     _print_plan(plan)
-    tuner = Tuner(plan, emit=_print_event, fault=flags.inject_fault, run_flags=flags.stored())
-    _print_outcome(tuner.run(), plan)
+    with _renderer(
+        quiet=flags.quiet, continued=bool(stored), storage=flags.storage, name=name
+    ) as emit:
+        tuner = Tuner(plan, emit=emit, fault=flags.inject_fault, run_flags=flags.stored())
+        summary = tuner.run()
+    for text in after_run(flags.storage, name, summary.export_dir):
+        console.print(text)
+    _print_outcome(summary, plan)
+
+
+@contextmanager
+def _renderer(*, quiet: bool, continued: bool, storage: str, name: str) -> Iterator[Emit]:
+    """The live view on a terminal; plain lines in a pipe, in CI, or with --quiet."""
+    if quiet or not console.is_terminal or console.is_dumb_terminal:
+        yield _print_event
+        return
+    from autotune.live import LiveView
+
+    with LiveView(console, previous=previous_best(storage, name) if continued else None) as view:
+        yield view
 
 
 def _run_parameters() -> list[inspect.Parameter]:
@@ -190,106 +205,8 @@ def _why_nothing(summary: RunSummary, plan: Plan) -> str:
     )
 
 
-@app.command()
-def space(
-    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
-        "default"
-    ),
-    gpus: Annotated[int, typer.Option(help="Ranks per probe (CPU ranks without GPUs).")] = 1,
-    workload: Annotated[
-        str, typer.Option(help="Workload whose default global batch to use.")
-    ] = "gpt-tiny",
-    global_batch: Annotated[
-        str | None, typer.Option(help="Samples per optimizer step, or 'auto'.")
-    ] = None,
-    max_global_batch: Annotated[
-        int | None, typer.Option(help="Largest global batch with --global-batch auto.")
-    ] = None,
-    nvme_path: Annotated[Path | None, typer.Option(help="Folder for nvme offload.")] = None,
-    examples: Annotated[int, typer.Option(help="How many example candidates to show.")] = 5,
-) -> None:
-    """Count the valid candidates of a space on this hardware, per dimension, with examples."""
-    from autotune.report import space_report
-
-    console.print(
-        space_report(
-            space,
-            gpus=gpus,
-            workload=workload,
-            global_batch=parse_global_batch(global_batch),
-            max_global_batch=max_global_batch,
-            nvme_path=nvme_path,
-            examples=examples,
-        )
-    )
-
-
-@app.command()
-def plan(
-    workload: Annotated[str, typer.Option(help="Built-in workload or path/to/file.py:fn.")],
-    gpus: Annotated[int, typer.Option(help="GPUs of the target machine.")],
-    vram: Annotated[str, typer.Option(help="Memory of each target GPU, e.g. 80GiB.")],
-    global_batch: Annotated[
-        int | None, typer.Option(help="Samples per optimizer step (default: the workload's).")
-    ] = None,
-    host_ram: Annotated[
-        str, typer.Option(help="Host RAM of a node, e.g. 1TiB, or 'auto' (this machine's).")
-    ] = "auto",
-    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
-        "default"
-    ),
-    memory_margin: Annotated[
-        float, typer.Option(help="Count as fitting below the limit minus this share of it.")
-    ] = 0.05,
-    all_rows: Annotated[bool, typer.Option("--all", help="List every candidate.")] = False,
-) -> None:
-    """What fits, without a GPU: predicted memory of every valid candidate on a target."""
-    from autotune.report import plan_report
-
-    if gpus < 1:
-        raise AutotuneError(f"--gpus {gpus}: give at least 1 GPU")
-    console.print(
-        plan_report(
-            workload,
-            gpus=gpus,
-            vram_bytes=parse_size(vram, flag="--vram"),
-            global_batch=global_batch,
-            host_ram_bytes=None if host_ram == "auto" else parse_size(host_ram, flag="--host-ram"),
-            space_ref=space,
-            margin=memory_margin,
-            limit_rows=None if all_rows else 40,
-        )
-    )
-
-
-@app.command("export")
-def export_command(
-    out: Annotated[Path, typer.Option("-o", "--out", help="Folder to write the files into.")],
-    study: StudyOption = None,
-    trial: Annotated[
-        int | None, typer.Option(help="Trial number (default: the best feasible).")
-    ] = None,
-    storage: StorageOption = DEFAULT_STORAGE,
-) -> None:
-    """Write ds_config.json, launch.sh and summary.md of the best (or a chosen) trial."""
-    from autotune.export import export
-    from autotune.study import load_existing_study
-
-    loaded = load_existing_study(storage, study)
-    exported = export(loaded, out, trial_number=trial)
-    console.print(f"trial {exported.trial} ({exported.label}) exported:")
-    for path in (exported.ds_config, exported.launch, exported.summary):
-        console.print(f"  {path}")
-
-
-@app.command()
-def status(study: StudyOption = None, storage: StorageOption = DEFAULT_STORAGE) -> None:
-    """Show a study's trials: candidate, status, samples/s, peak memory against the limit."""
-    from autotune.report import trials_table
-    from autotune.study import load_existing_study
-
-    loaded = load_existing_study(storage, study)
-    console.print(trials_table(loaded))
+for _name, _command in study_commands.COMMANDS.items():
+    app.command(_name)(_command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from autotune.protocol import ProbeResult
+
+if TYPE_CHECKING:
+    from autotune.confirm import Confirmation
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,47 @@ class SearchStopped(Event):
 @dataclass(frozen=True)
 class ConfirmationStarted(Event):
     labels: list[str]
+
+
+@dataclass(frozen=True)
+class BudgetUpdated(Event):
+    """The study's clock after each result: what is spent, and what the search holds back
+    for the confirmation round (``reserve_s``) and expects the next probe to take."""
+
+    spent_s: float
+    total_s: float
+    reserve_s: float
+    probe_estimate_s: float
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One contender of the confirmation round as it stands."""
+
+    trial: int
+    label: str
+    estimate: float  # samples/s, the round's estimate (see autotune.confirm)
+    half_width: float  # its 95% interval
+    probes: int
+
+
+@dataclass(frozen=True)
+class ConfirmationProgress(Event):
+    """The round's standings after a re-probe, leader first."""
+
+    standings: list[Standing]
+
+    @classmethod
+    def of(cls, verdict: Confirmation) -> ConfirmationProgress:
+        """The standings ``verdict`` would give if it were decided now (on a copy)."""
+        current = verdict.model_copy(deep=True)
+        current.decide()
+        return cls(
+            [
+                Standing(c.trial, c.label, c.estimate, c.half_width, len(c.samples_per_s))
+                for c in current.contenders
+            ]
+        )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from autotune.protocol import ProbeResult
 
 
-SCHEMA_VERSION = 2
+# 3: readable memory fields (memory, peak_pct_of_limit); records of 2 read the same.
+SCHEMA_VERSION = 3
 SCHEMA_ATTR = "autotune_schema"
 
 TrialStatus = Literal[
@@ -105,6 +106,14 @@ class TrialRecord(BaseModel):
         description="Schema 1 only: a confirmation re-probe stored as a trial (newer studies "
         "keep re-probes in the confirmation verdict).",
     )
+    # Derived when written (:func:`readable`), for people reading optuna-dashboard's table.
+    memory: str = Field(
+        default="",
+        description="Readable: measured peak per rank against the limit, and the prediction.",
+    )
+    peak_pct_of_limit: float | None = Field(
+        default=None, description="Measured peak per rank, % of the limit (a sortable column)."
+    )
 
 
 _FIELDS = tuple(TrialRecord.model_fields)
@@ -114,12 +123,31 @@ _DEFAULTS = TrialRecord().model_dump(mode="json")
 def write(trial: optuna.Trial, record: TrialRecord) -> None:
     """Store ``record`` on a live trial: each field that differs from what the trial holds
     (a field at its default is not stored, unless the trial holds another value)."""
+    record = readable(record)
     stored = trial.user_attrs
     if stored.get(SCHEMA_ATTR) != SCHEMA_VERSION:
         trial.set_user_attr(SCHEMA_ATTR, SCHEMA_VERSION)
     for key, value in record.model_dump(mode="json").items():
         if stored.get(key, _DEFAULTS[key]) != value:
             trial.set_user_attr(key, value)
+
+
+def readable(record: TrialRecord) -> TrialRecord:
+    """``record`` with its derived fields filled: memory in words next to the raw bytes."""
+    from autotune.settings import format_bytes
+
+    limit = record.vram_limit_bytes
+    parts = []
+    measured = record.peak_bytes > 0 and record.status in MEASURED_STATUSES
+    if measured:
+        of = f" ({100 * record.peak_bytes / limit:.0f}% of {format_bytes(limit)})" if limit else ""
+        parts.append(f"peak {format_bytes(record.peak_bytes)} per rank{of}")
+    if record.predicted_peak_bytes is not None:
+        parts.append(f"predicted {format_bytes(record.predicted_peak_bytes)}")
+        if not measured and limit:
+            parts[-1] += f" ({100 * record.predicted_peak_bytes / limit:.0f}% of the limit)"
+    pct = round(100 * record.peak_bytes / limit, 1) if measured and limit else None
+    return record.model_copy(update={"memory": "; ".join(parts), "peak_pct_of_limit": pct})
 
 
 def read(attrs: dict[str, Any]) -> TrialRecord:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune import best, records
+    from autotune.candidate import Candidate
 
 
 def trials_table(study: optuna.Study) -> Table:
@@ -32,7 +34,7 @@ def trials_table(study: optuna.Study) -> Table:
         title=f"study {study.study_name}"
         + (
             f": {config.workload}, {config.gpus_per_trial} rank(s), global batch "
-            f"{config.global_batch}"
+            f"{config.global_batch or f'searched (up to {config.max_global_batch})'}"
             if config
             else ""
         ),
@@ -49,7 +51,7 @@ def trials_table(study: optuna.Study) -> Table:
         ("candidate", "left"),
         ("samples/s", "right"),
         ("tokens/s", "right"),
-        ("peak GiB/rank", "right"),
+        ("peak/rank", "right"),
         ("note", "left"),
     ):
         table.add_column(column, justify=justify, no_wrap=column != "note")
@@ -70,7 +72,7 @@ def trials_table(study: optuna.Study) -> Table:
             record.label,
             f"{rate:.1f}{spread}" if ok else "",
             f"{record.tokens_per_s:.0f}" if ok else "",
-            ",".join(f"{p / 2**30:.2f}" for p in record.peak_bytes_per_rank),
+            format_bytes(record.peak_bytes) if record.peak_bytes else "",
             _note(trial, decided),
         )
     return table
@@ -95,7 +97,22 @@ def _note(trial: records.TrialView, decided: best.Best | None) -> str:
     return "" if trial.status == "ok" else record.error[:120]
 
 
-def space_report(
+@dataclass
+class SpaceFacts:
+    """What ``autotune space`` found: the valid candidates of a space on this hardware."""
+
+    space: str
+    hardware: str
+    gpus: int
+    global_batch: int | None  # None: searched (--global-batch auto)
+    max_global_batch: int | None
+    notes: list[str]
+    dimensions: dict[str, dict[str, int]]  # dimension -> value -> candidates
+    candidates: int
+    examples: list[Candidate]
+
+
+def space_facts(
     space_ref: str,
     *,
     gpus: int,
@@ -104,8 +121,8 @@ def space_report(
     max_global_batch: int | None,
     nvme_path: Path | None,
     examples: int,
-) -> Group:
-    """``autotune space``: what a space holds on this hardware, per dimension, with examples."""
+) -> SpaceFacts:
+    """The valid candidates of a space on this hardware, per dimension, with examples."""
     import random
 
     from autotune.hardware import detect
@@ -128,27 +145,75 @@ def space_report(
         nvme_path=check_nvme_path(nvme_path),
     )
     candidates = list(bound.candidates())
+    return SpaceFacts(
+        space=space_ref,
+        hardware=hardware.describe(gpus),
+        gpus=gpus,
+        global_batch=batch,  # type: ignore[arg-type]
+        max_global_batch=max_global_batch,
+        notes=list(bound.notes),
+        dimensions={
+            name: {str(value): n for value, n in counts.items()}
+            for name, counts in bound.dimensions().items()
+        },
+        candidates=len(candidates),
+        examples=random.Random(0).sample(candidates, min(examples, len(candidates))),
+    )
+
+
+def space_report(facts: SpaceFacts) -> Group:
+    """``autotune space``'s text for :func:`space_facts`' result."""
+    batch = facts.global_batch
     lines = [
-        Text(hardware.describe(gpus)),
+        Text(facts.hardware),
         Text(
-            f"space {space_ref}: {len(candidates)} valid candidate(s) for {gpus} rank(s), "
-            f"global batch {batch if batch else f'auto (up to {max_global_batch})'}"
+            f"space {facts.space}: {facts.candidates} valid candidate(s) for {facts.gpus} "
+            f"rank(s), global batch {batch if batch else f'auto (up to {facts.max_global_batch})'}"
         ),
     ]
-    lines += [Text(f"note: {note}") for note in bound.notes]
+    lines += [Text(f"note: {note}") for note in facts.notes]
     table = Table(title="candidates per value of each dimension")
     table.add_column("dimension")
     table.add_column("value: candidates")
-    for name, counts in bound.dimensions().items():
+    for name, counts in facts.dimensions.items():
         table.add_row(name, ", ".join(f"{value}: {n}" for value, n in counts.items()))
     lines.append(table)
-    sample = random.Random(0).sample(candidates, min(examples, len(candidates)))
     lines.append(Text("examples:"))
-    lines += [Text(f"  {candidate.label}") for candidate in sample]
+    lines += [Text(f"  {candidate.label}") for candidate in facts.examples]
     return Group(*lines)
 
 
-def plan_report(
+@dataclass
+class PlannedRow:
+    """One candidate of ``autotune plan``: predicted memory per rank and whether it fits."""
+
+    fits: bool
+    device_bytes: int | None  # None: not traced (a smaller micro-batch already did not fit)
+    host_bytes: int | None
+    candidate: Candidate
+    phase: str  # where the predicted peak is (or "> mbN" when not traced)
+    why: str  # "", "device" or "host"
+
+
+@dataclass
+class Planned:
+    """What ``autotune plan`` found: every valid candidate, fitting ones first."""
+
+    description: str
+    params: int
+    largest_layer_params: int
+    gpus: int
+    vram_bytes: int
+    limit_bytes: float
+    margin: float
+    host_ram_bytes: int
+    global_batch: int
+    rows: list[PlannedRow]
+    notes: list[str]
+    seconds: float
+
+
+def plan_candidates(
     workload_ref: str,
     *,
     gpus: int,
@@ -157,10 +222,9 @@ def plan_report(
     host_ram_bytes: int | None,
     space_ref: str,
     margin: float,
-    limit_rows: int | None,
-) -> Group:
-    """``autotune plan``: every valid candidate on ``gpus`` hypothetical GPUs of
-    ``vram_bytes``, with predicted device and host memory per rank, fitting ones first."""
+) -> Planned:
+    """Every valid candidate on ``gpus`` hypothetical GPUs of ``vram_bytes``, with predicted
+    device and host memory per rank, fitting ones first."""
     import os
     import time
 
@@ -197,30 +261,50 @@ def plan_report(
             update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
         ).key
         if shape in too_big and candidate.micro_batch_size > too_big[shape]:
-            rows.append((False, None, None, candidate, f"> mb{too_big[shape]}", "device"))
+            rows.append(PlannedRow(False, None, None, candidate, f"> mb{too_big[shape]}", "device"))
             continue
         estimate = model.predict(candidate, stop_above=threshold)
         device, host = estimate.device_bytes, estimate.host_bytes
         why = "device" if device > threshold else ("host" if host * gpus > host_ram else "")
         if why == "device":
             too_big.setdefault(shape, candidate.micro_batch_size)
-        rows.append((not why, device, host, candidate, estimate.phase, why))
-    rows.sort(key=lambda r: (not r[0], r[1] if r[1] is not None else float("inf")))
-    facts = model_facts(workload, 100_000)
-    fitting = sum(1 for r in rows if r[0])
+        rows.append(PlannedRow(not why, device, host, candidate, estimate.phase, why))
+    rows.sort(
+        key=lambda r: (not r.fits, r.device_bytes if r.device_bytes is not None else float("inf"))
+    )
+    return Planned(
+        description=workload.describe(),
+        params=model_facts(workload, 100_000).params,
+        largest_layer_params=largest_layer_params(workload),
+        gpus=gpus,
+        vram_bytes=vram_bytes,
+        limit_bytes=threshold,
+        margin=margin,
+        host_ram_bytes=host_ram,
+        global_batch=batch,
+        rows=rows,
+        notes=[note for note in bound.notes if "nvme" in note],
+        seconds=time.monotonic() - started,
+    )
+
+
+def plan_report(planned: Planned, *, limit_rows: int | None) -> Group:
+    """``autotune plan``'s tables for :func:`plan_candidates`' result."""
+    fitting = sum(1 for r in planned.rows if r.fits)
     header = [
         Text(
-            f"{workload.describe()}: {facts.params / 1e9:.2f}B parameters (largest layer "
-            f"{largest_layer_params(workload) / 1e6:.0f}M); {gpus} GPU(s) of "
-            f"{format_bytes(vram_bytes)}, limit {format_bytes(threshold)} after the "
-            f"{100 * margin:.0f}% margin; host RAM {format_bytes(host_ram)}; global batch {batch}"
+            f"{planned.description}: {planned.params / 1e9:.2f}B parameters (largest layer "
+            f"{planned.largest_layer_params / 1e6:.0f}M); {planned.gpus} GPU(s) of "
+            f"{format_bytes(planned.vram_bytes)}, limit {format_bytes(planned.limit_bytes)} "
+            f"after the {100 * planned.margin:.0f}% margin; host RAM "
+            f"{format_bytes(planned.host_ram_bytes)}; global batch {planned.global_batch}"
         ),
         Text(
-            f"{fitting} of {len(rows)} valid candidates fit "
-            f"(planned in {time.monotonic() - started:.0f} s, no GPU used)"
+            f"{fitting} of {len(planned.rows)} valid candidates fit "
+            f"(planned in {planned.seconds:.0f} s, no GPU used)"
         ),
     ]
-    header += [Text(f"note: {note}") for note in bound.notes if "nvme" in note]
+    header += [Text(f"note: {note}") for note in planned.notes]
     table = Table(title="fitting first, then by device memory; GiB per rank")
     for column, justify in (
         ("fits", "left"),
@@ -230,14 +314,15 @@ def plan_report(
         ("peak at", "left"),
     ):
         table.add_column(column, justify=justify, no_wrap=column != "candidate")
+    rows = planned.rows
     shown = rows if limit_rows is None else rows[:limit_rows]
-    for fits, device, host, candidate, phase, why in shown:
+    for row in shown:
         table.add_row(
-            "yes" if fits else f"no ({why})",
-            candidate.label,
-            "" if device is None else f"{device / 2**30:.1f}",
-            "" if host is None else f"{host / 2**30:.1f}",
-            phase,
+            "yes" if row.fits else f"no ({row.why})",
+            row.candidate.label,
+            "" if row.device_bytes is None else f"{row.device_bytes / 2**30:.1f}",
+            "" if row.host_bytes is None else f"{row.host_bytes / 2**30:.1f}",
+            row.phase,
         )
     footer = []
     if limit_rows is not None and len(rows) > limit_rows:

@@ -220,6 +220,11 @@ class Search:
             probe_s=self.estimate_s,
             budget_s=self.clock.run_budget_s,
         )
+        self.emit(
+            events.BudgetUpdated(
+                self.clock.spent_s, self.clock.total_s, self.reserve_s, self.estimate_s
+            )
+        )
 
     # -- when to stop --------------------------------------------------------------------
     def _unseen(self) -> list[str]:

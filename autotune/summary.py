@@ -243,6 +243,7 @@ def render_summary(
             f"- Host memory (resident, per rank process): "
             f"{_peaks(record.host_peak_bytes_per_rank)}."
         )
+    lines.append(f"- {runner_up_distance(rows, verdict)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
     others = [row for row in rows if row[0].number != trial.number]
@@ -324,3 +325,33 @@ def _search_lines(evaluated: list[TrialView], screened: set[str]) -> list[str]:
             "model and never proposed (`autotune plan --all` shows each prediction)."
         )
     return lines
+
+
+def user_actions(trial: TrialView, config: StudyConfig) -> list[str]:
+    """What the user must do in their own code to run ``trial``'s configuration."""
+    return _actions(trial.candidate, trial, config)
+
+
+def runner_up_distance(
+    rows: list[tuple[TrialView, float, str]], verdict: Confirmation | None
+) -> str:
+    """One line: how far the best (first of :func:`standings`' rows) is from the runner-up,
+    and whether the difference is beyond the noise the confirmation round measured."""
+    if len(rows) < 2:
+        return "No runner-up: only one feasible configuration was measured in full."
+    (first, lead, basis), (second, other, other_basis) = rows[0], rows[1]
+    gap = 100 * (lead - other) / lead if lead else 0.0
+    name = f"trial {second.number} ({second.label})"
+    same = basis if basis == other_basis else f"{basis} vs {other_basis}"
+    text = f"{lead:.1f} vs {other:.1f} samples/s, {same}"
+    if gap >= 0:
+        line = f"The runner-up, {name}, is {gap:.1f}% slower ({text})"
+    else:
+        line = f"The runner-up, {name}, measured {-gap:.1f}% faster ({text})"
+    by_trial = {c.trial: c for c in verdict.contenders} if verdict is not None else {}
+    a, b = by_trial.get(first.number), by_trial.get(second.number)
+    if a is None or b is None or len(a.samples_per_s) < 2 or len(b.samples_per_s) < 2:
+        return line + "."
+    if a.overlaps(b):
+        return line + "; their 95% intervals overlap: on this machine the two are within noise."
+    return line + "; their 95% intervals do not overlap: the difference is beyond noise."

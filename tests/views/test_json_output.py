@@ -1,0 +1,72 @@
+"""``--json`` on status, plan, space and export: one JSON document on stdout, stable keys
+(docs/json.md), the same best as every other output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune import best
+from tests.conftest import run_cli
+from tests.views.synthetic import NAME
+
+SPACE = """\
+precision: [fp32]
+zero_stage: [0, 1]
+micro_batch_size: [1, 2, 4]
+activation_checkpointing: [false, true]
+"""
+
+
+def _json(*args: str, cwd: Path) -> dict[str, Any]:
+    result = run_cli(*args, "--json", cwd=cwd, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout)  # the whole of stdout is the document
+
+
+def test_status_json(synthetic: str, tmp_path: Path) -> None:
+    document = _json("status", "--storage", synthetic, cwd=tmp_path)
+    assert (document["kind"], document["version"]) == ("autotune.status", 1)
+    assert set(document) == {
+        "kind", "version", "study", "config", "budget", "best", "confirmation", "counts", "trials",
+    }  # fmt: skip
+    decided = best.of_study(optuna.load_study(study_name=NAME, storage=synthetic))
+    assert decided is not None and document["best"] == decided.model_dump()
+    assert document["counts"]["evaluated"] == 8 and document["counts"]["duplicates"] == 1
+    starred = [t["number"] for t in document["trials"] if t["best"]]
+    assert starred == [decided.trial]
+    oom = document["trials"][4]
+    assert oom["status"] == "oom" and oom["samples_per_s"] is None and not oom["feasible"]
+    assert document["trials"][0]["candidate"]["micro_batch_size"] == 4
+    assert document["config"]["vram_limit_bytes"] == 64 * 2**20
+
+
+def test_export_json(synthetic: str, tmp_path: Path) -> None:
+    out = tmp_path / "prod"
+    document = _json("export", "--storage", synthetic, "-o", str(out), cwd=tmp_path)
+    assert document["kind"] == "autotune.export" and document["trial"] == 0
+    assert Path(document["files"]["ds_config"]).exists()
+    assert document["ds_config"] == json.loads((out / "ds_config.json").read_text())
+    assert document["best"]["confirmed"] is True
+
+
+def test_space_and_plan_json(tmp_path: Path) -> None:
+    (tmp_path / "small.yaml").write_text(SPACE)
+    space = _json("space", "--space", "small.yaml", "--gpus", "2", cwd=tmp_path)
+    assert space["kind"] == "autotune.space" and space["candidates"] == 12
+    assert space["dimensions"]["zero_stage"] == {"0": 6, "1": 6}
+    assert len(space["examples"]) == 5 and "label" in space["examples"][0]
+    plan = _json(
+        "plan", "--workload", "gpt-tiny", "--gpus", "2", "--vram", "1GiB", "--space", "small.yaml",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert plan["kind"] == "autotune.plan" and len(plan["candidates"]) == 12
+    assert plan["fitting"] == sum(c["fits"] for c in plan["candidates"])
+    first = plan["candidates"][0]
+    assert set(first) == {
+        "label", "candidate", "fits", "why_not", "device_bytes", "host_bytes", "peak_at",
+    }  # fmt: skip
+    assert first["fits"] and first["device_bytes"] < plan["limit_bytes"]
