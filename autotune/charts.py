@@ -61,6 +61,11 @@ def _chosen(point: Point, x: float, y: float) -> str:
     )
 
 
+def _label_room(labels: list[str]) -> int:
+    """Left margin for rows named by ``labels`` (about 7 px a character at 12 px)."""
+    return min(420, 24 + 7 * max((len(label) for label in labels), default=10))
+
+
 def throughput_memory(data: ReportData) -> str:
     """Samples/s against measured peak memory per rank, the limit drawn; candidates judged
     infeasible without a probe sit on the floor at their predicted peak."""
@@ -156,7 +161,8 @@ def confirmation(data: ReportData) -> str:
     axes = svg.Axes(
         low - pad, high + pad, 0, len(contenders), width=720, height=60 + row_h * len(contenders)
     )
-    axes.left = 230
+    axes.left = _label_room([f"trial {c.trial} {c.label} (chosen)" for c in contenders])
+    axes.width = axes.left + 490
     parts = axes.frame("samples/s per probe; bar: 95% interval of the estimate", "", y_ticks=False)
     for index, contender in enumerate(contenders):
         y = axes.y(len(contenders) - index - 0.5)
@@ -223,7 +229,8 @@ def importance(data: ReportData) -> str:
         return ""
     row_h = 28
     axes = svg.Axes(0, 1.0, 0, len(values), width=560, height=60 + row_h * len(values))
-    axes.left = 220
+    axes.left = _label_room([name for name, _ in values])
+    axes.width = axes.left + 340
     parts = axes.frame(f"importance for samples/s ({data.importance.method})", "", y_ticks=False)
     for index, (name, value) in enumerate(values):
         y = axes.y(len(values) - index - 0.5)

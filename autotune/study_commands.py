@@ -75,7 +75,7 @@ def space(
     space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
         "default"
     ),
-    gpus: Annotated[int, typer.Option(help="Ranks per probe (CPU ranks without GPUs).")] = 1,
+    gpus: Annotated[int, typer.Option(min=1, help="Ranks per probe (CPU ranks without GPUs).")] = 1,
     workload: Annotated[
         str, typer.Option(help="Workload whose default global batch to use.")
     ] = "gpt-tiny",
@@ -86,7 +86,7 @@ def space(
         int | None, typer.Option(help="Largest global batch with --global-batch auto.")
     ] = None,
     nvme_path: Annotated[Path | None, typer.Option(help="Folder for nvme offload.")] = None,
-    examples: Annotated[int, typer.Option(help="How many example candidates to show.")] = 5,
+    examples: Annotated[int, typer.Option(min=0, help="How many example candidates to show.")] = 5,
     as_json: JsonOption = False,
 ) -> None:
     """Count the valid candidates of a space on this hardware, per dimension, with examples."""
@@ -112,10 +112,11 @@ def space(
 
 def plan(
     workload: Annotated[str, typer.Option(help="Built-in workload or path/to/file.py:fn.")],
-    gpus: Annotated[int, typer.Option(help="GPUs of the target machine.")],
+    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the target machine.")],
     vram: Annotated[str, typer.Option(help="Memory of each target GPU, e.g. 80GiB.")],
     global_batch: Annotated[
-        int | None, typer.Option(help="Samples per optimizer step (default: the workload's).")
+        int | None,
+        typer.Option(min=1, help="Samples per optimizer step (default: the workload's)."),
     ] = None,
     host_ram: Annotated[
         str, typer.Option(help="Host RAM of a node, e.g. 1TiB, or 'auto' (this machine's).")
@@ -124,7 +125,12 @@ def plan(
         "default"
     ),
     memory_margin: Annotated[
-        float, typer.Option(help="Count as fitting below the limit minus this share of it.")
+        float,
+        typer.Option(
+            min=0.0,
+            max=1.0,
+            help="Count as fitting below the limit minus this share of it.",
+        ),
     ] = 0.05,
     all_rows: Annotated[bool, typer.Option("--all", help="List every candidate.")] = False,
     as_json: JsonOption = False,
@@ -132,8 +138,10 @@ def plan(
     """What fits, without a GPU: predicted memory of every valid candidate on a target."""
     from autotune.report import plan_candidates, plan_report
 
-    if gpus < 1:
-        raise AutotuneError(f"--gpus {gpus}: give at least 1 GPU")
+    if memory_margin >= 1.0:
+        raise AutotuneError(
+            f"'--memory-margin' {memory_margin:g}: give a share of the limit below 1, e.g. 0.05"
+        )
     with _stdout_to_stderr(as_json):
         planned = plan_candidates(
             workload,

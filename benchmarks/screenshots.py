@@ -72,11 +72,19 @@ def run_captured(folder: Path, budget: str) -> list[str]:
 
 
 def pick_live_screen(screens: list[str]) -> str:
+    """Mid-run: the last screen of the confirmation round with a probe running, else of the
+    search with a probe running, else the last with the panel."""
     with_panel = [s for s in screens if "autotune · study" in s]
-    confirming = [s for s in with_panel if "confirmation round, leader first" in s]
+    confirming = [s for s in with_panel if "· confirming" in s and "now " in s]
     searching = [s for s in with_panel if "· searching" in s and "now " in s]
-    chosen = (confirming or searching or with_panel or screens)[-1]
-    return chosen
+    return (confirming or searching or with_panel or screens)[-1]
+
+
+def shrink(png: Path) -> None:
+    """Few colours on these pictures: a 256-colour palette keeps them small in git."""
+    from PIL import Image
+
+    Image.open(png).convert("RGB").quantize(colors=256).save(png, optimize=True)
 
 
 def terminal_png(screen: str, png: Path, chromium: str) -> None:
@@ -125,6 +133,7 @@ def main() -> None:
     report = folder / "trials" / "gpt-tiny" / "best" / "report.html"
     with tempfile.TemporaryDirectory() as scratch:
         shoot(chromium, report.as_uri(), options.out / "report.png", 1060, 1900, scratch)
+    shrink(options.out / "live.png")  # the report's many shades would lose its marks' colours
     print(f"wrote {options.out / 'live.png'} and {options.out / 'report.png'} (study in {folder})")
 
 
