@@ -50,9 +50,19 @@ class BudgetClock:
     """One run's share of the study's budget. ``start`` when probing begins: set-up before
     it (building DeepSpeed's ops once, starting Ray) is not charged to the study."""
 
-    def __init__(self, stored: BudgetRecord, given_total_s: float | None) -> None:
-        self.total_s = given_total_s if given_total_s is not None else stored.total_s
-        self.spent_before_s = stored.spent_s
+    def __init__(
+        self, stored: BudgetRecord, given_total_s: float | None, *, shared: bool = False
+    ) -> None:
+        self.shared = shared
+        if shared:
+            # side by side with other drivers, each runs for its own --budget (else what the
+            # study had left when it joined) and the study's counter is left alone
+            left_s = stored.total_s - stored.spent_s
+            self.total_s = given_total_s if given_total_s is not None else left_s
+            self.spent_before_s = 0.0
+        else:
+            self.total_s = given_total_s if given_total_s is not None else stored.total_s
+            self.spent_before_s = stored.spent_s
         self._started: float | None = None
 
     def start(self) -> None:
@@ -79,7 +89,8 @@ class BudgetClock:
         return BudgetRecord(total_s=self.total_s, spent_s=round(self.spent_s, 1))
 
     def store(self, study: optuna.Study) -> None:
-        study.set_user_attr(BUDGET_ATTR, self.record().model_dump())
+        if not self.shared:
+            study.set_user_attr(BUDGET_ATTR, self.record().model_dump())
 
 
 def probe_estimate_s(trials: Iterable[TrialView], *, full_only: bool = False) -> float:

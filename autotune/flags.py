@@ -22,6 +22,7 @@ from autotune.settings import DEFAULT_STORAGE, RunSettings, parse_duration, pars
 
 # Flags that concern one run, not what a study measures: never stored with the study.
 PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet")
+PER_RUN += ("shared",)  # how this driver joins the study, not what the study measures
 # Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
 PATHS = ("base_config", "nvme_path", "trials_dir")
 
@@ -127,6 +128,12 @@ class RunFlags(BaseModel):
     )
     no_early_stop: bool = Field(
         default=False, description="Time every probe in full, even when clearly slower."
+    )
+    shared: bool = Field(
+        default=False,
+        description="Run side by side with other drivers of this study (a database they all "
+        "reach, e.g. PostgreSQL): each takes its own proposals, none probes a candidate "
+        "another has, and each runs for its own --budget.",
     )
     tf32: bool = Field(
         default=False,
@@ -245,6 +252,7 @@ class RunFlags(BaseModel):
             early_stop=not self.no_early_stop,
             confirm=not self.no_confirm,
             tf32=self.tf32,
+            shared=self.shared,
         )
 
 

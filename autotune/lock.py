@@ -94,6 +94,11 @@ class DatabaseClock:
 class DriverLock:
     """Acquire with :meth:`acquire`, renew in a thread, give back with :meth:`release`.
 
+    An exclusive driver holds the study attr :data:`LOCK_ATTR`; a shared driver
+    (``--shared``) holds its own ``autotune_driver:<token>`` beside other shared drivers.
+    An exclusive driver is refused while any live driver holds the study; a shared one
+    while a live exclusive driver does.
+
     ``on_beat`` runs in the heartbeat thread before each renewal (the tuner stores the
     budget spent so far and the Optuna heartbeats of its running trials there, so a driver
     killed with -9 loses at most one heartbeat of accounting).
@@ -105,16 +110,19 @@ class DriverLock:
         study_name: str,
         clock: DatabaseClock,
         *,
+        shared: bool = False,
         on_beat: Callable[[], None] | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
         self.study_name = study_name
+        self.shared = shared
         self.on_beat = on_beat
         self.on_warning = on_warning
         self.token = uuid.uuid4().hex
         self.since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self.lost: str = ""  # set by the heartbeat thread when another driver took the study
         self.took_over: str = ""  # the dead holder this driver replaced, if any
+        self._key = f"{LOCK_ATTR}:{self.token}" if shared else LOCK_ATTR
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -128,31 +136,43 @@ class DriverLock:
             "since": self.since,
             "heartbeat": self._clock.now(),
             "token": self.token,
+            "shared": self.shared,
+        }
+
+    def _holders(self) -> dict[str, dict[str, Any]]:
+        """Every lock record in the study: the exclusive one and the shared ones."""
+        attrs = self._storage.get_study_user_attrs(self._study_id)
+        return {
+            key: value
+            for key, value in attrs.items()
+            if (key == LOCK_ATTR or key.startswith(LOCK_ATTR + ":")) and value
         }
 
     def _read(self) -> dict[str, Any] | None:
-        return self._storage.get_study_user_attrs(self._study_id).get(LOCK_ATTR) or None
+        return self._holders().get(self._key)
 
     def _write(self, value: dict[str, Any] | None) -> None:
-        self._storage.set_study_user_attr(self._study_id, LOCK_ATTR, value)
+        self._storage.set_study_user_attr(self._study_id, self._key, value)
 
     def acquire(self) -> None:
-        """Hold the study, or raise StorageError naming the live holder."""
+        """Hold the study, or raise StorageError naming a live holder that excludes this
+        driver."""
         import time
 
-        holder = self._read()
         now = self._clock.now()
-        state = holder_state(holder, now)
-        if state == "live":
-            assert holder is not None
-            raise StorageError(
-                f"study {self.study_name!r} is being run by another driver: "
-                f"{describe_holder(holder, now)}; wait for it to finish or stop it, or pass "
-                "--study NEW_NAME to start a separate study"
-            )
-        if state == "dead":
-            assert holder is not None
-            self.took_over = describe_holder(holder, now)
+        for key, holder in self._holders().items():
+            state = holder_state(holder, now)
+            blocking = key == LOCK_ATTR or not self.shared
+            if state == "live" and blocking:
+                raise StorageError(
+                    f"study {self.study_name!r} is being run by another driver: "
+                    f"{describe_holder(holder, now)}; wait for it to finish or stop it, pass "
+                    "--shared to every driver to run them side by side, or pass --study "
+                    "NEW_NAME to start a separate study"
+                )
+            if state == "dead":
+                self.took_over = describe_holder(holder, now)
+                self._storage.set_study_user_attr(self._study_id, key, None)
         self._write(self._record())
         time.sleep(SETTLE_S)
         now_holder = self._read()

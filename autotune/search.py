@@ -13,6 +13,8 @@ told to Optuna as soon as it arrives, so the sampler always sees the freshest da
   :data:`EARLY_STOP_MARGIN` (never under ``--sampler grid``).
 - The search stops when what is left of the budget, less the confirmation round's reserve
   (:class:`~autotune.budget.ReservePolicy`), no longer holds the next probe's estimate.
+- With ``--shared`` other drivers work on the study too: before probing, a trial claims its
+  candidate (:meth:`Search._claim`), so none is probed twice.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from autotune.session import DriverSession
 
 MAX_DUPLICATES_IN_A_ROW = 3
+CLAIM_WAIT_S = 5.0  # how long a shared driver waits for an earlier trial's claim to appear
 EARLY_STOP_MARGIN = 0.05  # stop a probe whose fast end is 5% below the best so far
 POLL_S = 1.0
 
@@ -167,6 +170,8 @@ class Search:
             self.counts.pruned += 1
             self.emit(events.CandidatePruned(trial.number, candidate.label, verdict.reason))
             return
+        if self.plan.settings.shared and not self._claim(trial, candidate, record):
+            return
         first_of_stage = candidate.zero_stage not in self._stages_probed
         self._stages_probed.add(candidate.zero_stage)
         self.dispatcher.submit(
@@ -179,6 +184,39 @@ class Search:
         self.session.record_heartbeats([trial])
         self.counts.probes += 1
         self.emit(events.ProbeStarted(trial.number, candidate.label))
+
+    def _claim(self, trial: optuna.Trial, candidate: Candidate, record: TrialRecord) -> bool:
+        """With other drivers on the study: whether this trial may probe ``candidate``.
+        Every driver writes its claim (the running record) first, then the lowest trial
+        number with the candidate wins, so two drivers proposing it at once never both
+        probe it; one that another driver evaluated already is a duplicate."""
+        import time
+
+        self.session.record_heartbeats([trial])
+        records.write(trial, record)
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while True:
+            others = [t for t in records.views(self.study) if t.number < trial.number]
+            unwritten = [t for t in others if t.running and not t.record.candidate_key]
+            if not unwritten or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # a driver between ask and its claim: its key is a moment away
+        holders = [
+            t
+            for t in others
+            if t.is_evaluation
+            and t.record.candidate_key == candidate.key
+            and t.status not in ("interrupted", "duplicate")
+        ]
+        if not holders:
+            return True
+        if holders[0].running:
+            records.record_running_duplicate(self.study, trial, candidate, holders[0].number)
+        else:
+            records.record_duplicate(self.study, trial, holders[0])
+            self.known[candidate.key] = holders[0]
+        self.counts.duplicates += 1
+        return False
 
     def _early_stop_threshold(self) -> float:
         settings = self.plan.settings

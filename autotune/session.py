@@ -7,6 +7,8 @@ storage faults turned into one line.
   ``fail_stale_trials``, whose ``RetryHeartbeatStaleTrialCallback`` queues it once more.
   With the lock held, a trial still running belongs to a driver that is gone: it is failed
   and queued the same way at once.
+- Shared drivers (``--shared``) hold the study side by side; then only trials whose
+  heartbeat went stale are failed, never a live driver's.
 - Ctrl-C: the first sets :attr:`DriverSession.stopping` (the tuner stops probes, records
   them interrupted and exports); the second kills every probe group and exits at once.
 """
@@ -147,6 +149,7 @@ class DriverSession:
             self.storage,
             self.plan.study_name,
             self._clock,
+            shared=self.plan.settings.shared,
             on_beat=self._on_beat,
             on_warning=lambda text: self._emit(events.Warning(text)),
         )
@@ -163,13 +166,16 @@ class DriverSession:
         def running() -> list[optuna.trial.FrozenTrial]:
             return self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
 
-        left = [t.number for t in running()]
+        before = {t.number for t in running()}
         optuna.storages.fail_stale_trials(self.study)  # stale by the database's clock
+        if self.plan.settings.shared:
+            # other live drivers' trials are running too: only stale ones were theirs to lose
+            return sorted(before - {t.number for t in running()})
         callback = retry_callback()
-        for trial in running():  # the lock is ours: whoever ran these is gone
+        for trial in running():  # the lock is ours alone: whoever ran these is gone
             self.study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
             callback(self.study, self.study.get_trials(deepcopy=False)[trial.number])
-        return left
+        return sorted(before)
 
     def requeue(self, trial: optuna.Trial) -> None:
         """Queue an interrupted trial's candidate once more, as a stale trial's would be."""

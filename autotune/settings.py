@@ -208,6 +208,10 @@ class RunSettings(BaseModel):
     early_stop: bool = Field(
         default=True, description="Stop a probe once it is clearly slower than the best so far."
     )
+    shared: bool = Field(
+        default=False,
+        description="Drive the study side by side with other drivers (each its own proposals).",
+    )
     tf32: bool = Field(
         default=False,
         description="fp32 matmuls may use TF32 (torch float32_matmul_precision 'high'), as a "

@@ -112,7 +112,9 @@ class Tuner:
             ) as session,
             session.storage_faults(),
         ):
-            clock.append(BudgetClock(read_budget(session.study), self.plan.settings.budget_s))
+            settings = self.plan.settings
+            stored = read_budget(session.study)
+            clock.append(BudgetClock(stored, settings.budget_s, shared=settings.shared))
             self._search(session, clock[0], summary, search_ref)
             summary.elapsed_s = clock[0].elapsed_s
             clock[0].store(session.study)
@@ -297,4 +299,5 @@ def default_executor(plan: Plan) -> Executor:
         cuda=plan.hardware.accelerator == "cuda",
         cpu_count=plan.hardware.cpu_count,
         warm=plan.settings.warm_workers,
+        ray_address=plan.settings.ray_address,
     )
