@@ -193,9 +193,13 @@ class DriverSession:
         """First Ctrl-C: stop asking, the tuner stops probes and exports. Second: kill the
         probe groups and leave at once; SQLite/PostgreSQL roll back an open transaction."""
         if self.stopping:
+            import sys
+
             from autotune.launch import kill_all_groups
 
             kill_all_groups()
+            if sys.stdout.isatty():
+                os.write(1, b"\x1b[?25h")  # the live view hid the cursor: give it back
             os.write(2, b"autotune: interrupted twice: exiting now, probes killed\n")
             os._exit(130)
         self.stopping = True

@@ -207,7 +207,12 @@ def study_config(study: optuna.Study) -> StudyConfig | None:
 
 
 def store_start(study: optuna.Study, config: StudyConfig, flags: dict[str, Any]) -> None:
-    """A new study: what it measures, and the flags a continue takes back."""
+    """A new study: what it measures, and the flags a continue takes back. The best is
+    stored first (empty for now): optuna-dashboard lists study attrs in that order, and the
+    decision belongs on its first page."""
+    from autotune.best import BEST_ATTR
+
+    study.set_user_attr(BEST_ATTR, None)
     study.set_user_attr(CONFIG_ATTR, config.model_dump(mode="json"))
     study.set_user_attr(FLAGS_ATTR, flags)
     study.set_metric_names([METRIC])
