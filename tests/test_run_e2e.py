@@ -96,27 +96,30 @@ def test_study_records_every_probe(study_dir: Path) -> None:
 
 
 def test_confirmation_round_decides_the_export(study_dir: Path) -> None:
+    from autotune import best
     from autotune.confirm import load as load_confirmation
-    from autotune.export import best_trial
 
     out = (study_dir / "first-run.log").read_text()
     assert "confirming 3 contender(s), interleaved" in out
     study = load(study_dir)
     verdict = load_confirmation(study)
     assert verdict is not None and verdict.rounds >= 1 and len(verdict.contenders) == 3
-    searched = {t.number for t in evaluated(study)}
-    repeats = [t for t in study.get_trials() if "confirmation_of" in t.user_attrs]
-    assert len(repeats) >= 3 * verdict.rounds
-    assert {t.user_attrs["confirmation_of"] for t in repeats} == searched
-    # interleaved: A B C A B C
-    order = [t.user_attrs["confirmation_of"] for t in repeats]
-    assert order[:3] == order[3:6] or len(order) < 6
-    assert len(repeats) == 3 * verdict.rounds + 2 * verdict.tie_rounds
+    # re-probes are not trials: every trial is an evaluation of its own
+    assert len(study.get_trials()) == len(evaluated(study)) == 3
+    probed = [
+        line.split(": probing ")[1] for line in out.splitlines() if "confirmation: probing" in line
+    ]
+    assert len(probed) == 3 * verdict.rounds + 2 * verdict.tie_rounds
+    assert probed[:3] == probed[3:6] or verdict.rounds < 2  # interleaved: A B C A B C
+    folders = sorted((study_dir / "trials" / "gpt-tiny").glob("confirm-*"))
+    assert len(folders) == len(probed) and all((f / "probe.log").is_file() for f in folders)
     for contender in verdict.contenders:
         # the best two may have had tie-break rounds of their own
         extra = len(contender.samples_per_s) - 1 - verdict.rounds
         assert 0 <= extra <= verdict.tie_rounds
-    assert best_trial(study).number == verdict.winner
+    decided = best.of_study(study)
+    assert decided is not None and decided.trial == verdict.winner and decided.confirmed
+    assert study.user_attrs[best.BEST_ATTR]["trial"] == verdict.winner
     summary = (study_dir / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
     assert "## Confirmation round" in summary and "(chosen)" in summary
 
@@ -126,10 +129,12 @@ def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
     path = best_dir / "ds_config.json"
     config = json.loads(path.read_text())
     validate_ds_config(config, world_size=2)
-    from autotune.export import best_trial
+    from autotune import best as best_module
 
-    best = best_trial(load(study_dir))  # the confirmation round's winner
-    assert best is not None and best.user_attrs.get("feasible")
+    decided = best_module.of_study(load(study_dir))  # the confirmation round's winner
+    assert decided is not None
+    best = load(study_dir).trials[decided.trial]
+    assert best.user_attrs.get("feasible")
     assert config == best.user_attrs["ds_config"]
     for key in ("optimizer", "scheduler", "gradient_clipping", "steps_per_print"):
         assert config[key] == PRODUCTION[key]
@@ -185,7 +190,7 @@ def test_status_prints_the_trials(study_dir: Path) -> None:
     result = run_cli("status", cwd=study_dir, timeout=120)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "study gpt-tiny" in out and "samples/s" in out and "* = best feasible" in out
+    assert "study gpt-tiny" in out and "samples/s" in out and "* = best (confirmed)" in out
     assert out.count(" ok ") + out.count(" oom ") + out.count(" error ") >= 1
 
 
