@@ -233,7 +233,8 @@ def test_dashboard_serves_the_study(study_dir: Path) -> None:
 
 def test_second_run_continues_without_repeating(study_dir: Path) -> None:
     before = {t.user_attrs["candidate_key"] for t in evaluated(load(study_dir))}
-    result = run_cli(*RUN, "--max-trials", "2", "--seed", "1", cwd=study_dir)
+    # the confirmation round has its own test: this one is about continuing
+    result = run_cli(*RUN, "--max-trials", "2", "--seed", "1", "--no-confirm", cwd=study_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 candidate(s) evaluated before" in result.stdout
     trials = evaluated(load(study_dir))
