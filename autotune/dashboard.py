@@ -217,22 +217,26 @@ def figure(data: ReportData) -> dict[str, Any]:
     }
 
 
-def annotate(study: optuna.Study) -> int:
-    """Write the notes and the figure into ``study``; returns how many notes changed."""
+def annotate(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int:
+    """Write the notes and the figure into ``study`` (held in ``storage``); returns how many
+    notes changed. optuna-dashboard's public ``save_note`` takes only a live trial, and these
+    trials are finished, so the note goes through the function ``save_note`` itself calls."""
     from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
     from optuna_dashboard._note import get_note_from_system_attrs, save_note_with_version
 
     from autotune import records
     from autotune.report_data import collect
 
-    storage = study._storage
     study_id = storage.get_study_id_from_name(study.study_name)
     data = collect(study)
     trials = records.views(study)
     attrs = storage.get_study_system_attrs(study_id)
-    optuna_best = _optuna_best(study)
+    optuna_best = _optuna_best(study, storage)
     notes: list[tuple[int | None, str]] = [
-        (t.frozen._trial_id, trial_note(t, data.best, data.verdict, optuna_best))
+        (
+            storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
+            trial_note(t, data.best, data.verdict, optuna_best),
+        )
         for t in trials
         if t.record.candidate is not None
     ]
@@ -250,10 +254,9 @@ def annotate(study: optuna.Study) -> int:
     return changed
 
 
-def _optuna_best(study: optuna.Study) -> int | None:
+def _optuna_best(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int | None:
     """The trial optuna-dashboard's "Best Trial" card shows: the storage's best, as the
     dashboard asks for it (None when nothing completed)."""
-    storage = study._storage
     try:
         return storage.get_best_trial(storage.get_study_id_from_name(study.study_name)).number
     except ValueError:  # no completed trial

@@ -216,16 +216,17 @@ def dashboard(
 ) -> None:
     """Serve the study in optuna-dashboard, with a note on every trial and on the study."""
     from autotune.dashboard import LOOPBACK, annotate, serve
-    from autotune.study import load_existing_study
+    from autotune.study import load_existing_study, open_storage
 
     loaded = load_existing_study(storage, study)
-    changed = annotate(loaded)
+    opened = open_storage(storage)
+    changed = annotate(loaded, opened)
     if host not in LOOPBACK:
         console.print(
             f"warning: --host {host}: the dashboard has no login and lets every visitor edit "
             "notes and delete studies; anyone who can reach this address can"
         )
-    study_id = loaded._storage.get_study_id_from_name(loaded.study_name)
+    study_id = opened.get_study_id_from_name(loaded.study_name)
     shown = f"[{host}]" if ":" in host else host
     console.print(
         f"optuna-dashboard: http://{shown}:{port}/dashboard/studies/{study_id} "
@@ -263,14 +264,14 @@ COMMANDS = {
 def after_run(storage: str, name: str, export_dir: str | None) -> list[str]:
     """After ``run``: the dashboard's notes and ``report.html`` beside the export. Lines to
     print; a failure here costs a warning, never the run's result."""
-    from autotune.study import load_existing_study
+    from autotune.study import load_existing_study, open_storage
 
     try:
         loaded = load_existing_study(storage, name)
         from autotune.dashboard import annotate
         from autotune.html_report import REPORT_NAME, write_report
 
-        annotate(loaded)
+        annotate(loaded, open_storage(storage))
         if export_dir is None:
             return []
         path = write_report(loaded, Path(export_dir) / REPORT_NAME)

@@ -72,10 +72,12 @@ def test_notes_are_rewritten_only_when_they_change(synthetic: str, tmp_path: Pat
     import optuna
 
     from autotune.dashboard import annotate
+    from autotune.study import open_storage
 
     study = optuna.load_study(study_name=NAME, storage=synthetic)
-    assert annotate(study) == 10  # nine trials and the study
-    assert annotate(study) == 0
+    storage = open_storage(synthetic)
+    assert annotate(study, storage) == 10  # nine trials and the study
+    assert annotate(study, storage) == 0
 
 
 def test_another_host_only_when_asked_with_a_warning(
