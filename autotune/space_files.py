@@ -22,7 +22,14 @@ def resolve_space_path(ref: str) -> tuple[str, str]:
     """A path or a built-in name -> (display name, YAML text)."""
     path = Path(ref)
     if path.is_file():
-        return str(path), path.read_text(encoding="utf-8")
+        try:
+            return str(path), path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpaceError(
+                f"{path}: not UTF-8 text (byte {exc.start}); save the space file as UTF-8"
+            ) from None
+        except OSError as exc:
+            raise SpaceError(f"--space {path}: cannot read it ({exc.strerror})") from None
     root = resources.files(SPACES_PACKAGE)
     builtin = root / f"{ref}.yaml"
     if "/" not in ref and not ref.endswith((".yaml", ".yml")) and builtin.is_file():
