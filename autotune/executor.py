@@ -1,8 +1,10 @@
 """Where probes run: slots of devices, each with a warm probe worker.
 
 - :class:`RayExecutor` (default): each slot is a Ray actor holding K GPUs (or K CPU-rank
-  slots on a machine without GPUs) and a :class:`~autotune.worker.WarmWorker`; this is the
-  only module that imports ray.
+  slots on a machine without GPUs) and a :class:`~autotune.worker.WarmWorker`, on a private
+  Ray that listens on loopback only.
+- ``--ray-address``: :class:`~autotune.cluster.ClusterExecutor` on an existing cluster,
+  whose probes may span nodes (ray is imported here and in the cluster modules only).
 - :class:`LocalExecutor` (``--executor local``): the same workers driven from threads of
   the driver, for machines without Ray (Ray's wheel does not travel to every GPU box).
 
@@ -19,13 +21,12 @@ import os
 import queue
 from typing import Any, Protocol
 
+from autotune.cluster import CPU_RANK_RESOURCE  # Ray resource of CPU-rank probes
 from autotune.errors import ExecutorError
 from autotune.launch import ProbeJob, launch_probe, restore_child_signals
 from autotune.protocol import ProbeResult
 from autotune.worker import WarmWorker
 
-# Ray resource that gates CPU-rank probes on machines without GPUs.
-CPU_RANK_RESOURCE = "autotune_cpu_rank"
 CANCEL_GRACE_S = 15.0
 
 
@@ -196,7 +197,8 @@ class RayExecutor:
         self.capacity = max(1, total_devices // devices_per_probe)
         if not ray.is_initialized():
             try:
-                ray.init(
+                init_loopback_ray(
+                    ray,
                     num_cpus=cpu_count,
                     num_gpus=total_devices if cuda else 0,
                     resources={} if cuda else {CPU_RANK_RESOURCE: total_devices},
@@ -278,6 +280,30 @@ class RayExecutor:
         self._refs.clear()
 
 
+def init_loopback_ray(ray: Any, **options: Any) -> None:
+    """Start a private Ray whose GCS, raylet, workers and agents listen on 127.0.0.1 only.
+
+    Ray binds them to loopback exactly when the node's address is 127.0.0.1, but turns a
+    given 127.0.0.1 into the machine's network address unless it takes multi-node clusters
+    for unsupported (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read at its import and by the
+    processes it starts): both are set for this start only (a later ``--ray-address`` join
+    in the same process needs them back).
+    """
+    from ray._private import ray_constants
+
+    name = ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved_flag = os.environ.get(name), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[name], ray_constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", **options)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
+
+
 def make_executor(
     kind: str,
     *,
@@ -286,7 +312,18 @@ def make_executor(
     cuda: bool,
     cpu_count: int,
     warm: bool = True,
+    ray_address: str | None = None,
 ) -> Executor:
+    if kind == "ray" and ray_address is not None:
+        from autotune.cluster import ClusterExecutor  # an existing cluster's nodes
+
+        return ClusterExecutor(
+            address=ray_address,
+            total_devices=total_devices,
+            devices_per_probe=devices_per_probe,
+            cuda=cuda,
+            warm=warm,
+        )
     if kind == "local":
         return LocalExecutor(
             total_devices=total_devices, devices_per_probe=devices_per_probe, cuda=cuda, warm=warm

@@ -22,6 +22,7 @@ from autotune.settings import DEFAULT_STORAGE, RunSettings, parse_duration, pars
 
 # Flags that concern one run, not what a study measures: never stored with the study.
 PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet")
+PER_RUN += ("ray_address",)  # the cluster one run uses; the next may use another
 PER_RUN += ("shared",)  # how this driver joins the study, not what the study measures
 # Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
 PATHS = ("base_config", "nvme_path", "trials_dir")
@@ -86,6 +87,11 @@ class RunFlags(BaseModel):
     seed: int | None = Field(default=None, description="Sampler seed.")
     executor: Literal["ray", "local"] = Field(
         default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
+    )
+    ray_address: str | None = Field(
+        default=None,
+        description="Join an existing Ray cluster: auto, HOST:PORT of its head (GCS) or "
+        "ray://HOST:PORT; probes may span its nodes (default: a private Ray on this machine).",
     )
     probe_timeout: str | None = Field(
         default=None,
@@ -185,6 +191,10 @@ class RunFlags(BaseModel):
             )
         if self.study is not None:
             check_study_name(self.study, flag="--study")
+        if self.ray_address is not None:
+            from autotune.cluster import check_ray_address
+
+            check_ray_address(self.ray_address, self.executor)
 
     def stored(self) -> dict[str, Any]:
         """What a study keeps of these flags: per-run ones left out, paths made absolute
@@ -237,6 +247,7 @@ class RunFlags(BaseModel):
             storage_url=self.storage,
             seed=self.seed,
             executor=self.executor,
+            ray_address=self.ray_address,
             probe_timeout_s=None
             if self.probe_timeout is None
             else parse_duration(self.probe_timeout, flag="--probe-timeout"),

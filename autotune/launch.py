@@ -184,7 +184,7 @@ def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
         "-c",
         _CLEAN_SIGNALS_EXEC,
         "-m",
-        "torch.distributed.run",
+        "autotune.loopback_run",  # torchrun whose stores and ranks listen on loopback only
         "--standalone",
         f"--nproc-per-node={job.world_size}",
         "--max-restarts=0",

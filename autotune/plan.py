@@ -113,7 +113,8 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         global_batch = base_global_batch(base or {}, settings.global_batch, source)
         global_batch = global_batch or workload.default_global_batch
     hardware = hardware or detect()
-    hardware.check_ranks(settings.gpus)
+    if settings.ray_address is None:  # a cluster's devices are checked as it is joined
+        hardware.check_ranks(settings.gpus)
     per_trial = settings.gpus_per_trial or settings.gpus
     if per_trial > settings.gpus:
         raise SettingsError(

@@ -178,6 +178,12 @@ class ProbeResult(BaseModel):
         description="The warm group was restarted before this probe because this many bytes "
         "of earlier candidates were still allocated; the probe then ran cold.",
     )
+    lost_node: str = Field(
+        default="",
+        description="The address of a node that left the Ray cluster while it ran one of this "
+        "probe's ranks (status error): nothing was measured about the candidate, which may be "
+        "probed again on other nodes. Empty otherwise.",
+    )
 
     @property
     def peak_bytes(self) -> int:

@@ -165,6 +165,11 @@ class RunSettings(BaseModel):
     executor: Executor = Field(
         default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
     )
+    ray_address: str | None = Field(
+        default=None,
+        description="An existing Ray cluster to join (auto, HOST:PORT, ray://HOST:PORT); "
+        "None: a private Ray on this machine, on loopback only.",
+    )
     warm_workers: bool = Field(
         default=True,
         description="Keep probe process groups alive between probes (cold: one launch each).",
