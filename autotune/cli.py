@@ -60,11 +60,15 @@ def run(**given: Any) -> None:
 
     An existing study continues: flags not given are taken from the study, the budget is
     what the study has left, and interrupted probes are run again once."""
+    from pathlib import Path
+
     from autotune.flags import RunFlags
     from autotune.plan import plan_run
+    from autotune.project import layer
     from autotune.study import stored_run_flags
     from autotune.tuner import Tuner
 
+    given, project = layer(given, Path.cwd())  # the folder's autotune.yaml, under the flags
     typed = RunFlags.resolve(given, {})  # every given flag is checked before a file is opened
     name = typed.study_name()
     stored = stored_run_flags(typed.storage, name)
@@ -77,6 +81,8 @@ def run(**given: Any) -> None:
             if not k.startswith("_") and not given.get(k) and stored.get(k) == v and v
         )
         console.print(f"continuing study {name!r} with its flags ({', '.join(inherited)})")
+    if project:
+        console.print(f"project file: {project} (flags given here win over it)")
     _print_plan(plan)
     with _renderer(
         quiet=flags.quiet, continued=bool(stored), storage=flags.storage, name=name
@@ -112,15 +118,22 @@ def _run_parameters() -> list[inspect.Parameter]:
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         hidden = bool(extra.get("hidden"))
         annotation: Any
-        if field.annotation is bool:
+        default: Any = None
+        if extra.get("positional"):  # what follows `--`: the script's own arguments
+            annotation = Annotated[
+                list[str] | None, typer.Argument(help=field.description, show_default=False)
+            ]
+        elif field.annotation == list[str]:  # a repeatable option
+            option = typer.Option(flag, help=field.description, hidden=hidden)
+            annotation = Annotated[list[str] | None, option]
+        elif field.annotation is bool:
             annotation = Annotated[bool, typer.Option(flag, help=field.description, hidden=hidden)]
-            default: Any = False
+            default = False
         else:
             shown = "" if field.default is None else f" [default: {field.default}]"
             kind = {int: int, int | None: int, float: float}.get(field.annotation, str)
             option = typer.Option(flag, help=f"{field.description}{shown}", hidden=hidden)
             annotation = Annotated[kind | None, option]
-            default = None
         parameters.append(
             inspect.Parameter(
                 name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
@@ -131,6 +144,24 @@ def _run_parameters() -> list[inspect.Parameter]:
 
 run.__signature__ = inspect.Signature(_run_parameters())  # type: ignore[attr-defined]
 app.command("run")(run)
+
+
+@app.command("init")
+def init(
+    script: Annotated[str, typer.Argument(help="Your training script, e.g. train.py.")],
+    script_args: Annotated[
+        list[str] | None, typer.Argument(help="Its arguments, after `--`.", show_default=False)
+    ] = None,
+    gpus: Annotated[int, typer.Option(help="Devices the study may use.", min=1)] = 1,
+) -> None:
+    """Write an autotune.yaml for SCRIPT and its arguments, so that `autotune run` alone
+    tunes it (e.g. autotune init train.py -- --deepspeed ds_config.json)."""
+    from pathlib import Path
+
+    from autotune.project import init as write_project
+
+    path = write_project(script, list(script_args or []), gpus=gpus, folder=Path.cwd())
+    console.print(f"wrote {path}; edit it, then: autotune run")
 
 
 def _print_plan(plan: Plan) -> None:
@@ -173,9 +204,12 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
     if best is not None and record is not None and summary.export_dir:
         estimate = "confirmed median" if best.confirmed else "measured"
         tokens_per_s = best.samples_per_s * record.tokens_per_s / max(record.samples_per_s, 1e-9)
+        tokens = (
+            "" if record.tokens_per_s == record.samples_per_s else f"{tokens_per_s:.0f} tokens/s, "
+        )
         console.print(
             f"best: trial {best.trial} {best.label}: {best.samples_per_s:.1f} samples/s "
-            f"({estimate}), {tokens_per_s:.0f} tokens/s, peak "
+            f"({estimate}), {tokens}peak "
             f"{format_bytes(record.peak_bytes)} of {format_bytes(summary.vram_limit_bytes)} "
             "per rank"
         )

@@ -104,10 +104,30 @@ class Dispatcher:
             nvme_dir = str(
                 Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name
             )
+        ds_config = plan.ds_config(candidate, nvme_dir)
+        script, cwd = None, str(Path.cwd())
+        if plan.config.script is not None:
+            # the script's own program runs with the candidate's arguments, which name the
+            # config the launch writes into the trial folder
+            from autotune.protocol import ScriptRun
+            from autotune.script_plan import script_ds_config
+
+            ds_config = script_ds_config(ds_config, plan.config.script)
+            script = ScriptRun(
+                path=plan.config.script.path,
+                argv=plan.config.script.argv(
+                    candidate,
+                    str(trial_dir / "ds_config.json"),
+                    cpu=plan.hardware.accelerator == "cpu",
+                ),
+                nvme_path=nvme_dir or plan.config.nvme_path,
+                torch_adam=plan.torch_adam,
+            )
+            cwd = plan.config.script.cwd
         spec = ProbeSpec(
             workload=plan.workload_ref,
             candidate=candidate,
-            ds_config=plan.ds_config(candidate, nvme_dir),
+            ds_config=ds_config,
             accelerator=plan.hardware.accelerator,
             vram_limit_bytes=plan.config.vram_limit_bytes,
             device_memory_bytes=plan.hardware.device_memory_bytes,
@@ -119,6 +139,7 @@ class Dispatcher:
             tokens_per_sample=plan.workload.tokens_per_sample,
             float32_matmul_precision=plan.config.float32_matmul_precision,  # type: ignore[arg-type]
             fault=self._fault,  # type: ignore[arg-type]
+            script=script,
         )
         return ProbeJob(
             spec=spec,
@@ -126,7 +147,7 @@ class Dispatcher:
             world_size=candidate.data_parallel_size,
             timeout_s=plan.probe_timeout_s,
             threads_per_rank=plan.config.threads_per_rank,
-            cwd=str(Path.cwd()),
+            cwd=cwd,
             scratch_dir=nvme_dir,  # removed after the probe: swap files fill a disk
         )
 

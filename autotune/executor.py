@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import queue
+import threading
 from typing import Any, Protocol
 
 from autotune.cluster import CPU_RANK_RESOURCE  # Ray resource of CPU-rank probes
@@ -50,13 +51,17 @@ class _Slot:
     def __init__(self, visible_devices: str | None, warm: bool) -> None:
         self.visible_devices = visible_devices
         self.worker = WarmWorker(visible_devices) if warm else None
+        self._cancel = threading.Event()  # of a cold launch
 
     def run(self, job: ProbeJob) -> ProbeResult:
-        if self.worker is not None:
+        # A user's script is its own program: every probe of it is a launch of its own.
+        if self.worker is not None and job.spec.script is None:
             return self.worker.run(job)
-        return launch_probe(job, self.visible_devices)
+        self._cancel.clear()
+        return launch_probe(job, self.visible_devices, self._cancel)
 
     def cancel(self) -> None:
+        self._cancel.set()
         if self.worker is not None:
             self.worker.cancel()
 

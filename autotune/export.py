@@ -84,7 +84,12 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     """The trial's candidate over the user's base config, with the user's NVMe path; with
     torch's Adam where the probe stepped with it (FusedAdam did not build there)."""
     largest = None
-    if trial.candidate.offload_param == "nvme":  # its swap buffer must hold a partition
+    if trial.candidate.offload_param == "nvme" and config.script is not None:
+        from autotune.script_memory import read_probe
+
+        model = read_probe(trial.record.trial_dir)[0]  # the script's model, as probed
+        largest = model.largest_param if model is not None else None
+    elif trial.candidate.offload_param == "nvme":  # its swap buffer must hold a partition
         from autotune.memory import model_facts
         from autotune.workloads import get_workload
 
@@ -92,6 +97,10 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     rendered = trial.candidate.to_ds_config(
         config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
     )
+    if config.script is not None:
+        from autotune.script_plan import script_ds_config
+
+        rendered = script_ds_config(rendered, config.script)
     probed = (trial.record.ds_config or {}).get("optimizer", {}).get("params", {})
     if probed.get("torch_adam"):
         from autotune.ops import use_torch_adam
@@ -142,7 +151,12 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         raise ExportError(f"study {study.study_name!r} was not made by autotune run")
     trial, decided = choose_trial(study, trial_number)
     ds_config = production_config(trial, config)
-    validate_ds_config(ds_config, trial.candidate.data_parallel_size, config.accelerator)
+    checked = ds_config
+    if config.script is not None:  # "auto" values are the Trainer's to fill
+        from autotune.script_export import without_autos
+
+        checked = without_autos(ds_config)
+    validate_ds_config(checked, trial.candidate.data_parallel_size, config.accelerator)
     files = {
         "ds_config.json": json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
         "launch.sh": render_launch(study.study_name, trial, config),

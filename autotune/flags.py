@@ -21,11 +21,11 @@ from autotune.errors import SettingsError
 from autotune.settings import DEFAULT_STORAGE, RunSettings, parse_duration, parse_size
 
 # Flags that concern one run, not what a study measures: never stored with the study.
-PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet")
+PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet", "retry_failed")
 PER_RUN += ("ray_address",)  # the cluster one run uses; the next may use another
 PER_RUN += ("shared",)  # how this driver joins the study, not what the study measures
 # Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
-PATHS = ("base_config", "nvme_path", "trials_dir")
+PATHS = ("base_config", "nvme_path", "trials_dir", "script")
 
 
 class RunFlags(BaseModel):
@@ -36,8 +36,24 @@ class RunFlags(BaseModel):
 
     workload: str | None = Field(
         default=None,
-        description="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function; "
-        "required for a new study.",
+        description="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function; a new "
+        "study needs it or --script.",
+    )
+    script: str | None = Field(
+        default=None,
+        description="Your training script, unedited, as the probe; its arguments follow "
+        "`--` (e.g. --script train.py -- --deepspeed ds_config.json).",
+    )
+    script_args: list[str] = Field(
+        default_factory=list,
+        description="The script's arguments, after `--`.",
+        json_schema_extra={"positional": True},
+    )
+    script_arg: list[str] = Field(
+        default_factory=list,
+        description="DIMENSION=--flag: the script's own flag for micro_batch_size, "
+        "gradient_accumulation_steps, activation_checkpointing, bf16 or fp16 (repeatable; "
+        "the Hugging Face Trainer's flags are known).",
     )
     space: str = Field(
         default="default", description="Search space: a YAML path or a built-in name."
@@ -149,6 +165,11 @@ class RunFlags(BaseModel):
     trials_dir: str = Field(
         default="trials", description="Folder for per-trial logs and the export."
     )
+    retry_failed: bool = Field(
+        default=False,
+        description="Probe once more the candidates whose probes failed (error, timeout), "
+        "e.g. after fixing what failed: autotune run --study S --retry-failed.",
+    )
     quiet: bool = Field(
         default=False,
         description="Plain lines, one per event, even on a terminal (no live view).",
@@ -163,7 +184,7 @@ class RunFlags(BaseModel):
     def resolve(cls, given: dict[str, Any], stored: dict[str, Any]) -> RunFlags:
         """Model defaults, then a continued study's stored flags, then the flags given;
         checked whole (units, relations, the study's name) before any file is opened."""
-        given = {k: v for k, v in given.items() if v is not None and v is not False}
+        given = {k: v for k, v in given.items() if v is not None and v is not False and v != []}
         values = {**inherited(stored, given), **given}
         try:
             flags = cls(**values)
@@ -191,6 +212,17 @@ class RunFlags(BaseModel):
             )
         if self.study is not None:
             check_study_name(self.study, flag="--study")
+        if self.workload is not None and self.script is not None:
+            raise SettingsError(
+                f"--workload {self.workload} and --script {self.script}: give one of them (a "
+                "workload factory or your training script)"
+            )
+        if self.script is None and (self.script_args or self.script_arg):
+            shown = " ".join(self.script_args) or " ".join(self.script_arg)
+            raise SettingsError(
+                f"script arguments ({shown[:80]}) without --script; give --script train.py "
+                "before `--`, or drop the arguments"
+            )
         if self.ray_address is not None:
             from autotune.cluster import check_ray_address
 
@@ -216,23 +248,37 @@ class RunFlags(BaseModel):
 
         if self.study:
             return self.study
-        if self.workload is None:
+        if self.script is not None:
+            name, flag = Path(self.script).stem, "--script"
+        elif self.workload is not None:
+            name, flag = workload_study_name(self.workload), "--workload"
+        else:
             raise SettingsError(
-                "--workload is required for a new study (e.g. --workload gpt-tiny); to "
-                "continue a study, pass --study NAME"
+                "--workload or --script is required for a new study (e.g. --workload gpt-tiny, "
+                "or --script train.py -- ITS ARGS; `autotune init train.py -- ITS ARGS` writes "
+                "an autotune.yaml so that `autotune run` alone works); to continue a study, "
+                "pass --study NAME"
             )
-        name = re.sub(r"[^A-Za-z0-9._-]", "-", workload_study_name(self.workload)).strip("-.")
-        return check_study_name(name[:100] or "study", flag="--workload")
+        name = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-.")
+        return check_study_name(name[:100] or "study", flag=flag)
 
     def settings(self) -> RunSettings:
         """The typed settings: sizes and durations parsed, 'auto' resolved later."""
-        if self.workload is None:
+        script = None
+        if self.script is not None:
+            from autotune.script_args import parse_script
+
+            script = parse_script(self.script, self.script_args, self.script_arg, cwd=Path.cwd())
+        workload = f"script:{script.path}" if script is not None else self.workload
+        if workload is None:
             raise SettingsError(
                 f"--study {self.study_name()}: no such study in {self.storage} to continue; "
-                "start it with --workload W (and the other flags)"
+                "start it with --workload W or --script train.py (and the other flags)"
             )
         return RunSettings.build(
-            workload=self.workload,
+            workload=workload,
+            script=script,
+            retry_failed=self.retry_failed,
             space=self.space,
             gpus=self.gpus,
             gpus_per_trial=self.gpus_per_trial,
@@ -274,7 +320,7 @@ HOST_KEY = "_host"  # in a study's stored flags: the host it was started on
 # Stored flags that name files or code: taken back only on the host that stored them, and
 # only where the file is this user's (a shared database must not choose what is imported
 # or where files go).
-FILE_FLAGS = ("workload", "space", "base_config", "nvme_path", "trials_dir")
+FILE_FLAGS = ("workload", "script", "space", "base_config", "nvme_path", "trials_dir")
 
 
 def check_study_name(name: str, *, flag: str) -> str:

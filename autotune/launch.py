@@ -178,7 +178,9 @@ def restore_child_signals() -> None:
 
 
 def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
-    """``torchrun`` of ``python -m autotune.probe PROBE_ARGS`` on the job's ranks."""
+    """``torchrun`` of ``python -m autotune.probe PROBE_ARGS`` on the job's ranks (of
+    ``autotune.script_probe`` when the user's script is the probe)."""
+    module = "autotune.script_probe" if job.spec.script is not None else "autotune.probe"
     return [
         sys.executable,
         "-c",
@@ -189,17 +191,22 @@ def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
         f"--nproc-per-node={job.world_size}",
         "--max-restarts=0",
         "-m",
-        "autotune.probe",
+        module,
         *probe_args,
     ]
 
 
-def launch_probe(job: ProbeJob, visible_devices: str | None = None) -> ProbeResult:
-    """Run one probe to completion or timeout; never raises for what the probe did."""
-    return launch_probes([job], visible_devices)[0]
+def launch_probe(
+    job: ProbeJob, visible_devices: str | None = None, cancel: threading.Event | None = None
+) -> ProbeResult:
+    """Run one probe to completion, timeout or ``cancel``; never raises for what the probe
+    did."""
+    return launch_probes([job], visible_devices, cancel)[0]
 
 
-def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> list[ProbeResult]:
+def launch_probes(
+    jobs: list[ProbeJob], visible_devices: str | None = None, cancel: threading.Event | None = None
+) -> list[ProbeResult]:
     """Probe several candidates in one torchrun launch, one after the other.
 
     The ranks pay interpreter start, imports and process-group set-up once for all of them.
@@ -220,7 +227,7 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
         results: list[ProbeResult] = []
         leaked = 0
         while len(results) < len(jobs):
-            launched, unclean = _launch(jobs[len(results) :], visible_devices)
+            launched, unclean = _launch(jobs[len(results) :], visible_devices, cancel)
             launched[0].leak_restart_bytes = leaked
             results += launched
             leaked = unclean
@@ -230,7 +237,9 @@ def launch_probes(jobs: list[ProbeJob], visible_devices: str | None = None) -> l
             remove_scratch(job)
 
 
-def _launch(jobs: list[ProbeJob], visible_devices: str | None) -> tuple[list[ProbeResult], int]:
+def _launch(
+    jobs: list[ProbeJob], visible_devices: str | None, cancel: threading.Event | None = None
+) -> tuple[list[ProbeResult], int]:
     """One torchrun launch of ``jobs``: the results up to the first candidate (not the
     launch's first) whose ranks were unclean, and the bytes they found left behind (0 if
     none were). A fresh launch's first candidate is never unclean."""
@@ -257,7 +266,7 @@ def _launch(jobs: list[ProbeJob], visible_devices: str | None) -> tuple[list[Pro
             return [failed.model_copy() for _ in jobs], 0
         track_group(process.pid)
         try:
-            exit_code: int | None = process.wait(timeout=timeout_s)
+            exit_code: int | None = _wait(process, timeout_s, cancel)
         except subprocess.TimeoutExpired:
             timed_out = True
             exit_code = None
@@ -299,8 +308,28 @@ def _launch(jobs: list[ProbeJob], visible_devices: str | None) -> tuple[list[Pro
             log_tail=log_tail,
         )
         result.cold_start = index == 0
+        if cancel is not None and cancel.is_set():
+            result = ProbeResult(status="error", error="cancelled: the run was interrupted")
+        elif job.spec.script is not None:
+            from autotune.script_outcome import explain
+
+            result = explain(job, result)
         results.append(result)
     return results, 0
+
+
+def _wait(
+    process: subprocess.Popen[bytes], timeout_s: float, cancel: threading.Event | None
+) -> int:
+    """The exit code; TimeoutExpired after ``timeout_s`` or once ``cancel`` is set (the
+    caller kills the group either way)."""
+    if cancel is None:
+        return process.wait(timeout=timeout_s)
+    deadline = time.perf_counter() + timeout_s
+    while not cancel.is_set() and time.perf_counter() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return process.wait(timeout=0.2)
+    raise subprocess.TimeoutExpired(process.args, timeout_s)
 
 
 def unclean_bytes(reports: list[RankReport]) -> int:

@@ -87,31 +87,16 @@ def check_nvme_path(path: Path | None) -> str | None:
 
 def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     """Check and resolve everything a run needs before any process is started."""
-    from autotune.base_config import (
-        base_global_batch,
-        check_conflicts,
-        find_auto_values,
-        load_base_config,
-    )
     from autotune.hardware import detect
     from autotune.space import load_space
-    from autotune.workloads import get_workload, workload_study_name
 
     space_spec = load_space(settings.space)
-    workload = get_workload(settings.workload)
-    base = load_base_config(settings.base_config) if settings.base_config else None
-    source = str(settings.base_config)
     nvme_path = check_nvme_path(settings.nvme_path)
-    if settings.global_batch == "auto":
-        global_batch = None
-        if settings.max_global_batch is None:
-            raise SettingsError(
-                "--global-batch auto needs --max-global-batch N, the largest global batch "
-                "your training may use"
-            )
-    else:
-        global_batch = base_global_batch(base or {}, settings.global_batch, source)
-        global_batch = global_batch or workload.default_global_batch
+    if settings.global_batch == "auto" and settings.max_global_batch is None:
+        raise SettingsError(
+            "--global-batch auto needs --max-global-batch N, the largest global batch "
+            "your training may use"
+        )
     hardware = hardware or detect()
     if settings.ray_address is None:  # a cluster's devices are checked as it is joined
         hardware.check_ranks(settings.gpus)
@@ -121,6 +106,11 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
             f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
             "more devices than the study has"
         )
+    inputs = (
+        _script_inputs(settings, space_spec, per_trial)
+        if settings.script is not None
+        else _workload_inputs(settings, space_spec)
+    )
     vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
     if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
         raise SettingsError(
@@ -128,66 +118,141 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
             f"{format_bytes(hardware.device_memory_bytes)} of each GPU; pass --vram auto or less"
         )
     bound = bind_space(
-        space_spec,
+        inputs.space,
         hardware,
         ranks=per_trial,
-        global_batch=global_batch,
+        global_batch=inputs.global_batch,
         max_global_batch=settings.max_global_batch,
         nvme_path=nvme_path,
     )
-    notes = list(bound.notes)
-    if base is not None:
-        check_conflicts(base, bound, source)
-        autos = find_auto_values(next(bound.candidates()).to_ds_config(base, nvme_path=nvme_path))
-        if autos:
-            raise SettingsError(
-                f'--base-config {source} leaves {", ".join(autos[:3])} as "auto", a '
-                "placeholder only the Hugging Face Trainer fills in; give values"
-            )
-    if global_batch is None:
+    notes = [*inputs.notes, *bound.notes]
+    if inputs.base is not None and settings.script is None:
+        _check_base(inputs.base, bound, str(settings.base_config), nvme_path)
+    if inputs.global_batch is None:
         notes.append(
             f"--global-batch auto: the global batch varies up to {settings.max_global_batch}; "
             "the chosen one may need a rescaled learning rate (summary.md says)"
         )
-    workload_ref = _absolute_workload_ref(settings.workload)
     config = StudyConfig(
-        workload=workload_ref,
-        space=space_spec.model_dump(mode="json"),
+        workload=inputs.ref,
+        space=inputs.space.model_dump(mode="json"),
         accelerator=hardware.accelerator,
         gpus_per_trial=per_trial,
-        global_batch=global_batch,
-        max_global_batch=settings.max_global_batch if global_batch is None else None,
+        global_batch=inputs.global_batch,
+        max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
         vram_limit_bytes=vram_limit_bytes,
-        base_config=base,
+        base_config=inputs.base,
         nvme_path=nvme_path,
         threads_per_rank=hardware.threads_per_rank(settings.gpus),
         float32_matmul_precision="high" if settings.tf32 else "highest",
+        script=settings.script,
     )
-    study_name = settings.study_name or workload_study_name(settings.workload)
-    trials_dir = settings.trials_dir.resolve() / study_name
-    largest_param_numel = check_model_builds(workload, settings.workload)
-    probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
-        workload,
-        hardware,
-        global_batch or settings.max_global_batch or 1,
-        per_trial,
-        settings,
-        fp16="fp16" in bound.precisions,
-    )
+    study_name = settings.study_name or inputs.study_name
+    if settings.script is None:
+        inputs.largest_param_numel = check_model_builds(inputs.workload, settings.workload)
+        inputs.probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
+            inputs.workload,
+            hardware,
+            inputs.global_batch or settings.max_global_batch or 1,
+            per_trial,
+            settings,
+            fp16="fp16" in bound.precisions,
+        )
     check_writable(settings.trials_dir, flag="--trials-dir")  # the first thing written
     return Plan(
         settings=settings,
         hardware=hardware,
-        workload=workload,
-        workload_ref=workload_ref,
+        workload=inputs.workload,
+        workload_ref=inputs.ref,
         space=bound,
         study_name=study_name,
         config=config,
-        trials_dir=trials_dir,
-        probe_timeout_s=probe_timeout_s,
+        trials_dir=settings.trials_dir.resolve() / study_name,
+        probe_timeout_s=inputs.probe_timeout_s,
         notes=notes,
-        largest_param_numel=largest_param_numel,
+        largest_param_numel=inputs.largest_param_numel,
     )
+
+
+@dataclass
+class _Inputs:
+    """What a workload (or a script) brings to a plan."""
+
+    workload: Workload
+    ref: str
+    study_name: str
+    base: dict[str, Any] | None
+    global_batch: int | None
+    space: SpaceSpec
+    notes: list[str] = field(default_factory=list)
+    probe_timeout_s: float = 0.0
+    largest_param_numel: int = 0
+
+
+def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
+    from autotune.base_config import base_global_batch, load_base_config
+    from autotune.workloads import get_workload, workload_study_name
+
+    workload = get_workload(settings.workload)
+    base = load_base_config(settings.base_config) if settings.base_config else None
+    global_batch = None
+    if settings.global_batch != "auto":
+        global_batch = base_global_batch(
+            base or {}, settings.global_batch, str(settings.base_config)
+        )
+        global_batch = global_batch or workload.default_global_batch
+    notes: list[str] = []
+    if True in space.activation_checkpointing and not _checkpoints(workload):
+        space = space.model_copy(update={"activation_checkpointing": [False]})
+        notes.append(
+            f"workload {workload.name!r} does not override enable_activation_checkpointing: "
+            "checkpointing dropped from the space"
+        )
+    return _Inputs(
+        workload=workload,
+        ref=_absolute_workload_ref(settings.workload),
+        study_name=workload_study_name(settings.workload),
+        base=base,
+        global_batch=global_batch,
+        space=space,
+        notes=notes,
+    )
+
+
+def _checkpoints(workload: Workload) -> bool:
+    """The workload can turn activation checkpointing on (overrides the base's method)."""
+    from autotune.workloads.base import Workload as Base
+
+    method = getattr(type(workload), "enable_activation_checkpointing", None)
+    return method is not None and method is not Base.enable_activation_checkpointing
+
+
+def _script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> _Inputs:
+    from autotune.script_plan import script_inputs
+
+    found = script_inputs(settings, space, ranks)
+    return _Inputs(
+        workload=found.workload,
+        ref=settings.workload,
+        study_name=found.workload.name.rpartition(".")[0] or found.workload.name,
+        base=found.base,
+        global_batch=found.global_batch,
+        space=found.space,
+        notes=found.notes,
+        probe_timeout_s=found.probe_timeout_s,
+    )
+
+
+def _check_base(base: dict[str, Any], bound: BoundSpace, source: str, nvme: str | None) -> None:
+    from autotune.base_config import check_conflicts, find_auto_values
+
+    check_conflicts(base, bound, source)
+    autos = find_auto_values(next(bound.candidates()).to_ds_config(base, nvme_path=nvme))
+    if autos:
+        raise SettingsError(
+            f'--base-config {source} leaves {", ".join(autos[:3])} as "auto", a '
+            "placeholder only the Hugging Face Trainer fills in; give values"
+        )
 
 
 def check_model_builds(workload: Workload, ref: str) -> int:

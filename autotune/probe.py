@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import rank_memory, steps
-from autotune.model_build import build_model
+from autotune.model_build import _target_dtype, build_model
 from autotune.protocol import ProbeSpec, RankReport
 from autotune.rank_memory import classify_failure, leak_tolerance_bytes
 
@@ -135,7 +135,7 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float, device: Any) -
             config=spec.ds_config,
         )
         report.init_s = time.perf_counter() - started
-        batch = workload.make_batch(candidate.micro_batch_size, device)
+        batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
         _inject(spec.fault, rank, world_size)
         step = functools.partial(_timed_step, engine, workload, batch, candidate, device)
         warmup_skipped = _warm_up(step, spec, report)
@@ -150,6 +150,30 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float, device: Any) -
     _record_peaks(report, tracker, device, overhead)
     if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
         engine.destroy()
+
+
+def make_batch(workload: Any, micro_batch_size: int, device: Any, precision: str) -> Any:
+    """The workload's batch with its inputs in the engine's dtype: a ``make_batch`` that
+    takes ``dtype`` is told it (and decides); another has its floating-point tensors cast
+    (an fp32 input to a bf16 model fails: "mat1 and mat2 must have the same dtype")."""
+    import inspect
+
+    dtype = _target_dtype(precision)
+    if "dtype" in inspect.signature(workload.make_batch).parameters:
+        return workload.make_batch(micro_batch_size, device, dtype=dtype)
+    return _cast_floating(workload.make_batch(micro_batch_size, device), dtype)
+
+
+def _cast_floating(batch: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {key: _cast_floating(value, dtype) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_cast_floating(value, dtype) for value in batch)
+    return batch
 
 
 def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]:

@@ -29,8 +29,45 @@ Fault = Literal["none", "oom", "error", "crash", "hang", "leak"]
 Float32MatmulPrecision = Literal["highest", "high", "medium"]
 
 
+class ScriptRun(BaseModel):
+    """A user's own training script as the probe (``python -m autotune.script_probe``): it
+    runs unedited with these arguments, and the config it hands to ``deepspeed.initialize``
+    is the base the candidate's tuned keys are laid over."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(description="The script, an absolute path.")
+    argv: list[str] = Field(
+        description="Its arguments for this candidate: the config path and the mapped batch, "
+        "accumulation, checkpointing and precision flags rewritten."
+    )
+    nvme_path: str | None = Field(
+        default=None, description="NVMe folder of this probe, for nvme offload candidates."
+    )
+    torch_adam: bool = Field(
+        default=False, description="Step with torch's Adam (FusedAdam does not build here)."
+    )
+
+
+class ModelInfo(BaseModel):
+    """The model a script handed to ``deepspeed.initialize``: what the ZeRO model-state
+    formulas need (parameter counts as DeepSpeed's estimators count them)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    params: int = Field(description="Unique parameters (tied weights once).")
+    trainable_params: int = Field(description="Parameters that require gradients.")
+    largest_param: int = Field(description="Elements of the largest parameter tensor.")
+    small_params: int = Field(
+        description="Elements in tensors under ZeRO-3's default persistence threshold (1e5)."
+    )
+    dtype: str = Field(description="Dtype of the floating-point parameters as handed over.")
+    module: str = Field(default="", description="Class name of the model.")
+
+
 class ProbeSpec(BaseModel):
-    """One probe: which workload, which DeepSpeed config, how long, under which limit."""
+    """One probe: which workload (or script), which DeepSpeed config, how long, under which
+    limit."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -66,6 +103,9 @@ class ProbeSpec(BaseModel):
         "(highest: PyTorch's default, no TF32; high: TF32 matmuls on CUDA).",
     )
     fault: Fault = Field(default="none", description="Injected fault, for tests only.")
+    script: ScriptRun | None = Field(
+        default=None, description="The user's script is the probe (workload names it)."
+    )
 
 
 class BuildInfo(BaseModel):
@@ -120,6 +160,14 @@ class RankReport(BaseModel):
         "included in peak_reserved_bytes.",
     )
     build: BuildInfo | None = Field(default=None, description="How the model was built.")
+    model: ModelInfo | None = Field(
+        default=None, description="Script probes: the model handed to deepspeed.initialize."
+    )
+    activation_bytes: int = Field(
+        default=0,
+        description="Script probes: tensor bytes one micro-batch's forward left alive (the "
+        "largest over warm-up micro-steps; CPU ranks).",
+    )
     versions: dict[str, str] = Field(
         default_factory=dict, description="Library versions and numeric settings (TF32)."
     )
@@ -178,6 +226,12 @@ class ProbeResult(BaseModel):
         description="The warm group was restarted before this probe because this many bytes "
         "of earlier candidates were still allocated; the probe then ran cold.",
     )
+    model: ModelInfo | None = Field(
+        default=None, description="Script probes: the model the script handed to DeepSpeed."
+    )
+    activation_bytes: int = Field(
+        default=0, description="Script probes: forward activations of one micro-batch."
+    )
     lost_node: str = Field(
         default="",
         description="The address of a node that left the Ray cluster while it ran one of this "
@@ -224,6 +278,8 @@ def aggregate(
         "stopped_early": any(r.stopped_early for r in reports),
         "skipped_steps": max((r.skipped_steps for r in reports), default=0),
         "overhead_bytes_per_rank": [r.device_overhead_bytes for r in reports],
+        "model": next((r.model for r in reports if r.model is not None), None),
+        "activation_bytes": max((r.activation_bytes for r in reports), default=0),
     }
     oom = [r for r in reports if r.status == "oom"]
     # An unclean start probed nothing; its launcher normally restarts the group instead.

@@ -87,9 +87,15 @@ def _(event: events.ProbeFinished) -> str:
             f"{result.samples_per_s:.1f} samples/s, clearly below the best so far"
         )
     elif result.status == "ok":
+        # a model without tokens (tokens_per_sample 1) says samples/s only
+        tokens = (
+            ""
+            if result.tokens_per_s == result.samples_per_s
+            else (f"{result.tokens_per_s:.0f} tokens/s, ")
+        )
         outcome = (
             f"{result.samples_per_s:.1f} samples/s (±{100 * result.spread / 2:.0f}%), "
-            f"{result.tokens_per_s:.0f} tokens/s, {peak}"
+            f"{tokens}{peak}"
         )
     elif result.status == "oom":
         outcome = f"out of memory, infeasible ({result.error})"

@@ -15,6 +15,7 @@ study's own probes, and monotonicity in the micro-batch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from autotune.settings import format_bytes
 if TYPE_CHECKING:
     from autotune.memory import MemoryModel
     from autotune.records import TrialView
+    from autotune.script_memory import ScriptMemoryModel
     from autotune.workloads import Workload
 
 
@@ -63,6 +65,49 @@ class Monotonicity:
         if floor is not None and candidate.micro_batch_size > floor[0]:
             return floor
         return None
+
+
+def failure_key(error: str) -> str:
+    """A failure's text without what differs between candidates (ranks, sizes, paths)."""
+    return re.sub(r"\d+", "#", error.split(" (`")[0].strip().lower())[:300]
+
+
+@dataclass
+class SameFailures:
+    """Probes of one precision that all fail alike (a script or model that cannot run in
+    it, e.g. inputs in fp32 to a bf16 model): after :data:`SAME_FAILURES` of them, at two
+    ZeRO stages or more and with no probe of that precision measured, the precision is not
+    probed further."""
+
+    failed: dict[tuple[str, str], list[tuple[int, int]]] = field(default_factory=dict)
+    fitted: set[str] = field(default_factory=set)  # precisions a probe measured
+    texts: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def add(self, candidate: Candidate, error: str, trial: int) -> None:
+        key = (candidate.precision, failure_key(error))
+        self.failed.setdefault(key, []).append((trial, candidate.zero_stage))
+        self.texts.setdefault(key, error)
+
+    def add_fit(self, candidate: Candidate) -> None:
+        self.fitted.add(candidate.precision)
+
+    def stopped(self, precision: str) -> str:
+        """Why ``precision`` is not probed further ('' while it is)."""
+        if precision in self.fitted:
+            return ""
+        for (failed_precision, key), trials in self.failed.items():
+            stages = {stage for _, stage in trials}
+            if failed_precision == precision and len(trials) >= SAME_FAILURES and len(stages) > 1:
+                numbers = ", ".join(str(t) for t, _ in trials[:5])
+                return (
+                    f"every {precision} probe failed alike (trials {numbers}: "
+                    f"{self.texts[(failed_precision, key)][:200]}); {precision} is not probed "
+                    "further: fix the cause, then continue with --retry-failed"
+                )
+        return ""
+
+
+SAME_FAILURES = 2
 
 
 class Prediction(BaseModel):
@@ -123,16 +168,23 @@ class MemoryScreen:
         self.limits = limits
         self.calibration = Calibration()
         self.monotonicity = Monotonicity()
+        self.failures = SameFailures()
         self._workload = workload
         self._base_config = base_config
         self._use_model = use_model
         self._model: MemoryModel | None = None
 
     @property
-    def model(self) -> MemoryModel | None:
+    def model(self) -> MemoryModel | ScriptMemoryModel | None:
         if not self._use_model:
             return None
         if self._model is None:
+            if getattr(self._workload, "script", None) is not None:
+                # a user's script: its model is known only from its probes
+                from autotune.script_memory import ScriptMemoryModel
+
+                self._model = ScriptMemoryModel(self.limits.accelerator, self._base_config)
+                return self._model
             from autotune.memory import MemoryModel
 
             self._model = MemoryModel(
@@ -141,11 +193,18 @@ class MemoryScreen:
         return self._model
 
     def learn(self, trial: TrialView) -> None:
-        """Take what one evaluated trial showed (an OOM, a fit and its measured peak)."""
+        """Take what one evaluated trial showed (an OOM, a fit and its measured peak, a
+        failure)."""
         record = trial.record
+        if record.candidate is not None and trial.status == "error":
+            self.failures.add(record.candidate, record.error, trial.number)
         if record.candidate is None or trial.status not in ("ok", "oom"):
             return
+        self.failures.add_fit(record.candidate)
         self.monotonicity.add(record.candidate, trial.status, trial.number)
+        model = self.model
+        if model is not None and hasattr(model, "learn"):
+            model.learn(trial)
         if trial.status == "ok" and record.predicted_raw_bytes:
             # the model predicts what tensors allocate; on CUDA the reserved peak also holds
             # the caching allocator's slack and the context, outside the model
@@ -154,6 +213,9 @@ class MemoryScreen:
 
     def verdict(self, candidate: Candidate) -> Verdict:
         """Whether to probe ``candidate``, with the prediction a trial records."""
+        stopped = self.failures.stopped(candidate.precision)
+        if stopped:
+            return Verdict(pruned_by=f"{candidate.precision} stopped", reason=stopped)
         floor = self.monotonicity.ruled_out_by(candidate)
         if floor is not None:
             return Verdict(
@@ -171,7 +233,7 @@ class MemoryScreen:
 
     def may_fit(self, candidate: Candidate) -> bool:
         """What the memory model says before any probe (the sampler skips the rest)."""
-        return self.predict(candidate).fits
+        return not self.failures.stopped(candidate.precision) and self.predict(candidate).fits
 
     def predict(self, candidate: Candidate) -> Verdict:
         model = self.model
@@ -179,6 +241,8 @@ class MemoryScreen:
             return Verdict()
         limits = self.limits
         estimate = model.predict(candidate)
+        if estimate is None:  # a script's model before its probes have shown enough
+            return Verdict()
         predicted = estimate.tracked_bytes(limits.accelerator)
         prediction = Prediction(
             predicted_peak_bytes=predicted,

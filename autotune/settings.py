@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
 from autotune.errors import SettingsError
+from autotune.script_args import ScriptConfig
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
 _DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[hms])+$")
@@ -221,6 +222,14 @@ class RunSettings(BaseModel):
         default=False,
         description="fp32 matmuls may use TF32 (torch float32_matmul_precision 'high'), as a "
         "production run that sets it; False: IEEE fp32, PyTorch's default.",
+    )
+    script: ScriptConfig | None = Field(
+        default=None,
+        description="The user's training script is the probe (workload then names it).",
+    )
+    retry_failed: bool = Field(
+        default=False,
+        description="Probe once more the candidates whose probes failed (error, timeout).",
     )
 
     @classmethod

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import StorageError
+from autotune.script_args import ScriptConfig
 from autotune.settings import mask_url
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ class StudyConfig(BaseModel):
         description="torch.set_float32_matmul_precision of the probes: 'highest' (IEEE fp32, "
         "PyTorch's default) or 'high' (TF32 on GPUs that have it).",
     )
+    script: ScriptConfig | None = Field(
+        default=None,
+        description="The user's training script that is the probe: its file, its arguments, "
+        "the folder it runs in and how the candidate's values reach it.",
+    )
 
     def differences(self, other: StudyConfig) -> list[str]:
         """One line per setting that differs, naming the flag that sets it."""
@@ -64,7 +70,7 @@ class StudyConfig(BaseModel):
             if mine[key] == theirs[key]:
                 continue
             flag = FLAG_OF_CONFIG[key]
-            if key in ("space", "base_config"):  # whole documents: say that they differ
+            if key in ("space", "base_config", "script"):  # documents: say that they differ
                 lines.append(f"{flag}: its content differs from the study's")
             else:
                 lines.append(
@@ -87,6 +93,7 @@ FLAG_OF_CONFIG = {
     "nvme_path": "--nvme-path",
     "threads_per_rank": "threads per rank (--gpus on a CPU machine)",
     "float32_matmul_precision": "--tf32",
+    "script": "--script (its arguments, --script-arg, the folder it runs in)",
 }
 
 

@@ -39,6 +39,10 @@ def _printable(text: str) -> str:
 
 
 def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str:
+    if config.script is not None:  # the user's own script, with its arguments
+        from autotune.script_export import render_script_launch
+
+        return render_script_launch(study_name, trial, config)
     ranks = config.gpus_per_trial
     device = "GPU(s)" if config.accelerator == "cuda" else "CPU rank(s)"
     cpu_env = (
@@ -93,7 +97,12 @@ def outcome_counts(trials: list[TrialView]) -> Counter[str]:
 
 def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
     actions = []
-    if candidate.activation_checkpointing:
+    script = config.script
+    if script is not None and "activation_checkpointing" in script.flags:
+        state = "on" if candidate.activation_checkpointing else "off"
+        flag = script.flags["activation_checkpointing"]
+        actions.append(f"Activation checkpointing is {state}: launch.sh sets `{flag}` so.")
+    elif candidate.activation_checkpointing:
         actions.append(
             "Turn activation checkpointing on in your model: for a transformers model call "
             "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
@@ -201,6 +210,8 @@ def _why(trial: TrialView, decided: Best | None, ranked: int) -> list[str]:
             f"trial {decided.trial} ({decided.label})" if decided is not None else "none yet"
         )
         lead = f"- Chosen with --trial {trial.number}; the best is {best_text}. It ran {steps}."
+    if record.tokens_per_s == record.samples_per_s:  # a model without tokens
+        return [lead]
     return [
         lead,
         f"- {record.tokens_per_s:.0f} tokens/s in that probe.",
@@ -249,6 +260,10 @@ def render_summary(
     others = [row for row in rows if row[0].number != trial.number]
     if others:
         lines += ["", *_runner_up_lines(rows[0][1], others)]
+    if config.script is not None:
+        from autotune.script_export import script_summary_lines
+
+        lines += ["", *script_summary_lines(trial, config)]
     lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
     lines += ["", "## What you must do", ""]
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]

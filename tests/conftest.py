@@ -143,7 +143,7 @@ def probe_processes() -> list[str]:
     for process in psutil.process_iter(["cmdline"]):
         try:
             cmdline = " ".join(process.info["cmdline"] or [])
-            if "autotune.probe" not in cmdline:
+            if "autotune.probe" not in cmdline and "autotune.script_probe" not in cmdline:
                 continue
             if process.environ().get("AUTOTUNE_TEST_TAG") == TEST_TAG:
                 found.append(cmdline)

@@ -98,7 +98,7 @@ CASES: list[tuple[list[str], str]] = [
     ([*RUN, "--colour", "red"], "No such option: --colour"),
     (["frobnicate"], "No such command 'frobnicate'"),
     # workloads
-    (["run"], "--workload is required"),
+    (["run"], "--workload or --script is required"),
     (["run", "--workload", "gpt-huge"], "unknown workload 'gpt-huge'; known: gpt-tiny"),
     (["run", "--workload", "no_such_file.py:make"], "file no_such_file.py does not exist"),
     (["run", "--workload", "broken.py:make"], "importing broken.py failed with ZeroDivisionError"),
@@ -107,6 +107,11 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--workload", "raises.py:make"], "calling make() raised ValueError: no GPUs here"),
     (["run", "--workload", "nobatch.py:make"], "default_global_batch"),
     (["run", "--workload", "buildfail.py:make"], "build_model() failed"),
+    # scripts
+    (["run", "--script", "missing.py"], "--script missing.py: no such file"),
+    (["run", "--script", "noattr.py", "--script-arg", "batch=--bs"], "--script-arg batch=--bs"),
+    (["run", "--script", "noattr.py", "--", "--num_gpus", "2"], "--num_gpus is a launcher flag"),
+    (["run", "--workload", "gpt-tiny", "--", "--lr", "1"], "script arguments (--lr 1) without"),
     # studies
     (["run", "--study", "nosuch"], "--study nosuch: no such study in"),
     ([*RUN, "--study", "../x"], "--study: study name '../x' must be"),
@@ -224,7 +229,7 @@ def test_the_table_covers_every_run_flag() -> None:
     from autotune.flags import RunFlags
 
     free_form = {"study", "trials_dir", "quiet", "no_prune", "no_confirm", "no_early_stop"}
-    free_form |= {"cold_probes", "seed", "tf32"}
+    free_form |= {"cold_probes", "seed", "tf32", "script_args", "retry_failed"}
     covered = {a[2:].replace("-", "_") for args, _ in CASES for a in args if a.startswith("--")}
     missing = set(RunFlags.model_fields) - covered - free_form
     assert missing == set()

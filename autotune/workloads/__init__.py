@@ -62,12 +62,20 @@ def get_workload(ref: str) -> Workload:
             f"workload {ref!r}: calling {attr}() raised {type(exc).__name__}: {exc}"
         ) from exc
     missing = [m for m in ("build_model", "make_batch", "loss") if not hasattr(workload, m)]
-    if missing or not hasattr(workload, "tokens_per_sample"):
+    if missing:
         raise WorkloadError(
             f"workload {ref!r}: {attr}() returned {type(workload).__name__}, not a Workload "
-            f"(missing {', '.join(missing) or 'tokens_per_sample'}); subclass "
-            "autotune.workloads.Workload"
+            f"(missing {', '.join(missing)}); subclass autotune.workloads.Workload"
         )
+    batch = getattr(workload, "default_global_batch", None)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch <= 0:
+        raise WorkloadError(
+            f"workload {ref!r}: {type(workload).__name__} has no default_global_batch (got "
+            f"{batch!r}); set `default_global_batch = 32` (samples per optimizer step) on it, "
+            "or pass --global-batch"
+        )
+    if not hasattr(workload, "tokens_per_sample"):
+        workload.tokens_per_sample = 1  # a model without tokens: samples/s only
     if not getattr(workload, "name", None):
         workload.name = attr
     return workload
@@ -97,5 +105,8 @@ def _import_location(ref: str, location: str) -> object:
 
 
 def workload_study_name(ref: str) -> str:
-    """Default study name: the built-in name, or the function name of a user workload."""
-    return ref if ref in WORKLOADS else ref.rpartition(":")[2]
+    """Default study name: the built-in name, or a user workload's ``name`` (its factory's
+    name if it has none)."""
+    if ref in WORKLOADS:
+        return ref
+    return str(getattr(get_workload(ref), "name", "") or ref.rpartition(":")[2])

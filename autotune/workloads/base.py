@@ -18,8 +18,9 @@ class Workload(ABC):
 
     #: Registry name, also the default study name.
     name: str
-    #: Tokens one sample carries (tokens/s = samples/s x this).
-    tokens_per_sample: int
+    #: Tokens one sample carries (tokens/s = samples/s x this); 1 for a model without
+    #: tokens (an image classifier, an MLP): it then reports samples/s only.
+    tokens_per_sample: int = 1
     #: Samples per optimizer step when the user gives no --global-batch.
     default_global_batch: int
 
@@ -32,14 +33,23 @@ class Workload(ABC):
 
     @abstractmethod
     def make_batch(self, micro_batch_size: int, device: torch.device) -> Any:
-        """A synthetic batch of ``micro_batch_size`` samples on ``device``."""
+        """A synthetic batch of ``micro_batch_size`` samples on ``device``: a tensor, or a
+        dict, list or tuple of them.
+
+        Inputs must reach the model in the dtype the engine computes in (bf16 for a bf16
+        candidate). Either take a third parameter ``dtype`` (``def make_batch(self,
+        micro_batch_size, device, dtype=None)``): the probe passes the engine's dtype and
+        the batch is yours to cast; or leave it out: the probe casts the batch's
+        floating-point tensors to that dtype (integer tensors, e.g. token ids, stay)."""
 
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The training loss of ``model`` on ``batch`` (model may be a DeepSpeed engine)."""
         return model(**batch).loss
 
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
-        """Recompute every transformer block's activations during backward."""
+        """Recompute every transformer block's activations during backward. A workload
+        that does not override this is probed without checkpointing (dropped from the
+        space, with a note)."""
         raise NotImplementedError(f"workload {self.name!r} does not support checkpointing")
 
     def describe(self) -> str:
