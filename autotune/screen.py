@@ -211,6 +211,10 @@ class MemoryScreen:
             measured = max(record.peak_bytes_per_rank, default=record.peak_bytes)
             self.calibration.add(record.candidate, record.predicted_raw_bytes, measured)
 
+    def forget_failures(self) -> None:
+        """Failed probes no longer stop their precision (``--retry-failed``)."""
+        self.failures = SameFailures()
+
     def verdict(self, candidate: Candidate) -> Verdict:
         """Whether to probe ``candidate``, with the prediction a trial records."""
         stopped = self.failures.stopped(candidate.precision)

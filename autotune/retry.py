@@ -1,0 +1,60 @@
+"""Retrying failed candidates: ``autotune run --study S --retry-failed``.
+
+A probe that failed (``error`` or ``timeout``: a script bug, bf16 inputs the model could
+not take, a hung collective) says nothing about its candidate; once the cause is fixed, the
+candidate deserves its probe. Each candidate whose probes failed (or that was left unprobed
+because failures stopped its precision) is queued once more (Optuna's retry: a WAITING copy
+of its parameters that the next ``ask`` returns, linked to the failed trial), and the
+memory screen forgets the failures.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.records import TrialView
+
+RETRIED_STATUSES = ("error", "timeout")
+
+
+def retried(trial: TrialView) -> bool:
+    """A trial ``--retry-failed`` probes again: a failed probe, or a candidate left unprobed
+    because its precision was stopped by probes that failed alike."""
+    stopped = trial.status == "pruned" and trial.record.pruned_by.endswith(" stopped")
+    return trial.is_evaluation and (trial.status in RETRIED_STATUSES or stopped)
+
+
+def failed_candidates(trials: list[TrialView]) -> list[TrialView]:
+    """The last retried trial of each candidate no probe has measured (in trial order)."""
+    measured = {t.record.candidate_key for t in trials if t.is_evaluation and t.status == "ok"}
+    last: dict[str, TrialView] = {}
+    for trial in trials:
+        if retried(trial) and trial.record.candidate_key not in measured:
+            last[trial.record.candidate_key] = trial
+    return sorted(last.values(), key=lambda t: t.number)
+
+
+def requeue_failed(study: optuna.Study, trials: list[TrialView]) -> list[int]:
+    """Queue each failed candidate's trial once more; the numbers of those requeued. As
+    Optuna's own retry (``RetryHeartbeatStaleTrialCallback``) links it to the failed trial
+    (``failed_trial``, ``retry_history``), but carries over none of its record or its memory
+    constraint: the new probe writes its own."""
+    import optuna
+
+    requeued = []
+    for trial in failed_candidates(trials):
+        frozen = trial.frozen
+        history = [*frozen.system_attrs.get("retry_history", []), trial.number]
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.WAITING,
+                params=frozen.params,
+                distributions=frozen.distributions,
+                system_attrs={"failed_trial": trial.number, "retry_history": history},
+            )
+        )
+        requeued.append(trial.number)
+    return requeued
