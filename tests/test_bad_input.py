@@ -96,6 +96,8 @@ CASES: list[tuple[list[str], str]] = [
     ([*RUN, "--sampler", "bayes"], "--sampler: input should be"),
     ([*RUN, "--inject-fault", "boom"], "--inject-fault: input should be"),
     ([*RUN, "--colour", "red"], "No such option: --colour"),
+    ([*RUN, "--ray-address", "head"], "--ray-address 'head': give auto, HOST:PORT"),
+    ([*RUN, "--ray-address", "auto", "--executor", "local"], "--ray-address auto with"),
     (["frobnicate"], "No such command 'frobnicate'"),
     # workloads
     (["run"], "--workload or --script is required"),
@@ -229,7 +231,7 @@ def test_the_table_covers_every_run_flag() -> None:
     from autotune.flags import RunFlags
 
     free_form = {"study", "trials_dir", "quiet", "no_prune", "no_confirm", "no_early_stop"}
-    free_form |= {"cold_probes", "seed", "tf32", "script_args", "retry_failed"}
+    free_form |= {"cold_probes", "seed", "tf32", "script_args", "retry_failed", "shared"}
     covered = {a[2:].replace("-", "_") for args, _ in CASES for a in args if a.startswith("--")}
     missing = set(RunFlags.model_fields) - covered - free_form
     assert missing == set()
