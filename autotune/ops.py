@@ -1,33 +1,25 @@
 """DeepSpeed's JIT-compiled ops on this machine: building them once, with progress, before
-any probe needs them; the build tools and the locks those builds take; and the optional
-DeepSpeed features (async I/O, partial offload) a space may ask for.
-
-torch compiles an op into ``<TORCH_EXTENSIONS_DIR>/<op>/`` under a ``lock`` file that holds
-no pid, so a lock left by a killed process cannot be told from a live build by looking at
-it. Every autotune process therefore loads ops under a kernel lock (``flock``) on the
-sibling file ``<op>.autotune-lock``: the kernel drops it when its holder dies, so a
-``lock`` whose op has no live flock holder is a leftover and is removed, and one with a
-live holder never is, however old.
+any probe needs them; the build tools those builds use; and the optional DeepSpeed features
+(async I/O, partial offload) a space may ask for. Every build or load holds the op's kernel
+lock (:mod:`autotune.op_locks`).
 
 Heavy imports (torch, deepspeed) stay inside functions: the CLI imports this module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import fcntl
 import os
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import HardwareError
+from autotune.op_locks import op_lock
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -36,7 +28,6 @@ Progress = Callable[[str], None]
 
 # The JIT build of one op: one to three minutes on 2 busy cores (CPU Adam is the longest).
 BUILD_ESTIMATE = "one time, 1-3 min"
-LOCK_SUFFIX = ".autotune-lock"
 
 
 class OpsReport(BaseModel):
@@ -110,80 +101,6 @@ def build_environment(accelerator: str | None = None) -> str:
     os.environ["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     os.environ["PATH"] = tools_path(os.environ.get("PATH"))
     return os.environ["TORCH_EXTENSIONS_DIR"]
-
-
-# One op load at a time in this process; the depth per lock file lets a load nest inside
-# another holder of the same op's lock in this process (ensure_deepspeed_ops around DeepSpeed's
-# loader) without locking against itself.
-_LOCAL = threading.RLock()
-_DEPTH: dict[str, int] = {}
-
-
-@contextlib.contextmanager
-def op_lock(root: str, op: str, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
-    """Hold ``op``'s kernel lock under ``root`` while torch builds or loads it; yields
-    whether a leftover ``lock`` of a killed process was removed. Blocks while another live
-    process holds it (calling ``on_wait`` first), for as long as that build takes."""
-    path = os.path.join(root, op + LOCK_SUFFIX)
-    with _LOCAL:
-        if _DEPTH.get(path):
-            _DEPTH[path] += 1
-            try:
-                yield False
-            finally:
-                _DEPTH[path] -= 1
-            return
-        os.makedirs(root, exist_ok=True)
-        # The lock file is never deleted: a path that always names one inode keeps
-        # two processes from locking two different files.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if on_wait is not None:
-                    on_wait()
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            # Every autotune loader holds this lock while torch's lock exists, so one found
-            # now was left by a process killed inside torch's loader.
-            cleared = _remove(os.path.join(root, op, "lock"))
-            _DEPTH[path] = 1
-            try:
-                yield cleared
-            finally:
-                _DEPTH.pop(path, None)
-        finally:
-            os.close(fd)  # releases the flock
-
-
-def _remove(path: str) -> bool:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def remove_stale_build_locks(root: str) -> list[str]:
-    """Remove every op's ``lock`` under ``root`` whose op has no live flock holder (a
-    process killed inside torch's loader left it); returns the op names cleared."""
-    if not os.path.isdir(root):
-        return []
-    cleared = []
-    for op in sorted(os.listdir(root)):
-        if not os.path.exists(os.path.join(root, op, "lock")):
-            continue
-        fd = os.open(os.path.join(root, op + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # removed while holding the flock: no loader can start in between
-            if _remove(os.path.join(root, op, "lock")):
-                cleared.append(op)
-        except BlockingIOError:
-            pass  # a live process is building or loading it
-        finally:
-            os.close(fd)
-    return cleared
 
 
 def guard_op_loads() -> str:

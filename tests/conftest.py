@@ -71,7 +71,7 @@ def copy_built_ops(
     import glob
     import shutil
 
-    from autotune.ops import op_lock
+    from autotune.op_locks import op_lock
 
     copied = []
     if not os.path.isdir(source_root):

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.ops import ensure_deepspeed_ops, op_lock, remove_stale_build_locks
+from autotune.op_locks import op_lock, remove_stale_build_locks
+from autotune.ops import ensure_deepspeed_ops
 from tests.conftest import copy_built_ops
 
 OLD_S = 3600  # far older than any age rule a lock sweeper ever used
 
 HOLDER = """
 import sys, time
-from autotune.ops import op_lock
+from autotune.op_locks import op_lock
 with op_lock(sys.argv[1], "fused_adam"):
     open(sys.argv[1] + "/fused_adam/lock", "w").close()  # as torch's loader creates it
     print("holding", flush=True)
