@@ -10,6 +10,9 @@ of trace exist, as DeepSpeed's stages treat gradients differently:
 - ``dropped``: each gradient is released as soon as it is produced (ZeRO 2-3 hooks move it
   into a reduction bucket).
 
+One traced forward and backward gives both (the dropped count is the kept one less the
+gradients held), and ``accumulate`` adds a second micro-batch to it.
+
 For a stack of identical blocks a trace is linear in the number of blocks: two short
 stacks are traced and the line extrapolated, so a 70B model costs small traces. It is not
 linear in the micro-batch (where the backward peak falls moves with it, with checkpointing
@@ -19,7 +22,9 @@ dtype and checkpointing, and reused across micro-batches.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -47,7 +52,7 @@ def _dtype_name(precision: str) -> str:
 
 
 class _FakeModel:
-    """A workload's model on fake tensors, with hooks that can keep or drop gradients."""
+    """A workload's model on fake tensors, whose gradient hooks count the gradients held."""
 
     def __init__(self, workload: Workload, dtype_name: str, checkpointing: bool) -> None:
         import torch
@@ -56,9 +61,10 @@ class _FakeModel:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         self.workload = workload
         self.mode = FakeTensorMode()
-        self.keep_grads = True
         self.first_grad: list[int] = []
+        self.held: set[int] = set()
         self.tracker: Any = None
+        self.results: dict[tuple[int, str], ActivationProfile] = {}
         previous = torch.get_default_dtype()
         with self.mode:
             # Built in the target dtype: Module.to() cannot swap fake parameters in place.
@@ -75,21 +81,52 @@ class _FakeModel:
             parameter.register_post_accumulate_grad_hook(self._on_grad)
 
     def _on_grad(self, parameter: Any) -> None:
-        if not self.first_grad and self.tracker is not None:
-            self.first_grad.append(self.tracker.live_bytes)
-        if not self.keep_grads:
-            parameter.grad = None
+        tracker = self.tracker
+        if tracker is None:
+            return
+        if not self.first_grad:
+            self.first_grad.append(tracker.live_bytes)
+        if id(parameter) not in self.held:
+            self.held.add(id(parameter))
+            tracker.hold(parameter.grad)
 
     def trace(self, micro_batch_size: int, kind: Kind) -> ActivationProfile:
+        from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+        from autotune.errors import WorkloadError
+
+        key = (micro_batch_size, kind)
+        if key in self.results:
+            return self.results[key]
+        try:
+            self.results.update(self._trace(micro_batch_size, kind == "accumulate"))
+        except DynamicOutputShapeException as exc:
+            raise WorkloadError(
+                f"workload {self.workload.name!r}: its forward has shapes that depend on the "
+                f"data ({exc.args[0] if exc.args else exc}), which a trace on fake tensors "
+                "cannot follow (e.g. mixture-of-experts routing without transformers 5's "
+                "grouped_mm experts); install transformers >= 5 or probe with --no-prune"
+            ) from None
+        finally:
+            self.tracker = None
+            for parameter in self.parameters:
+                parameter.grad = None
+        return self.results[key]
+
+    def _trace(
+        self, micro_batch_size: int, accumulate: bool
+    ) -> dict[tuple[int, str], ActivationProfile]:
+        """One forward and backward with the gradients kept gives both ``kept`` and
+        ``dropped``: releasing each gradient as its hook fires (what ZeRO 2-3 do) leaves
+        every other allocation as it was, so the dropped live bytes are the kept ones less
+        the gradients held so far. ``accumulate`` runs a second micro-batch on top."""
         import torch
 
-        from autotune.memtrack import TensorMemoryTracker
-
-        self.keep_grads = kind != "dropped"
         self.first_grad = []
+        self.held = set()
         for parameter in self.parameters:
             parameter.grad = None
-        with self.mode, TensorMemoryTracker() as tracker:
+        with self.mode, _static_expert_shapes(), _grad_aware_tracker() as tracker:
             # A fresh tracker counts what comes on top of the parameters (and of views of
             # them, which it must not take for new storages).
             tracker.ignore(self.parameters)
@@ -99,20 +136,81 @@ class _FakeModel:
             forward_peak = tracker.peak_bytes
             tracker.reset_peak()
             loss.backward()
-            backward_peak = tracker.peak_bytes
+            kept_peak, dropped_peak = tracker.peak_bytes, tracker.peak_without_held_bytes
             del loss
-            if kind == "accumulate":
+            first = self.first_grad[0] if self.first_grad else kept_peak
+            results = {
+                (micro_batch_size, "kept"): ActivationProfile(
+                    forward_peak_bytes=forward_peak,
+                    backward_peak_bytes=kept_peak,
+                    at_first_grad_bytes=first,
+                ),
+                (micro_batch_size, "dropped"): ActivationProfile(
+                    forward_peak_bytes=forward_peak,
+                    backward_peak_bytes=dropped_peak,
+                    at_first_grad_bytes=first,
+                ),
+            }
+            if accumulate:
                 tracker.reset_peak()
                 self.workload.loss(self.model, batch).backward()
-                backward_peak = max(backward_peak, tracker.peak_bytes)
+                results[(micro_batch_size, "accumulate")] = ActivationProfile(
+                    forward_peak_bytes=forward_peak,
+                    backward_peak_bytes=max(kept_peak, tracker.peak_bytes),
+                    at_first_grad_bytes=first,
+                )
             self.tracker = None
-        for parameter in self.parameters:
-            parameter.grad = None
-        return ActivationProfile(
-            forward_peak_bytes=forward_peak,
-            backward_peak_bytes=backward_peak,
-            at_first_grad_bytes=self.first_grad[0] if self.first_grad else backward_peak,
-        )
+        return results
+
+
+def _grad_aware_tracker() -> Any:
+    """A :class:`~autotune.memtrack.TensorMemoryTracker` that also keeps the peak of live
+    bytes less the gradients it was told are held (:meth:`hold`)."""
+    from autotune.memtrack import TensorMemoryTracker
+
+    class GradAwareTracker(TensorMemoryTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held_bytes = 0
+            self.peak_without_held_bytes = 0
+
+        def hold(self, tensor: Any) -> None:
+            self.held_bytes += tensor.untyped_storage().nbytes()
+
+        def _track(self, tensor: Any) -> None:
+            super()._track(tensor)
+            self.peak_without_held_bytes = max(
+                self.peak_without_held_bytes, self.live_bytes - self.held_bytes
+            )
+
+        def reset_peak(self) -> None:
+            super().reset_peak()
+            self.peak_without_held_bytes = self.live_bytes - self.held_bytes
+
+    return GradAwareTracker()
+
+
+@contextlib.contextmanager
+def _static_expert_shapes() -> Iterator[None]:
+    """Mixture-of-experts layers of transformers 5 (``experts_implementation="grouped_mm"``)
+    sort the token-expert pairs by expert and multiply them in groups: shapes that do not
+    depend on the routing, top-k rows per token, as on a GPU. PyTorch's grouped matmul has
+    no fake-tensor rule for fp32, so the trace takes transformers' own fallback kernel,
+    which has one and allocates the same outputs."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:  # transformers before 5: no grouped experts to trace
+        yield
+        return
+    chooser = getattr(moe, "_can_use_grouped_mm", None)
+    if chooser is None:
+        yield
+        return
+    moe._can_use_grouped_mm = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = chooser
 
 
 @functools.lru_cache(maxsize=16)
@@ -142,7 +240,6 @@ def trace_once(
     )
 
 
-@functools.lru_cache(maxsize=1024)
 def profile(
     workload: Workload,
     micro_batch_size: int,
@@ -151,12 +248,20 @@ def profile(
     kind: Kind = "kept",
 ) -> ActivationProfile:
     """The activation profile of ``kind`` at a micro-batch, extrapolated over blocks."""
+    # fp16 and bf16 trace alike: one cache entry for both
+    return _profile(workload, micro_batch_size, _dtype_name(precision), checkpointing, kind)
+
+
+@functools.lru_cache(maxsize=1024)
+def _profile(
+    workload: Workload, micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: Kind
+) -> ActivationProfile:
     layers, with_layers = _depth(workload)
     if layers is None:
-        return trace_once(workload, micro_batch_size, precision, checkpointing, kind)
+        return trace_once(workload, micro_batch_size, dtype_name, checkpointing, kind)
     short, longer = TRACE_LAYERS
-    a = trace_once(with_layers(short), micro_batch_size, precision, checkpointing, kind)
-    b = trace_once(with_layers(longer), micro_batch_size, precision, checkpointing, kind)
+    a = trace_once(with_layers(short), micro_batch_size, dtype_name, checkpointing, kind)
+    b = trace_once(with_layers(longer), micro_batch_size, dtype_name, checkpointing, kind)
     values = {}
     for field in ActivationProfile.model_fields:
         low, high = getattr(a, field), getattr(b, field)

@@ -5,7 +5,9 @@ The step time is a sum of terms, each a volume divided by a nominal rate of the 
 times a weight that calibration fits (prior 1):
 
 - compute, per precision: ~6 FLOPs per parameter and token for forward + backward (Kaplan
-  et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1), 8 with activation
+  et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1), counting the parameters
+  a token computes with (a mixture of experts' top-k experts; a DiT's tokens are its latent
+  patches, and its per-sample conditioning is left out), 8 with activation
   checkpointing (one more forward, Chen et al. 2016, "Training Deep Nets with Sublinear
   Memory Cost");
 - a fixed cost per micro-step (kernel launches, Python, DeepSpeed's hooks), which dominates
@@ -28,8 +30,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autotune.candidate import Candidate
+
+if TYPE_CHECKING:
+    from autotune.workloads import Workload
 
 # Nominal rates; calibration corrects them, they only need the right order of magnitude.
 _FLOPS = {  # per rank per second
@@ -65,6 +71,20 @@ RIDGE = 0.3  # pull of each weight toward its prior 1, against relative errors
 class WorkloadFacts:
     params: int
     tokens_per_sample: int
+    #: parameters each token computes with, for FLOPs (None: all of ``params``)
+    active_params: int | None = None
+
+    @property
+    def compute_params(self) -> int:
+        return self.params if self.active_params is None else self.active_params
+
+    @classmethod
+    def of(cls, workload: Workload) -> WorkloadFacts:
+        """The facts of a workload, from its model on the meta device."""
+        from autotune.memory import model_facts
+
+        facts = model_facts(workload, 0)
+        return cls(facts.params, workload.tokens_per_sample, facts.active_params or None)
 
 
 def measure_cpu_matmul_flops(precisions: tuple[str, ...], threads: int) -> dict[str, float]:
@@ -125,7 +145,8 @@ def terms(
     flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
     rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
     rate *= (compute_scale or {}).get(candidate.precision, 1.0)
-    compute = flops_per_token * psi * facts.tokens_per_sample * mb * gas / rate
+    flops_params = float(facts.compute_params)
+    compute = flops_per_token * flops_params * facts.tokens_per_sample * mb * gas / rate
     share = (dp - 1) / dp if dp > 1 else 0.0
     link = _LINK_BYTES_S[accelerator]
     if stage == 0:

@@ -11,22 +11,8 @@ also the 2 gradient bytes, ZeRO-3 also the 2 parameter bytes) and DeepSpeed's es
 (``estimate_zero2_model_states_mem_needs``: 2P + 18P/N on the GPU without offload, 2P with
 it; ``estimate_zero3_model_states_mem_needs``: 4 x largest layer + 18P/N, + 2P/N, or only
 4 x largest layer, as states are offloaded), which :meth:`MemoryModel.model_states`
-reproduces. What DeepSpeed 0.19 actually allocates on top of that was measured per stage
-and precision with the probe's tensor tracker on GPT-2 124M and a 0.9M GPT-2 (see
-``benchmarks/memory_accuracy.py``); each such term below says what it is:
-
-- ZeRO 1-2 reduce gradients through a bucket of ``reduce_bucket_size`` elements (default
-  5e8, 1.9 GB in fp32) allocated in backward; ZeRO-3 keeps it for the whole run.
-- With gradient accumulation ZeRO 0-1 keep each parameter's gradient across micro-batches
-  (the next one's gradient briefly exists beside it: traced), and ZeRO-2 keeps the rank's
-  reduced gradient partition (width x P/N; on the host with optimizer offload).
-- ZeRO 0 in fp32 all-reduces gradients through flattened copies of at most 5e8 elements.
-- ZeRO 0 in bf16 runs DeepSpeed's BF16_Optimizer, which keeps an fp32 gradient buffer of
-  the whole model next to bf16 gradients.
-- ZeRO-3 with the default ``stage3_max_live_parameters`` (1e9) and reuse distance keeps
-  every gathered parameter until backward, parameters under
-  ``stage3_param_persistence_threshold`` (1e5) are never partitioned, and the tied
-  embedding is gathered once more.
+reproduces. What DeepSpeed 0.19 allocates on top of that, phase by phase, is in
+:mod:`autotune.zero_phases`.
 
 Activations come from :mod:`autotune.activations` (the workload's real forward and
 backward on fake tensors). :class:`Calibration` corrects predictions by the ratio of
@@ -42,44 +28,19 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.candidate import Candidate
+from autotune.zero_phases import (
+    DEFAULT_MAX_LIVE,
+    DEFAULT_PERSISTENCE_THRESHOLD,
+    DEFAULT_PREFETCH_BUCKET,
+    DEFAULT_REDUCE_BUCKET,
+    Breakdown,
+    transient_phases,
+)
 
 if TYPE_CHECKING:
     from autotune.workloads import Workload
 
-DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeedZeroConfig.reduce_bucket_size
-DEFAULT_ALLREDUCE_BUCKET = 500_000_000  # engine.allreduce_gradients, MEMORY_OPT_ALLREDUCE_SIZE
-DEFAULT_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold
-DEFAULT_MAX_LIVE = 1_000_000_000  # stage3_max_live_parameters
 MiB = 2**20
-
-
-class Breakdown(BaseModel):
-    """Bytes of one memory (device or host) of one rank, by what holds them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    params: float = 0.0
-    grads: float = 0.0
-    optimizer_states: float = 0.0
-    activations: float = 0.0
-    buckets: float = 0.0
-    workspace: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return (
-            self.params
-            + self.grads
-            + self.optimizer_states
-            + self.activations
-            + self.buckets
-            + self.workspace
-        )
-
-    def plus(self, other: Breakdown) -> Breakdown:
-        return Breakdown(
-            **{k: getattr(self, k) + getattr(other, k) for k in Breakdown.model_fields}
-        )
 
 
 class MemoryEstimate(BaseModel):
@@ -116,6 +77,12 @@ class ModelFacts(BaseModel):
     params: int = Field(description="Unique parameters (tied weights once).")
     largest_param: int = Field(description="Elements of the largest parameter tensor.")
     small_params: int = Field(description="Elements in tensors under the persistence threshold.")
+    active_params: int = Field(
+        default=0,
+        description="Parameters each token computes with (an MoE's top-k experts, not all; "
+        "a DiT's without its per-sample conditioning): compute and cost, not model states; "
+        "0 when unknown (then all).",
+    )
 
 
 @functools.lru_cache(maxsize=32)
@@ -127,10 +94,12 @@ def model_facts(workload: Workload, persistence_threshold: int) -> ModelFacts:
         model = workload.build_model()
     unique = {id(p): p for p in model.parameters()}.values()
     numels = [p.numel() for p in unique]
+    active = getattr(workload, "active_params", None)  # user workloads may predate it
     return ModelFacts(
         params=sum(numels),
         largest_param=max(numels),
         small_params=sum(n for n in numels if n < persistence_threshold),
+        active_params=active(model) if callable(active) else sum(numels),
     )
 
 
@@ -234,9 +203,6 @@ class MemoryModel:
         from autotune.activations import profile
 
         facts = self.facts(candidate)
-        p = float(facts.params)
-        mixed = candidate.precision != "fp32"
-        width = 2.0 if mixed else 4.0
         stage = candidate.zero_stage
         device, host = self.model_states(candidate)
         if stage == 3:
@@ -260,56 +226,15 @@ class MemoryModel:
             candidate.activation_checkpointing,
             kind,  # type: ignore[arg-type]
         )
-        phases: dict[str, Breakdown] = {}
-        n = float(candidate.data_parallel_size)
-        if stage == 0 and not mixed:
-            flat = 4.0 * min(p, DEFAULT_ALLREDUCE_BUCKET)
-            grads_and_flat = 4.0 * p + flat
-            phases["backward"] = Breakdown(
-                activations=act.backward_peak_bytes,
-                workspace=max(0.0, grads_and_flat - act.backward_peak_bytes),
+        knobs = {
+            name: self._knob(candidate, name, default)
+            for name, default in (
+                ("reduce_bucket_size", DEFAULT_REDUCE_BUCKET),
+                ("stage3_max_live_parameters", DEFAULT_MAX_LIVE),
+                ("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET),
             )
-            phases["step"] = Breakdown(grads=4.0 * p)
-        elif stage == 0:
-            phases["backward"] = Breakdown(
-                activations=act.backward_peak_bytes,
-                workspace=max(0.0, 2.0 * width * p - act.backward_peak_bytes),
-            )
-            # measured 10P at 2 ranks: fp32 partition updates, taken to scale with them
-            phases["step"] = Breakdown(workspace=20.0 * p / n)
-        elif stage in (1, 2):
-            phases["backward"] = Breakdown(
-                activations=act.backward_peak_bytes, buckets=self._bucket(candidate)
-            )
-            if stage == 2 and accumulating:
-                # ZeRO-2 holds the rank's reduced gradient partition from one micro-batch to
-                # the next (stage_1_and_2.py: accumulated in the gradient accumulation dtype,
-                # the model's by default), on the host with optimizer offload. Measured on
-                # GPT-2 124M fp32 at 2 ranks: +255 MB at mb1x2 over mb2x1, 4 B x P/N = 249 MB.
-                held = width * p / n
-                if candidate.offload_optimizer != "none":
-                    host = host.plus(Breakdown(grads=held))
-                else:
-                    phases["backward"].grads += held
-            phases["step"] = Breakdown(workspace=9.0 * p / n)  # measured 4.5P at 2 ranks
-        else:
-            # Parameters gathered for compute stay until backward (default live limit and
-            # reuse distance), plus the tied embedding gathered once more.
-            live = self._knob(candidate, "stage3_max_live_parameters", DEFAULT_MAX_LIVE)
-            gathered = width * (min(p, live) + facts.largest_param - facts.small_params)
-            phases["forward"] = Breakdown(params=gathered, activations=act.forward_peak_bytes)
-            phases["backward"] = Breakdown(params=gathered, activations=act.backward_peak_bytes)
-            # measured 2P (fp32) and 3P (bf16) at 2 ranks: partition-sized updates
-            phases["step"] = Breakdown(workspace=(4.0 if not mixed else 6.0) * p / n)
-        if candidate.offload_optimizer != "none" and stage >= 1:
-            # The optimizer steps on the host: its transient moves there, and the device only
-            # receives the updated parameter partition.
-            ratio = candidate.offload_optimizer_ratio
-            step = phases["step"]
-            host = host.plus(Breakdown(workspace=step.total * ratio))
-            # (to the host as well when parameters live there)
-            received = 0.0 if candidate.offload_param != "none" else width * p / n
-            phases["step"] = Breakdown(workspace=step.total * (1 - ratio) + received)
+        }
+        phases, host = transient_phases(candidate, facts, act, knobs, host)
         phase, extra = max(phases.items(), key=lambda item: item[1].total)
         return MemoryEstimate(
             device=device.plus(extra), host=host, phase=phase, correction=correction

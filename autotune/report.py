@@ -201,6 +201,7 @@ class Planned:
 
     description: str
     params: int
+    active_params: int
     largest_layer_params: int
     gpus: int
     vram_bytes: int
@@ -272,9 +273,11 @@ def plan_candidates(
     rows.sort(
         key=lambda r: (not r.fits, r.device_bytes if r.device_bytes is not None else float("inf"))
     )
+    facts = model_facts(workload, 100_000)
     return Planned(
         description=workload.describe(),
-        params=model_facts(workload, 100_000).params,
+        params=facts.params,
+        active_params=facts.active_params or facts.params,
         largest_layer_params=largest_layer_params(workload),
         gpus=gpus,
         vram_bytes=vram_bytes,
@@ -293,8 +296,13 @@ def plan_report(planned: Planned, *, limit_rows: int | None) -> Group:
     fitting = sum(1 for r in planned.rows if r.fits)
     header = [
         Text(
-            f"{planned.description}: {planned.params / 1e9:.2f}B parameters (largest layer "
-            f"{planned.largest_layer_params / 1e6:.0f}M); {planned.gpus} GPU(s) of "
+            f"{planned.description}: {planned.params / 1e9:.2f}B parameters ("
+            + (
+                f"{planned.active_params / 1e9:.2f}B per token, "
+                if planned.active_params < planned.params
+                else ""
+            )
+            + f"largest layer {planned.largest_layer_params / 1e6:.0f}M); {planned.gpus} GPU(s) of "
             f"{format_bytes(planned.vram_bytes)}, limit {format_bytes(planned.limit_bytes)} "
             f"after the {100 * planned.margin:.0f}% margin; host RAM "
             f"{format_bytes(planned.host_ram_bytes)}; global batch {planned.global_batch}"

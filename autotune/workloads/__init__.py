@@ -1,10 +1,12 @@
-"""Workload registry: built-in names, and user workloads from ``file.py:fn`` or ``pkg.mod:fn``.
+"""Workload registry: built-in names, local Hugging Face configs (``hf:path/config.json``),
+and user workloads from ``file.py:fn`` or ``pkg.mod:fn``.
 
 Importing this package does not import torch: the factories do, when called.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -14,18 +16,40 @@ from pathlib import Path
 
 from autotune.errors import WorkloadError
 from autotune.workloads.base import Workload
+from autotune.workloads.dit import DIT_PATCHES, DIT_SIZES, DiTWorkload, dit, dit_tiny
+from autotune.workloads.hf_config import (
+    HF_PREFIX,
+    hf_config_path,
+    hf_config_workload,
+    hf_study_name,
+    split_hf_ref,
+)
 from autotune.workloads.transformers_lm import (
     CausalLMWorkload,
+    MaskedLMWorkload,
     gpt2,
     gpt2_xl,
     gpt_tiny,
+    llama3_8b,
+    llama3_70b,
     llama_1b,
     llama_7b,
     llama_13b,
     llama_70b,
+    mixtral_8x7b,
+    moe_tiny,
 )
 
-__all__ = ["WORKLOADS", "CausalLMWorkload", "Workload", "get_workload", "workload_study_name"]
+__all__ = [
+    "WORKLOADS",
+    "CausalLMWorkload",
+    "DiTWorkload",
+    "MaskedLMWorkload",
+    "Workload",
+    "absolute_workload_ref",
+    "get_workload",
+    "workload_study_name",
+]
 
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "gpt-tiny": gpt_tiny,
@@ -35,17 +59,32 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "llama-7b": llama_7b,
     "llama-13b": llama_13b,
     "llama-70b": llama_70b,
+    "llama3-8b": llama3_8b,
+    "llama3-70b": llama3_70b,
+    "mixtral-8x7b": mixtral_8x7b,
+    "moe-tiny": moe_tiny,
+    "dit-tiny": dit_tiny,
+    # dit-s-2 ... dit-xl-8: the DiT paper's models at 256 px
+    **{
+        f"dit-{size}-{patch}": functools.partial(dit, size, patch)
+        for size in DIT_SIZES
+        for patch in DIT_PATCHES
+    },
 }
 
 
 def get_workload(ref: str) -> Workload:
-    """A built-in name, or ``path/to/file.py:function`` / ``package.module:function``."""
+    """A built-in name, ``hf:path/to/config.json[?seq=N&batch=N]``, or
+    ``path/to/file.py:function`` / ``package.module:function``."""
     if ref in WORKLOADS:
         return WORKLOADS[ref]()
+    if ref.startswith(HF_PREFIX):
+        return hf_config_workload(ref)
     if ":" not in ref:
         raise WorkloadError(
-            f"unknown workload {ref!r}; known: {', '.join(sorted(WORKLOADS))}, "
-            "or give path/to/file.py:function or package.module:function"
+            f"unknown workload {ref!r}; known: {', '.join(WORKLOADS)}, "
+            "or give hf:path/to/config.json, path/to/file.py:function or "
+            "package.module:function"
         )
     location, _, attr = ref.rpartition(":")
     module = _import_location(ref, location)
@@ -105,8 +144,27 @@ def _import_location(ref: str, location: str) -> object:
 
 
 def workload_study_name(ref: str) -> str:
-    """Default study name: the built-in name, or a user workload's ``name`` (its factory's
-    name if it has none)."""
+    """Default study name: the built-in name, the config's folder (or file) name of a
+    ``hf:`` config with its options, or a user workload's ``name`` (its factory's name if
+    it has none)."""
     if ref in WORKLOADS:
         return ref
+    if ref.startswith(HF_PREFIX):
+        return hf_study_name(ref)
     return str(getattr(get_workload(ref), "name", "") or ref.rpartition(":")[2])
+
+
+def absolute_workload_ref(ref: str) -> str:
+    """``ref`` with a relative file path made absolute (a user workload file or a ``hf:``
+    config), so that probes started in another folder, and a study continued from one,
+    find it."""
+    if ref in WORKLOADS:
+        return ref
+    if ref.startswith(HF_PREFIX):
+        path, options = split_hf_ref(ref)
+        query = "&".join(f"{key}={value}" for key, value in options.items())
+        return f"{HF_PREFIX}{hf_config_path(path).resolve()}" + (f"?{query}" if query else "")
+    location, sep, attr = ref.rpartition(":")
+    if sep and (location.endswith(".py") or "/" in location):
+        return f"{Path(location).resolve()}:{attr}"
+    return ref

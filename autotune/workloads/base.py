@@ -52,5 +52,11 @@ class Workload(ABC):
         space, with a note)."""
         raise NotImplementedError(f"workload {self.name!r} does not support checkpointing")
 
+    def active_params(self, model: torch.nn.Module) -> int:
+        """Parameters each token computes with, for FLOPs (~6 per active parameter and token
+        in training): every parameter of a dense model; a mixture of experts counts only the
+        top-k experts a token is routed to. ``model`` is built on the meta device."""
+        return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
     def describe(self) -> str:
         return self.name

@@ -1,7 +1,9 @@
-"""Causal language models built from `transformers` configs (random init, no download)."""
+"""Language models built from `transformers` configs (random init, no download): causal LMs
+trained on random token ids with their own LM loss, and masked LMs with BERT's masking."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +12,10 @@ from autotune.workloads.base import Workload
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
+
+# Config attributes that name an MoE layer's expert count and its top-k.
+_EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
 
 
 class CausalLMWorkload(Workload):
@@ -31,7 +37,7 @@ class CausalLMWorkload(Workload):
         self.default_global_batch = default_global_batch
 
     def _identity(self) -> tuple[object, ...]:
-        return (self.name, self._make_config, self.seq_len, self._layers)
+        return (type(self), self.name, self._make_config, self.seq_len, self._layers)
 
     def __eq__(self, other: object) -> bool:
         # Equal workloads share cached traces (the memory model builds variants by depth).
@@ -53,23 +59,33 @@ class CausalLMWorkload(Workload):
     def with_layers(self, layers: int) -> CausalLMWorkload:
         """The same model with ``layers`` transformer blocks: the memory model traces two
         short stacks and extrapolates, since every block holds the same activations."""
-        clone = CausalLMWorkload(
-            self.name,
-            self._make_config,
-            seq_len=self.seq_len,
-            default_global_batch=self.default_global_batch,
-        )
+        clone = copy.copy(self)
         clone._layers = layers
         return clone
 
-    def build_model(self) -> torch.nn.Module:
+    def _auto_class(self) -> Any:
         from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def build_model(self) -> torch.nn.Module:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        # SDPA attention is what production uses on recent transformers; eager would
-        # overstate activation memory.
-        return AutoModelForCausalLM.from_config(self.config(), attn_implementation="sdpa")
+        config = self.config()
+        kwargs: dict[str, Any] = {}
+        if is_moe(config):
+            # Grouped matmuls over tokens sorted by expert: the experts implementation of
+            # transformers 5 for training, and one whose shapes do not depend on the routing
+            # (the memory model traces it on fake tensors).
+            kwargs["experts_implementation"] = "grouped_mm"
+        try:
+            # SDPA attention is what production uses on recent transformers; eager would
+            # overstate activation memory.
+            return self._auto_class().from_config(config, attn_implementation="sdpa", **kwargs)
+        except (ValueError, TypeError):
+            # a model without SDPA (or a transformers without experts implementations)
+            return self._auto_class().from_config(config)
 
     def make_batch(self, micro_batch_size: int, device: torch.device) -> dict[str, Any]:
         import torch
@@ -91,9 +107,69 @@ class CausalLMWorkload(Workload):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
 
+    def active_params(self, model: torch.nn.Module) -> int:
+        """Parameters one token computes with: all of a dense model; of an MoE, the experts
+        scaled by top-k / experts (each token runs through top-k of them)."""
+        return active_params_of(model, self.config())
+
     def describe(self) -> str:
         cfg = self.config()
-        return f"{self.name} ({cfg.model_type}, {cfg.num_hidden_layers} layers, seq {self.seq_len})"
+        kind = f"{cfg.model_type}"
+        if is_moe(cfg):
+            top_k, experts = first_attr(cfg, _TOP_K_KEYS), first_attr(cfg, _EXPERT_COUNT_KEYS)
+            kind += f" MoE, {top_k} of {experts} experts per token"
+        return f"{self.name} ({kind}, {cfg.num_hidden_layers} layers, seq {self.seq_len})"
+
+
+class MaskedLMWorkload(CausalLMWorkload):
+    """A `transformers` masked LM (BERT-style): 15% of random tokens are prediction targets
+    (Devlin et al. 2019, "BERT", sec. 3.1); the head scores every position either way."""
+
+    def _auto_class(self) -> Any:
+        from transformers import AutoModelForMaskedLM
+
+        return AutoModelForMaskedLM
+
+    def make_batch(self, micro_batch_size: int, device: torch.device) -> dict[str, Any]:
+        import torch
+
+        vocab_size = self.config().vocab_size
+        generator = torch.Generator().manual_seed(micro_batch_size)
+        shape = (micro_batch_size, self.seq_len)
+        input_ids = torch.randint(0, vocab_size, shape, generator=generator)
+        targets = torch.rand(shape, generator=generator) < 0.15
+        labels = torch.where(targets, input_ids, torch.full_like(input_ids, -100))
+        return {"input_ids": input_ids.to(device), "labels": labels.to(device)}
+
+
+def first_attr(config: Any, keys: tuple[str, ...]) -> Any:
+    """The first of ``keys`` the config sets (configs name the same thing differently)."""
+    for key in keys:
+        value = getattr(config, key, None)
+        if value:
+            return value
+    return None
+
+
+def is_moe(config: Any) -> bool:
+    """Whether a config describes a mixture-of-experts model (more than one expert)."""
+    count = first_attr(config, _EXPERT_COUNT_KEYS)
+    return isinstance(count, int) and count > 1
+
+
+def active_params_of(model: torch.nn.Module, config: Any) -> int:
+    """Unique parameters, those under a module named ``experts`` (fused or one module per
+    expert) counted at top-k / experts; shared experts and the router count in full."""
+    unique = {id(p): (name, p) for name, p in model.named_parameters()}.values()
+    total = 0.0
+    share = 1.0
+    if is_moe(config):
+        top_k = first_attr(config, _TOP_K_KEYS) or 1
+        share = min(1.0, top_k / first_attr(config, _EXPERT_COUNT_KEYS))
+    for name, parameter in unique:
+        routed = "experts" in name.split(".")[:-1]
+        total += parameter.numel() * (share if routed else 1.0)
+    return int(total)
 
 
 def gpt2_like(
@@ -131,6 +207,8 @@ def _llama(
     intermediate: int,
     vocab: int,
     tied: bool = False,
+    positions: int = 4096,
+    rope_theta: float = 10000.0,
 ) -> CausalLMWorkload:
     def config() -> PretrainedConfig:
         from transformers import LlamaConfig
@@ -142,7 +220,8 @@ def _llama(
             num_key_value_heads=kv_heads,
             intermediate_size=intermediate,
             vocab_size=vocab,
-            max_position_embeddings=4096,
+            max_position_embeddings=positions,
+            rope_theta=rope_theta,
             tie_word_embeddings=tied,
             use_cache=False,
         )
@@ -183,6 +262,85 @@ def llama_70b() -> CausalLMWorkload:
     return _llama(
         "llama-70b", layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672, vocab=32000
     )
+
+
+def llama3_8b() -> CausalLMWorkload:
+    """Llama 3 8B dimensions (meta-llama/Meta-Llama-3-8B config: GQA with 8 key-value
+    heads, vocabulary 128256, 8.0B parameters), sequence 2048."""
+    return _llama(
+        "llama3-8b",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        intermediate=14336,
+        vocab=128256,
+        positions=8192,
+        rope_theta=500000.0,
+    )
+
+
+def llama3_70b() -> CausalLMWorkload:
+    """Llama 3 70B dimensions (meta-llama/Meta-Llama-3-70B config: GQA with 8 key-value
+    heads, vocabulary 128256, 70.6B parameters), sequence 2048."""
+    return _llama(
+        "llama3-70b",
+        layers=80,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        intermediate=28672,
+        vocab=128256,
+        positions=8192,
+        rope_theta=500000.0,
+    )
+
+
+def mixtral_8x7b() -> CausalLMWorkload:
+    """Mixtral 8x7B dimensions (mistralai/Mixtral-8x7B-v0.1 config: 8 experts, 2 per token,
+    46.7B parameters of which 12.9B active), sequence 2048. For planning: a CPU probe of it
+    would not finish."""
+
+    def config() -> PretrainedConfig:
+        from transformers import MixtralConfig
+
+        return MixtralConfig(
+            num_hidden_layers=32,
+            hidden_size=4096,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            intermediate_size=14336,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            vocab_size=32000,
+            max_position_embeddings=32768,
+            rope_theta=1e6,
+            use_cache=False,
+        )
+
+    return CausalLMWorkload("mixtral-8x7b", config, seq_len=2048, default_global_batch=256)
+
+
+def moe_tiny() -> CausalLMWorkload:
+    """A ~1M-parameter Mixtral-style MoE (4 experts, 2 per token) for CPU tests."""
+
+    def config() -> PretrainedConfig:
+        from transformers import MixtralConfig
+
+        return MixtralConfig(
+            num_hidden_layers=2,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            vocab_size=4096,
+            max_position_embeddings=64,
+            use_cache=False,
+        )
+
+    return CausalLMWorkload("moe-tiny", config, seq_len=64, default_global_batch=16)
 
 
 def gpt_tiny() -> CausalLMWorkload:
