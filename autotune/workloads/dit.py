@@ -277,7 +277,7 @@ def dit(size: str, patch: int) -> DiTWorkload:
 
 
 def dit_tiny() -> DiTWorkload:
-    """A ~0.8M-parameter DiT for CPU tests: 2 blocks of hidden 64 on an 8 x 8 x 4 latent at
+    """A 0.2M-parameter DiT for CPU tests: 2 blocks of hidden 64 on an 8 x 8 x 4 latent at
     patch 2 (16 tokens), 10 classes; a CPU step takes milliseconds."""
     return DiTWorkload(
         "dit-tiny",
