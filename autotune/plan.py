@@ -191,7 +191,7 @@ class _Inputs:
 
 def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
     from autotune.base_config import base_global_batch, load_base_config
-    from autotune.workloads import get_workload, workload_study_name
+    from autotune.workloads import absolute_workload_ref, get_workload, workload_study_name
 
     workload = get_workload(settings.workload)
     base = load_base_config(settings.base_config) if settings.base_config else None
@@ -210,7 +210,7 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
         )
     return _Inputs(
         workload=workload,
-        ref=_absolute_workload_ref(settings.workload),
+        ref=absolute_workload_ref(settings.workload),
         study_name=workload_study_name(settings.workload),
         base=base,
         global_batch=global_batch,
@@ -328,11 +328,3 @@ def derived_probe_timeout_s(
         steps += 2 * MAX_SKIPPED_STEPS
     build_s = params / 1e8  # random init of the weights, ~1 s per 100M parameters
     return round(PROBE_START_S + build_s + 4 * steps * flops_per_rank_step / rate)
-
-
-def _absolute_workload_ref(ref: str) -> str:
-    """A user file path made absolute, so probes launched elsewhere find it."""
-    location, sep, attr = ref.rpartition(":")
-    if sep and (location.endswith(".py") or "/" in location):
-        return f"{Path(location).resolve()}:{attr}"
-    return ref

@@ -225,11 +225,10 @@ class Tuner:
 
     def _cost_model(self) -> Any:
         from autotune.cost import CostModel, WorkloadFacts
-        from autotune.memory import model_facts
 
         plan = self.plan
         workload = plan.workload
-        facts = WorkloadFacts(model_facts(workload, 0).params, workload.tokens_per_sample)
+        facts = WorkloadFacts.of(workload)  # active parameters for MoE and DiT
         hardware, threads = plan.hardware, plan.config.threads_per_rank
         scale: dict[str, float] = {}
         if hardware.accelerator == "cpu":
