@@ -36,8 +36,9 @@ class RunFlags(BaseModel):
 
     workload: str | None = Field(
         default=None,
-        description="Built-in workload (e.g. gpt-tiny) or path/to/file.py:function; a new "
-        "study needs it or --script.",
+        description="Built-in workload (gpt-tiny, dit-s-8, llama3-8b, ...), "
+        "hf:path/config.json[?seq=N&batch=N] (a local Hugging Face config, random weights), or "
+        "path/to/file.py:function; a new study needs it or --script.",
     )
     script: str | None = Field(
         default=None,
