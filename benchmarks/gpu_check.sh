@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One prepared check of every CUDA path of autotune on one GPU, in under 8 minutes; writes
+# gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md) and logs to OUT_DIR.
+#
+#   benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels   # a CUDA GPU node, offline
+#   benchmarks/gpu_check.sh OUT_DIR --dry-run              # CPU ranks, tiny workload (CI)
+#
+# The wheels come from `python benchmarks/prepare_gpu_wheels.py .gpu-wheels`, made where
+# PyPI is reachable. The interpreter is $GPU_CHECK_PYTHON, else in a dry run this
+# repository's .venv, else python3: on a GPU node the one whose torch the check should use
+# (the check's venv sees that interpreter's packages). Everything else is in
+# benchmarks/gpu_check.py (`--help`).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+if [ "$#" -lt 1 ] || [ "${1#-}" != "$1" ]; then
+  echo "usage: $0 OUT_DIR [--dry-run] [--wheels DIR] [options of benchmarks/gpu_check.py]" >&2
+  exit 2
+fi
+
+python="${GPU_CHECK_PYTHON:-}"
+if [ -z "$python" ]; then
+  python=python3
+  for arg in "$@"; do
+    if [ "$arg" = "--dry-run" ] && [ -x "$repo/.venv/bin/python" ]; then
+      python="$repo/.venv/bin/python"
+    fi
+  done
+fi
+
+# recorded in the report as the command that produced its numbers
+GPU_CHECK_COMMAND="benchmarks/gpu_check.sh $*"
+export GPU_CHECK_COMMAND
+exec "$python" -u "$here/gpu_check.py" "$@"
