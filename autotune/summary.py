@@ -271,12 +271,25 @@ def render_summary(
         "",
         "## Files",
         "",
-        "- `ds_config.json`: pass it to `deepspeed.initialize(config=...)` unchanged.",
-        "- `launch.sh`: starts your script with the deepspeed launcher or torchrun "
-        f"(`LAUNCHER=torchrun`) on {config.gpus_per_trial} rank(s).",
+        *_file_lines(config),
         "",
     ]
     return "\n".join(lines)
+
+
+def _file_lines(config: StudyConfig) -> list[str]:
+    if config.script is not None:
+        return [
+            "- `ds_config.json`: your script's config with the tuned keys; `launch.sh` hands "
+            "it to the script.",
+            f"- `launch.sh`: runs `{_printable(config.script.name)}` as it was tuned (torchrun, "
+            f"or `LAUNCHER=deepspeed`) on {config.gpus_per_trial} rank(s).",
+        ]
+    return [
+        "- `ds_config.json`: pass it to `deepspeed.initialize(config=...)` unchanged.",
+        "- `launch.sh`: starts your script with the deepspeed launcher or torchrun "
+        f"(`LAUNCHER=torchrun`) on {config.gpus_per_trial} rank(s).",
+    ]
 
 
 def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
