@@ -26,11 +26,14 @@ import queue
 import re
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import ExecutorError, SettingsError
 from autotune.launch import ProbeJob
 from autotune.protocol import ProbeResult
+
+if TYPE_CHECKING:
+    from autotune.hardware import Hardware
 
 CPU_RANK_RESOURCE = "autotune_cpu_rank"  # the same resource the private Ray offers
 RESERVE_TIMEOUT_S = 120.0  # for Ray to reserve the slots' devices
@@ -82,6 +85,34 @@ def connect(address: str) -> Any:
             "the cluster's token"
         ) from None
     return ray
+
+
+def cluster_hardware(address: str) -> Hardware:
+    """What a node of the cluster offers probes (the driver's machine may have no GPU): the
+    hardware a task holding one device sees there, with the cluster's device count."""
+    from autotune.hardware import detect
+
+    ray = connect(address)
+    gpus = sum(node_offer(ray, "GPU").values())
+    options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
+    if gpus:
+        options["num_gpus"] = 1
+    else:
+        options["resources"] = {CPU_RANK_RESOURCE: 1}
+    ref = ray.remote(detect).options(**options).remote()
+    ready, _ = ray.wait([ref], timeout=RESERVE_TIMEOUT_S)
+    if not ready:
+        ray.cancel(ref, force=True)
+        offer = node_offer(ray, "GPU" if gpus else CPU_RANK_RESOURCE)
+        raise ExecutorError(
+            f"--ray-address {address}: no node took a task holding one device within "
+            f"{RESERVE_TIMEOUT_S:.0f} s (the cluster offers "
+            f"{describe_offer(offer, 'GPU' if gpus else CPU_RANK_RESOURCE)}; other jobs hold "
+            "them?)"
+        )
+    hardware: Hardware = ray.get(ref)
+    total = gpus or sum(node_offer(ray, CPU_RANK_RESOURCE).values())
+    return hardware.model_copy(update={"device_count": total})
 
 
 def node_offer(ray: Any, resource: str) -> dict[str, int]:

@@ -84,7 +84,7 @@ class LoopbackCluster:
     def start_node(self, index: int) -> None:
         """Start node ``index`` (0: the head)."""
         folder = self.node_dir(index)
-        folder.mkdir(exist_ok=True)
+        (folder / "tmp").mkdir(parents=True, exist_ok=True)
         low = self._worker_ports + 100 * index
         command = [
             _ray_cli(),
@@ -101,7 +101,10 @@ class LoopbackCluster:
             command += ["--head", f"--port={self.port}", "--include-dashboard=false"]
         else:
             command += [f"--address={self.address}"]
-        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=180)
+        # The node's processes keep their temporary files (a rank actor's folder) in the
+        # node's folder: they go with it, even when the node is killed.
+        env = {**self.env, "TMPDIR": str(folder / "tmp")}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
             raise RuntimeError(f"ray start failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
         if index == 0:
@@ -125,6 +128,14 @@ class LoopbackCluster:
                     found.update({c.pid: c for c in process.children(recursive=True)})
         found.pop(os.getpid(), None)
         return list(found.values())
+
+    def node_id(self, index: int) -> str:
+        """Ray's id of node ``index`` (hex), from its raylet's command line."""
+        for process in self.processes(index):
+            for arg in process.cmdline():
+                if arg.startswith("--node_id="):
+                    return arg.split("=", 1)[1]
+        raise RuntimeError(f"node {index} has no live raylet")
 
     def kill_node(self, index: int) -> int:
         """SIGKILL node ``index``'s every process, as a machine that dies; how many."""

@@ -97,6 +97,10 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
             "--global-batch auto needs --max-global-batch N, the largest global batch "
             "your training may use"
         )
+    if hardware is None and settings.ray_address is not None:
+        from autotune.cluster import cluster_hardware
+
+        hardware = cluster_hardware(settings.ray_address)  # a node's, not this machine's
     hardware = hardware or detect()
     if settings.ray_address is None:  # a cluster's devices are checked as it is joined
         hardware.check_ranks(settings.gpus)

@@ -13,6 +13,14 @@ reads the trials back from its SQLite study. For each evaluated trial it reports
 Reproduce:  python benchmarks/overhead.py --probes 5 --executor ray          # warm workers
             python benchmarks/overhead.py --probes 5 --executor ray --cold   # a launch per probe
             python benchmarks/overhead.py --probes 5 --executor local
+            python benchmarks/overhead.py --probes 8 --cluster 2x1 --sampler grid \
+                --space benchmarks/spaces/overhead_fixed.yaml   # spanning: 2 nodes of 1 rank
+            (the same with --cluster 1x2: one node of 2 ranks; without --cluster: private Ray)
+
+``--cluster NODESxRANKS`` starts a Ray cluster of that many nodes on this machine (``ray
+start``, :class:`autotune.loopback_cluster.LoopbackCluster`), each offering RANKS CPU ranks,
+and runs the study on it with ``--ray-address``: with 2x1 every probe spans both nodes, with
+1x2 it runs on one node through the same cluster path.
 
 Each probe runs exactly 2 warm-up and 5 timed steps (adaptive length, early stop and the
 confirmation round are switched off), so that runs compare with the baseline.
@@ -36,10 +44,25 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workload", default="gpt-tiny")
     parser.add_argument("--space", default="default")
+    parser.add_argument("--sampler", default="autotune", help="grid: the space in its order")
     parser.add_argument(
         "--cold", action="store_true", help="--cold-probes: one torchrun launch per probe"
     )
+    parser.add_argument(
+        "--cluster", help="NODESxRANKS: run on a Ray cluster of this shape on this machine"
+    )
     args = parser.parse_args()
+    if args.cluster:
+        from autotune.loopback_cluster import LoopbackCluster
+
+        nodes, ranks = (int(part) for part in args.cluster.split("x"))
+        with LoopbackCluster(nodes, ranks) as cluster:
+            return measure(args, cluster.address, cluster.client_env())
+    return measure(args, None, {})
+
+
+def measure(args: argparse.Namespace, address: str | None, env: dict[str, str]) -> int:
+    import os
 
     import optuna
 
@@ -52,7 +75,7 @@ def main() -> int:
         "--workload",
         args.workload,
         "--space",
-        args.space,
+        str(Path(args.space).resolve()) if Path(args.space).is_file() else args.space,
         "--gpus",
         "2",
         "--budget",
@@ -63,6 +86,8 @@ def main() -> int:
         str(args.probes),
         "--executor",
         args.executor,
+        "--sampler",
+        args.sampler,
         "--warmup-steps",
         "2",
         "--max-timed-steps",
@@ -72,9 +97,13 @@ def main() -> int:
         "--no-early-stop",
         "--no-confirm",
         *(["--cold-probes"] if args.cold else []),
+        *(["--ray-address", address] if address else []),
     ]
+    load_before = os.getloadavg()
     started = time.monotonic()
-    run = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    run = subprocess.run(
+        command, cwd=workdir, capture_output=True, text=True, env={**os.environ, **env}
+    )
     run_wall_s = time.monotonic() - started
     if run.returncode != 0:
         print(run.stdout, run.stderr, sep="\n")
@@ -102,9 +131,10 @@ def main() -> int:
             )
         )
 
+    where = f"a {args.cluster} Ray cluster on this machine" if args.cluster else args.executor
     print(
         f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
-        f"{args.executor}, {'cold launches' if args.cold else 'warm workers'}, {len(rows)} probes"
+        f"{where}, {'cold launches' if args.cold else 'warm workers'}, {len(rows)} probes"
     )
     print(f"command: (cd {workdir} && autotune {' '.join(command[3:])})")
     print(
@@ -131,7 +161,14 @@ def main() -> int:
     print(f"timed steps s: {stat(timed)}")
     print(f"overhead s (trial wall - timed): {stat(overheads)}")
     print(f"overhead share of trial wall: {100 * sum(overheads) / sum(walls):.0f}%")
+    if len(rows) > 2:  # the first probe starts the warm ranks; the others reuse them
+        print(f"overhead s, probes after the first: {stat(overheads[1:])}")
+        print(
+            f"probe wall - timed s, probes after the first: {stat([r[4] - r[6] for r in rows[1:]])}"
+        )
     print(f"whole run (incl. driver start, Ray start, export): {run_wall_s:.1f} s")
+    after = os.getloadavg()
+    print(f"load average (1/5/15 min) before: {load_before}, after: {after}")
     return 0
 
 

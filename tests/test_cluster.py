@@ -204,6 +204,35 @@ def test_a_node_killed_mid_probe_costs_that_trial_only(
     assert _no_probe_left() == []
 
 
+def test_a_node_lost_mid_probe_is_replaced_and_the_study_goes_on(tmp_path: Path) -> None:
+    """Three one-rank nodes, probes of two: when a node of the probe dies, that probe is
+    lost, Ray re-places its rank on the third node and the study completes."""
+    with LoopbackCluster(nodes=3, ranks=1) as cluster:
+        run = _cli(cluster, tmp_path, *STUDY_FLAGS, "--max-trials", "5")
+        assert run.stdout is not None and run.stderr is not None
+        lines, victim = [], ""
+        for line in run.stdout:
+            lines.append(line)
+            if line.startswith("trial 1: probing"):
+                used = _nodes_of(tmp_path / "trials" / "gpt-tiny" / "trial-0000")
+                index = next(i for i in (1, 2) if cluster.node_id(i)[:8] in used)
+                victim = cluster.node_id(index)[:8]
+                time.sleep(2.0)  # into the probe
+                assert cluster.kill_node(index) > 0
+        run.wait(timeout=300)
+        out, err = "".join(lines), run.stderr.read()
+    assert run.returncode == 0, out[-3000:] + err[-3000:]
+    assert victim and "exported:" in out
+    trials = [t for t in _trials(tmp_path) if "trial_dir" in t]
+    lost = [t for t in trials if t["status"] == "error"]
+    assert len(lost) == 1 and str(lost[0]["error"]).startswith("node lost: "), trials
+    later = [t for t in trials if str(t["trial_dir"]) > str(lost[0]["trial_dir"])]
+    assert later and all(t["status"] == "ok" for t in later), later
+    for trial in later:  # two nodes again, neither of them the dead one
+        nodes = _nodes_of(Path(str(trial["trial_dir"])))
+        assert len(nodes) == 2 and victim not in nodes, nodes
+
+
 def test_a_driver_that_loses_the_cluster_stops_with_one_line(
     cluster: LoopbackCluster, tmp_path: Path
 ) -> None:
