@@ -36,7 +36,7 @@ from typing import Any
 from autotune import rank_memory, steps
 from autotune.model_build import _target_dtype, build_model
 from autotune.protocol import ProbeSpec, RankReport
-from autotune.rank_memory import classify_failure, leak_tolerance_bytes
+from autotune.rank_memory import classify_failure, dismantle, leak_tolerance_bytes
 
 # What the "leak" fault keeps alive (a test double for a library holding on to an engine).
 _KEPT_BY_FAULT: list[Any] = []
@@ -150,6 +150,7 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float, device: Any) -
     _record_peaks(report, tracker, device, overhead)
     if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
         engine.destroy()
+    dismantle(engine, model)
 
 
 def make_batch(workload: Any, micro_batch_size: int, device: Any, precision: str) -> Any:
