@@ -210,11 +210,13 @@ def sequence_job(root: Path, name: str, candidate: Candidate, **spec: object) ->
 
 @pytest.fixture(scope="module")
 def sequences(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ProbeJob, object]]:
-    """Two launches of several candidates each: BIG then SMALL; SMALL alone, then ZERO3 with
-    the "leak" fault (it keeps its model and a tensor alive), then SMALL again."""
+    """Two launches of several candidates each: BIG, ZERO3, then SMALL; SMALL alone, then
+    ZERO3 with the "leak" fault (it keeps its model and a tensor alive), then SMALL again."""
     root = tmp_path_factory.mktemp("sequences")
     first = [
         sequence_job(root, "big", BIG, float32_matmul_precision="high"),
+        # DeepSpeed's ZeRO-3 objects outlive destroy(): what they held must not count next
+        sequence_job(root, "zero3", ZERO3),
         sequence_job(root, "small_after_big", SMALL),
     ]
     second = [
