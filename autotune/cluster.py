@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 CPU_RANK_RESOURCE = "autotune_cpu_rank"  # the same resource the private Ray offers
 RESERVE_TIMEOUT_S = 120.0  # for Ray to reserve the slots' devices
+CONNECT_TIMEOUT_S = 10.0  # for the head's port to answer at all
 CANCEL_GRACE_S = 30.0
 WATCH_PERIOD_S = 5.0  # how often the driver asks the GCS whether it is still there
 GCS_TIMEOUT_S = 20.0  # a GCS silent this long is lost (Ray itself would wait 60 s, then exit)
@@ -71,6 +72,7 @@ def connect(address: str) -> Any:
 
     if ray.is_initialized():
         return ray
+    _check_reachable(address)
     # Ray ends a driver whose GCS is silent for this long; autotune's own watchdog says so
     # in one line sooner (GCS_TIMEOUT_S) and needs the rest to stop cleanly.
     os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", "120")
@@ -113,6 +115,24 @@ def cluster_hardware(address: str) -> Hardware:
     hardware: Hardware = ray.get(ref)
     total = gpus or sum(node_offer(ray, CPU_RANK_RESOURCE).values())
     return hardware.model_copy(update={"device_count": total})
+
+
+def _check_reachable(address: str) -> None:
+    """One line at once for a head nobody answers at (Ray itself retries for minutes)."""
+    import socket
+
+    match = RAY_ADDRESS.match(address)
+    if match is None:  # auto: Ray finds the local cluster's address, or says there is none
+        return
+    host = match["host"].strip("[]")
+    try:
+        socket.create_connection((host, int(match["port"])), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ExecutorError(
+            f"--ray-address {address}: nothing answers there ({exc.strerror or exc}); start "
+            "the head with `ray start --head --port PORT` and check that this machine reaches "
+            "it (firewall, address)"
+        ) from None
 
 
 def node_offer(ray: Any, resource: str) -> dict[str, int]:
@@ -160,6 +180,20 @@ def slot_layout(offer: dict[str, int], total: int, per_probe: int) -> tuple[int,
         on_one_node = sum(count // per_probe for count in offer.values())
         return max(0, min(total // per_probe, on_one_node)), "STRICT_PACK"
     return min(total, sum(offer.values())) // per_probe, "PACK"
+
+
+def probe_layout(offer: dict[str, int], per_probe: int) -> list[int]:
+    """Ranks per node of one probe as :func:`slot_layout` places it (the largest nodes
+    filled first): what the memory and cost models need of the node boundary (host RAM is
+    per node; collectives cross nodes where there are several)."""
+    if per_probe <= max(offer.values(), default=0):
+        return [per_probe]
+    layout: list[int] = []
+    for count in sorted(offer.values(), reverse=True):
+        take = min(count, per_probe - sum(layout))
+        if take > 0:
+            layout.append(take)
+    return layout
 
 
 class ClusterExecutor:

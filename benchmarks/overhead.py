@@ -166,10 +166,23 @@ def measure(args: argparse.Namespace, address: str | None, env: dict[str, str]) 
         print(
             f"probe wall - timed s, probes after the first: {stat([r[4] - r[6] for r in rows[1:]])}"
         )
+        launcher = [r[4] - slowest_rank_s(study, r[0]) for r in rows[1:]]
+        print(f"launcher s (probe wall - slowest rank's wall), after the first: {stat(launcher)}")
     print(f"whole run (incl. driver start, Ray start, export): {run_wall_s:.1f} s")
     after = os.getloadavg()
     print(f"load average (1/5/15 min) before: {load_before}, after: {after}")
     return 0
+
+
+def slowest_rank_s(study: object, number: int) -> float:
+    """The longest rank wall time of trial ``number`` (job start to report, in the rank):
+    what the probe's wall time holds beyond it is the launcher's (posting the job, noticing
+    the reports, collecting them; Ray calls on a cluster)."""
+    import json
+
+    folder = Path(study.trials[number].user_attrs["trial_dir"])  # type: ignore[attr-defined]
+    walls = [json.loads(p.read_text())["wall_s"] for p in folder.glob("rank-*.json")]
+    return max(walls, default=0.0)
 
 
 if __name__ == "__main__":

@@ -3,13 +3,17 @@ how probes are laid out over nodes, and the one line a node loss records."""
 
 from __future__ import annotations
 
+import socket
+from pathlib import Path
+
 import pytest
 
-from autotune.cluster import CPU_RANK_RESOURCE, check_offer, slot_layout
+from autotune.cluster import CPU_RANK_RESOURCE, check_offer, probe_layout, slot_layout
 from autotune.errors import ExecutorError, SettingsError
 from autotune.flags import PER_RUN, RunFlags
 from autotune.rank_actor import Placement
 from autotune.span import _RankLost
+from tests.conftest import run_cli
 
 
 @pytest.mark.parametrize("address", ["auto", "10.0.0.5:6379", "head-1:6379", "ray://head:10001"])
@@ -57,6 +61,12 @@ def test_slots_are_laid_out_as_production_would_run(
     assert slot_layout(offer, total, per_probe) == expected
 
 
+def test_the_ranks_per_node_of_a_probe() -> None:
+    assert probe_layout({"a": 8, "b": 8}, 4) == [4]
+    assert probe_layout({"a": 8, "b": 8, "c": 4}, 20) == [8, 8, 4]
+    assert probe_layout({"a": 1, "b": 1}, 2) == [1, 1]
+
+
 def test_a_lost_node_is_an_error_with_the_node_named() -> None:
     place = Placement(node_id="ab" * 28, node_ip="10.0.0.2", gpu_ids=[])
     lost = _RankLost(1, place, "node left", node_left=True).result()
@@ -65,3 +75,24 @@ def test_a_lost_node_is_an_error_with_the_node_named() -> None:
     died = _RankLost(0, place, "its Ray actor died (killed)", node_left=False).result()
     assert died.status == "error" and died.lost_node == ""
     assert "its Ray actor died" in died.error
+
+
+def test_a_head_nobody_answers_at_is_one_line_at_once(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    done = run_cli(
+        "run",
+        "--ray-address",
+        f"127.0.0.1:{port}",
+        "--workload",
+        "gpt-tiny",
+        "--gpus",
+        "2",
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nothing answers there" in lines[0], done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
