@@ -8,15 +8,17 @@ largest parameter) and the tensor bytes one micro-batch's forward left alive; fr
 - **model states** follow the ZeRO formulas of :meth:`autotune.memory.MemoryModel.model_states`
   (parameters, gradients, optimizer states per stage, precision and offload), as for
   built-in workloads;
-- **activations** per sample are the forward's held bytes over its micro-batch (the
-  smallest seen for a precision and checkpointing setting: a ZeRO-3 forward also holds
-  gathered parameters), scaled by width to the other precision when only one was seen;
-  this is DeepSpeed's own autotuner's linear model (``activation_mem_per_gpu`` x
-  micro-batch);
-- what DeepSpeed allocates on top (reduction buckets, flattened buffers, optimizer-step
-  transients) is learned per shape (stage, precision, offload, knobs) as the measured peak
-  less the model states and activations, the largest seen; for a shape no probe has had,
-  the same stage's other precision, scaled by width; otherwise no prediction.
+- **activations** are the bytes a forward left alive, on a line over the micro-batch fitted
+  to the forwards seen for the candidate's precision and checkpointing (through the origin
+  from one micro-batch, as DeepSpeed's own autotuner extrapolates ``activation_mem_per_gpu``;
+  ZeRO-3 forwards also hold gathered parameters and count only when there is nothing
+  else), scaled by width from the other precision when only that one was seen;
+- what DeepSpeed allocates on top (reduction buckets, flattened buffers, gradients held
+  across accumulation, optimizer-step transients) is learned per shape (stage, precision,
+  offload, knobs, whether it accumulates) as the measured peak less the model states and
+  activations, the largest seen; for a shape no probe has had, the same shape with or
+  without accumulation, or the same stage's other precision scaled by width; otherwise no
+  prediction.
 
 The peak of a candidate is model states + activations x micro-batch + that overhead.
 """
@@ -39,14 +41,15 @@ def _width(precision: str) -> float:
     return 4.0 if precision == "fp32" else 2.0
 
 
-def _overhead_key(candidate: Candidate, precision: str | None = None) -> str:
-    """The candidate's shape for DeepSpeed's buffers: all but batch split and checkpointing."""
+def _overhead_key(candidate: Candidate) -> str:
+    """The candidate's shape for DeepSpeed's buffers: all but micro-batch and checkpointing,
+    and of accumulation only whether there is any (ZeRO 0-2 then hold gradients across
+    micro-batches)."""
     return candidate.model_copy(
         update={
             "micro_batch_size": 1,
-            "gradient_accumulation_steps": 1,
+            "gradient_accumulation_steps": min(candidate.gradient_accumulation_steps, 2),
             "activation_checkpointing": False,
-            "precision": precision or candidate.precision,
         }
     ).key
 
@@ -85,7 +88,8 @@ class ScriptMemoryModel:
         self.accelerator = accelerator
         self.base_config = base_config
         self.states: _StatesModel | None = None
-        self.per_sample: dict[tuple[str, bool], float] = {}  # (precision, ckpt) -> bytes
+        # (precision, checkpointing) -> (micro-batch, forward-held bytes, ZeRO stage) seen
+        self.forwards: dict[tuple[str, bool], list[tuple[int, float, int]]] = {}
         self.measured: list[tuple[Candidate, int]] = []  # (candidate, measured peak)
 
     def learn(self, trial: TrialView) -> None:
@@ -115,8 +119,8 @@ class ScriptMemoryModel:
             return
         if activations > 0:
             key = (candidate.precision, candidate.activation_checkpointing)
-            sample = activations / candidate.micro_batch_size
-            self.per_sample[key] = min(self.per_sample.get(key, sample), sample)
+            seen = (candidate.micro_batch_size, float(activations), candidate.zero_stage)
+            self.forwards.setdefault(key, []).append(seen)
         if peak_bytes > 0:
             self.measured.append((candidate, peak_bytes))
 
@@ -126,43 +130,69 @@ class ScriptMemoryModel:
         tracked = device.total + (host.total if self.accelerator == "cpu" else 0.0)
         return device, host, tracked
 
-    def activation_per_sample(self, candidate: Candidate) -> float | None:
-        """Forward activation bytes per sample for the candidate's precision and
-        checkpointing, or scaled from the other precision."""
-        ckpt = candidate.activation_checkpointing
-        found = self.per_sample.get((candidate.precision, ckpt))
-        if found is not None:
-            return found
-        others = [
-            value * _width(candidate.precision) / _width(precision)
-            for (precision, other_ckpt), value in self.per_sample.items()
-            if other_ckpt == ckpt
-        ]
-        return min(others) if others else None
+    def activations(self, candidate: Candidate) -> float | None:
+        """Forward activation bytes of the candidate's micro-batch: a line through what
+        forwards of its precision and checkpointing held (ZeRO-3's, which also hold
+        gathered parameters, only when there is nothing else), or the other precision's
+        scaled by width."""
+        ckpt, mb = candidate.activation_checkpointing, candidate.micro_batch_size
+        for precision in (candidate.precision, "fp32", "bf16", "fp16"):
+            points = self.forwards.get((precision, ckpt), [])
+            points = [p for p in points if p[2] != 3] or points
+            if points:
+                scale = _width(candidate.precision) / _width(precision)
+                return scale * _line(points, mb)
+        return None
 
     def overhead(self, candidate: Candidate) -> float | None:
-        """Bytes beyond model states and activations, learned for the candidate's shape."""
-        for precision in (candidate.precision, *("fp32", "bf16", "fp16")):
-            key = _overhead_key(candidate, precision)
-            seen = []
-            for probed, peak in self.measured:
-                if _overhead_key(probed) != key:
-                    continue
-                per_sample = self.activation_per_sample(probed) or 0.0
-                states = self._states_bytes(probed)[2]
-                seen.append(peak - states - per_sample * probed.micro_batch_size)
+        """Bytes beyond model states and activations, learned for the candidate's shape;
+        else for it with or without accumulation; else the same stage's other precision's,
+        scaled by width (BF16_Optimizer's fp32 buffers do not scale: a last resort)."""
+        for key, scale in self._overhead_keys(candidate):
+            seen = [
+                peak - self._states_bytes(probed)[2] - (self.activations(probed) or 0.0)
+                for probed, peak in self.measured
+                if _overhead_key(probed) == key
+            ]
             if seen:
-                return max(0.0, max(seen)) * _width(candidate.precision) / _width(precision)
+                return max(0.0, max(seen)) * scale
         return None
+
+    @staticmethod
+    def _overhead_keys(candidate: Candidate) -> list[tuple[str, float]]:
+        keys = []
+        for precision in dict.fromkeys((candidate.precision, "fp32", "bf16", "fp16")):
+            for gas in dict.fromkeys((candidate.gradient_accumulation_steps > 1, True, False)):
+                scale = _width(candidate.precision) / _width(precision)
+                shaped = candidate.model_copy(
+                    update={"precision": precision, "gradient_accumulation_steps": 2 if gas else 1}
+                )
+                keys.append((_overhead_key(shaped), scale))
+        return keys
 
     def predict(self, candidate: Candidate) -> MemoryEstimate | None:
         """The peak per rank, or None while the probes have not shown enough."""
         if self.states is None:
             return None
-        per_sample = self.activation_per_sample(candidate)
+        activations = self.activations(candidate)
         overhead = self.overhead(candidate)
-        if per_sample is None or overhead is None:
+        if activations is None or overhead is None:
             return None
         device, host, _ = self._states_bytes(candidate)
-        extra = Breakdown(activations=per_sample * candidate.micro_batch_size, workspace=overhead)
+        extra = Breakdown(activations=activations, workspace=overhead)
         return MemoryEstimate(device=device.plus(extra), host=host, phase="learned")
+
+
+def _line(points: list[tuple[int, float, int]], micro_batch: int) -> float:
+    """Held bytes at ``micro_batch`` on the least-squares line through (micro-batch, bytes)
+    (through the origin when one micro-batch was seen); never negative."""
+    xs = [float(p[0]) for p in points]
+    ys = [p[1] for p in points]
+    if len(set(xs)) < 2:
+        return max(0.0, sum(ys) / sum(xs) * micro_batch)
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs
+    )
+    slope = max(0.0, slope)
+    return max(0.0, mean_y + slope * (micro_batch - mean_x))

@@ -5,10 +5,12 @@ runs ``autotune run --script SCRIPT --sampler grid`` over a small space (every c
 probed once, in the space's order; nothing is pruned under the default limit) and reads the
 study back:
 
-- **sequential**: the prediction each trial recorded when it was proposed, from the probes
-  before it, which is what a study acts on (``None`` until the model has seen the
-  candidate's shape);
+- **sequential**: each probe predicted from the probes before it, in the study's order,
+  which is what a study acts on (none until the model has seen the candidate's shape);
 - **leave-one-out**: each probe predicted from every other probe's reports.
+
+The JSON keeps what each probe reported, so ``--report FILE`` re-predicts the peaks of an
+earlier run with the current model (no probes).
 
 Reproduce:
     python benchmarks/script_memory_accuracy.py --out benchmarks/data/script_memory_accuracy.json
@@ -75,12 +77,12 @@ def run_study(name: str, workdir: Path) -> Path:
 
 
 def collect(name: str, database: Path) -> list[dict[str, Any]]:
-    """Per probe: candidate, measured peak, the recorded (sequential) prediction and the
-    leave-one-out one."""
+    """Per measured probe, in trial order: the candidate, what its ranks reported (model,
+    forward activations), its measured peak and the prediction its trial recorded."""
     import optuna
 
     from autotune import records
-    from autotune.script_memory import ScriptMemoryModel, read_probe
+    from autotune.script_memory import read_probe
 
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{database}")
     probes = []
@@ -88,21 +90,45 @@ def collect(name: str, database: Path) -> list[dict[str, Any]]:
         if not trial.is_evaluation or trial.status != "ok":
             continue
         model, activations = read_probe(trial.record.trial_dir)
-        probes.append((trial, model, activations))
-    rows = []
-    for index, (trial, _, _) in enumerate(probes):
-        others = ScriptMemoryModel("cpu")
-        for other, model, activations in probes[:index] + probes[index + 1 :]:
-            others.learn_probe(other.candidate, "ok", model, activations, other.record.peak_bytes)
-        loo = others.predict(trial.candidate)
-        rows.append(
+        probes.append(
             {
                 "label": trial.label,
+                "candidate": trial.candidate.model_dump(mode="json"),
+                "model": model.model_dump() if model is not None else None,
+                "activations": activations,
                 "measured": trial.record.peak_bytes,
-                "sequential": trial.record.predicted_peak_bytes,
-                "leave_one_out": loo.tracked_bytes("cpu") if loo is not None else None,
+                "recorded": trial.record.predicted_peak_bytes,
             }
         )
+    return probes
+
+
+def predict(probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each probe predicted by the current model: from the probes before it (sequential,
+    as a study sees them) and from all the others (leave-one-out)."""
+    from autotune.candidate import Candidate
+    from autotune.protocol import ModelInfo
+    from autotune.script_memory import ScriptMemoryModel
+
+    def learned(subset: list[dict[str, Any]]) -> ScriptMemoryModel:
+        model = ScriptMemoryModel("cpu")
+        for probe in subset:
+            info = ModelInfo.model_validate(probe["model"]) if probe["model"] else None
+            candidate = Candidate.model_validate(probe["candidate"])
+            model.learn_probe(candidate, "ok", info, probe["activations"], probe["measured"])
+        return model
+
+    rows = []
+    for index, probe in enumerate(probes):
+        candidate = Candidate.model_validate(probe["candidate"])
+        row = {"label": probe["label"], "measured": probe["measured"]}
+        for key, subset in (
+            ("sequential", probes[:index]),
+            ("leave_one_out", probes[:index] + probes[index + 1 :]),
+        ):
+            estimate = learned(subset).predict(candidate)
+            row[key] = estimate.tracked_bytes("cpu") if estimate is not None else None
+        rows.append(row)
     return rows
 
 
@@ -120,7 +146,8 @@ def summary(rows: list[dict[str, Any]], key: str) -> str:
 
 
 def report(data: dict[str, Any]) -> None:
-    for name, rows in data["scripts"].items():
+    for name, probes in data["scripts"].items():
+        rows = predict(probes)
         print(f"\n{name}: {summary(rows, 'sequential')}; {summary(rows, 'leave_one_out')}\n")
         print("| probe | measured MiB | sequential | leave-one-out |")
         print("|---|---|---|---|")
