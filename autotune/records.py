@@ -363,17 +363,15 @@ def record_running_duplicate(
     study.tell(trial, state=TrialState.FAIL)
 
 
-def record_interrupted(study: optuna.Study, trial: optuna.Trial, record: TrialRecord) -> None:
-    """A probe the run stopped (Ctrl-C, a lost lock): FAIL, probed again on continue."""
+def record_interrupted(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    record: TrialRecord,
+    why: str = "interrupted: the run was stopped during the probe",
+) -> None:
+    """A probe stopped by something other than its candidate (Ctrl-C, a lost lock, its node
+    leaving the cluster): FAIL with status interrupted, so the candidate is probed again."""
     from optuna.trial import TrialState
 
-    write(
-        trial,
-        record.model_copy(
-            update={
-                "status": "interrupted",
-                "error": "interrupted: the run was stopped during the probe",
-            }
-        ),
-    )
+    write(trial, record.model_copy(update={"status": "interrupted", "error": why}))
     study.tell(trial, state=TrialState.FAIL)

@@ -227,6 +227,20 @@ class Search:
     # -- one result --------------------------------------------------------------------
     def _record(self, job: InFlight, result: ProbeResult) -> None:
         assert job.trial is not None
+        if result.lost_node and job.record.retry_of is None:
+            # the node died, not the candidate: probed again once, elsewhere
+            records.record_interrupted(self.study, job.trial, job.record, result.error)
+            self.session.requeue(job.trial)
+            self.emit(
+                events.ProbeFinished(
+                    job.trial.number,
+                    job.candidate.label,
+                    result,
+                    self.plan.config.vram_limit_bytes,
+                    f"{job.record.trial_dir}/probe.log",
+                )
+            )
+            return
         records.record_probe(self.study, job.trial, job.record, result)
         view = records.view_of(job.trial)
         self.known[job.candidate.key] = view

@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import best, events, records
 from autotune.budget import BudgetClock, ReservePolicy, probe_estimate_s, read_budget
+from autotune.errors import ExecutorError
 from autotune.screen import Limits, MemoryScreen
 
 if TYPE_CHECKING:
     import optuna
 
     from autotune.best import Best
+    from autotune.dispatch import InFlight
     from autotune.executor import Executor
     from autotune.plan import Plan
     from autotune.records import TrialRecord
@@ -173,19 +175,28 @@ class Tuner:
             if summary.stop.kind != "interrupted" and self.plan.settings.confirm:
                 verdict = run_confirmation(search)
                 summary.confirmation = verdict.describe() if verdict else ""
+        except ExecutorError:
+            # the executor is gone (a lost cluster): probes still out are interrupted
+            self._interrupted(session, dispatcher.cancel_all(), summary)
+            raise
         finally:
             stopped = dispatcher.cancel_all()
             dispatcher.close()
             summary.probes = search.counts.probes
             summary.pruned = search.counts.pruned
             summary.duplicates = search.counts.duplicates
+        self._interrupted(session, stopped, summary)
+        if session.stopping:
+            summary.stop = events.SearchStopped("interrupted")
+
+    @staticmethod
+    def _interrupted(session: DriverSession, stopped: list[InFlight], summary: RunSummary) -> None:
+        """Probes the run stopped: recorded interrupted, each queued once more."""
         for job in stopped:
             if job.trial is not None:
                 records.record_interrupted(session.study, job.trial, job.record)
                 session.requeue(job.trial)
                 summary.interrupted.append(job.trial.number)
-        if session.stopping:
-            summary.stop = events.SearchStopped("interrupted")
 
     def _finish(self, study: optuna.Study, summary: RunSummary) -> None:
         """Decide the best (one rule for every output), store it, export it."""

@@ -432,7 +432,7 @@ def use_rule(rule: str) -> None:
     RULE_IN_USE[0] = rule
     if rule == "median+steadier":
         return
-    confirm.STEADIER_RATIO = 0.0  # nobody is steadier: the highest estimate wins
+    confirm.MIN_SPREAD = math.inf  # nobody is steadier: the highest estimate wins
     if rule == "mean":
         summarize = confirm.Contender.summarize
 
