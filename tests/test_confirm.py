@@ -516,3 +516,23 @@ def test_the_tuner_exports_the_steadier_of_two_within_noise(tmp_path) -> None:
     assert verdict is not None and verdict.steadier_over is not None
     text = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
     assert "chose the steadier" in text and "z1 fp32 mb8x1 opt:cpu" in text
+
+
+def test_the_f_quantile_is_close_to_the_tables_and_conservative() -> None:
+    """Paulson's approximation against the F distribution's exact 95% quantiles."""
+    exact = {(3, 3): 9.277, (5, 5): 5.050, (9, 9): 3.179, (3, 9): 3.863, (9, 3): 8.812}
+    for (d1, d2), value in exact.items():
+        approx = confirm.f_quantile(d1, d2)
+        assert value * 0.99 <= approx <= value * 1.07, (d1, d2, approx)
+
+
+def test_chance_spreads_of_a_few_probes_do_not_make_a_contender_steadier() -> None:
+    leader = confirm.Contender(trial=1, label="a", samples_per_s=[100.0, 92.0, 108.0, 95.0])
+    calm = confirm.Contender(trial=2, label="b", samples_per_s=[96.0, 100.0, 94.0, 99.0])
+    for contender in (leader, calm):
+        contender.summarize()
+    # half the spread (a quarter of the variance): what chance gives 4 probes now and then
+    assert not confirm.markedly_steadier(calm, leader)
+    steady = confirm.Contender(trial=3, label="c", samples_per_s=[97.0, 97.2, 96.9, 97.1])
+    steady.summarize()
+    assert confirm.markedly_steadier(steady, leader)
