@@ -148,6 +148,7 @@ class Dispatcher:
             timeout_s=plan.probe_timeout_s,
             threads_per_rank=plan.config.threads_per_rank,
             cwd=cwd,
+            python_path=workload_folders(plan.workload_ref),
             scratch_dir=nvme_dir,  # removed after the probe: swap files fill a disk
         )
 
@@ -161,3 +162,13 @@ class Dispatcher:
 
     def close(self) -> None:
         self.executor.close()
+
+
+def workload_folders(ref: str) -> list[str]:
+    """The folder of a workload given as ``path/to/file.py:function`` (its sibling modules
+    import from there), else none: a ``package.module`` is imported as the driver imports
+    it, from the environment."""
+    location, sep, _ = ref.rpartition(":")
+    if sep and (location.endswith(".py") or "/" in location):
+        return [str(Path(location).resolve().parent)]
+    return []

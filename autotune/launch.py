@@ -39,6 +39,11 @@ class ProbeJob(BaseModel):
     timeout_s: float = Field(description="Hard limit, launch to exit.")
     threads_per_rank: int = Field(description="OMP/MKL threads of each rank, as in production.")
     cwd: str = Field(description="Working directory (the driver's), for user workload paths.")
+    python_path: list[str] = Field(
+        default_factory=list,
+        description="Folders the probe imports user code from (a workload file's folder); "
+        "the working directory is not one of them, so a yaml.py there shadows nothing.",
+    )
     scratch_dir: str | None = Field(
         default=None,
         description="Absolute folder of this probe alone (its NVMe swap files): created before "
@@ -111,7 +116,11 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [job.cwd, env.get("PYTHONPATH")]))
+    # Only what the user named goes on the path: a yaml.py or torch.py in the working folder
+    # must not shadow the real package in every rank (PYTHONSAFEPATH, Python 3.11+, keeps
+    # the interpreter from adding the working folder itself; autotune.probe drops it on 3.10)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*job.python_path, env.get("PYTHONPATH")]))
+    env["PYTHONSAFEPATH"] = "1"
     env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     env["PATH"] = tools_path(env.get("PATH"))  # ops build with this environment's ninja
     if job.spec.accelerator == "cpu":

@@ -388,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     die_with_parent()  # torchrun killed (its driver died): this rank goes too, even if hung
+    # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH);
+    # a yaml.py or torch.py the user keeps there must not shadow the real packages
+    sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
     from autotune.ops import guard_op_loads
 
     guard_op_loads()  # op loads hold a kernel lock; a killed loader's leftover lock is cleared

@@ -311,3 +311,13 @@ def test_a_warm_worker_restarts_unclean_ranks_and_removes_scratch(tmp_path: Path
     finally:
         worker.close()
     assert_no_probe_left()
+
+
+def test_modules_in_the_working_folder_shadow_nothing(tmp_path: Path) -> None:
+    """A user's folder with a yaml.py, torch.py or json.py of its own: the probe's launcher
+    and ranks import the real packages (only a workload file's folder goes on the path)."""
+    for name in ("yaml", "torch", "json", "deepspeed"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('shadowed {name}')\n")
+    result = launch_probe(make_job(tmp_path, timeout_s=240))
+    assert result.status == "ok", result.error + result.log_tail[-2000:]
+    assert "shadowed" not in result.log_tail
