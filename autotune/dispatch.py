@@ -11,6 +11,7 @@ after the probe).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from autotune.protocol import ProbeResult
 
 
-@dataclass
+@dataclass(eq=False)  # one probe is itself: compared and hashed by identity
 class InFlight:
     """A probe submitted and not yet collected."""
 
@@ -51,6 +52,7 @@ class Dispatcher:
         self.executor = executor
         self._fault = fault
         self._inflight: dict[int, InFlight] = {}
+        self._seen: dict[int, tuple[str, int]] = {}  # the last progress read of each probe
 
     @property
     def free_slots(self) -> int:
@@ -85,9 +87,29 @@ class Dispatcher:
 
     def collect(self, timeout_s: float) -> list[tuple[InFlight, ProbeResult]]:
         """Results that arrive within ``timeout_s``, in completion order."""
-        return [
+        done = [
             (self._inflight.pop(ticket), result) for ticket, result in self.executor.wait(timeout_s)
         ]
+        for job, _ in done:
+            self._seen.pop(id(job), None)
+        return done
+
+    def progress(self) -> dict[InFlight, tuple[str, int]]:
+        """(phase, optimizer steps) of each probe in flight whose rank 0 reported a step
+        since the last call."""
+        from autotune.probe_steps import PROGRESS_FILE
+
+        changed = {}
+        for job in self._inflight.values():
+            try:
+                raw = json.loads((Path(job.record.trial_dir) / PROGRESS_FILE).read_text())
+            except (OSError, ValueError):
+                continue
+            reading = (str(raw.get("phase", "")), int(raw.get("steps", 0)))
+            if self._seen.get(id(job)) != reading:
+                self._seen[id(job)] = reading
+                changed[job] = reading
+        return changed
 
     def job(self, candidate: Candidate, trial_dir: Path, stop_below: float) -> ProbeJob:
         from autotune.launch import ProbeJob

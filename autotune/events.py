@@ -85,6 +85,16 @@ class ProbeStarted(Event):
 
 
 @dataclass(frozen=True)
+class ProbeProgress(Event):
+    """How far a running probe is: its optimizer steps so far, in warm-up or timed."""
+
+    trial: int | None
+    label: str
+    phase: str
+    steps: int
+
+
+@dataclass(frozen=True)
 class ProbeFinished(Event):
     trial: int | None
     label: str

@@ -42,6 +42,7 @@ class Running:
     label: str
     step: str
     since: float
+    progress: str = ""  # e.g. "timed step 4", from the probe's rank 0
 
 
 @dataclass
@@ -134,6 +135,12 @@ class RunState:
         self.running[_key(event.trial, event.label)] = Running(
             who, event.label, event.step, self.now()
         )
+
+    @apply.register
+    def _(self, event: events.ProbeProgress) -> None:
+        running = self.running.get(_key(event.trial, event.label))
+        if running is not None:
+            running.progress = f"{event.phase} step {event.steps}"
 
     @apply.register
     def _(self, event: events.ProbeFinished) -> None:
@@ -274,7 +281,8 @@ def _running(state: RunState, probe: Running) -> str:
     if state.probe_estimate_s:
         took += f" (a probe takes ~{state.probe_estimate_s:.0f} s)"
     step = f" [{probe.step}]" if probe.step else ""
-    return f"{probe.who} {probe.label}{step}: {took}"
+    progress = f", {probe.progress}" if probe.progress else ""
+    return f"{probe.who} {probe.label}{step}: {took}{progress}"
 
 
 def _standings(standings: list[events.Standing]) -> Table:

@@ -29,12 +29,12 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune import rank_memory, steps
+from autotune import rank_memory
 from autotune.model_build import _target_dtype, build_model
+from autotune.probe_steps import PROGRESS_FILE, reporting, time_steps, timed_step, warm_up
 from autotune.protocol import ProbeSpec, RankReport
 from autotune.rank_memory import classify_failure, dismantle, leak_tolerance_bytes
 
@@ -110,7 +110,13 @@ def _device(spec: ProbeSpec) -> Any:
     return torch.device("cpu")
 
 
-def run_rank(spec: ProbeSpec, report: RankReport, started: float, device: Any) -> None:
+def run_rank(
+    spec: ProbeSpec,
+    report: RankReport,
+    started: float,
+    device: Any,
+    progress_file: Path | None = None,
+) -> None:
     """Build, initialise, warm up, time; fill ``report``. Every reference to the engine lives
     in this frame (helpers hold it only while they run) and is gone when it returns, so the
     caller's collection frees it."""
@@ -137,9 +143,11 @@ def run_rank(spec: ProbeSpec, report: RankReport, started: float, device: Any) -
         report.init_s = time.perf_counter() - started
         batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
         _inject(spec.fault, rank, world_size)
-        step = functools.partial(_timed_step, engine, workload, batch, candidate, device)
-        warmup_skipped = _warm_up(step, spec, report)
-    timed_skipped = _time_steps(step, spec, report)
+        step = functools.partial(timed_step, engine, workload, batch, candidate, device)
+        if progress_file is not None and rank == 0:
+            step = reporting(step, report, progress_file)
+        warmup_skipped = warm_up(step, spec, report)
+    timed_skipped = time_steps(step, spec, report)
     report.skipped_steps = warmup_skipped + timed_skipped
     if not report.step_times_s:
         raise RuntimeError(
@@ -208,46 +216,6 @@ def _keep_alive(model: Any, spec: ProbeSpec, device: Any) -> None:
     _KEPT_BY_FAULT.extend([model, held.to(device)])
 
 
-def _warm_up(step: Callable[[], tuple[float, bool]], spec: ProbeSpec, report: RankReport) -> int:
-    """Untimed steps until step time settles (skipped fp16 steps extend it); the number
-    of steps the loss scaler skipped."""
-    started = time.perf_counter()
-    max_warmup = spec.max_warmup_steps or spec.warmup_steps
-    skipped: list[bool] = []
-    while not steps.warmup_done(report.warmup_step_times_s, skipped, spec.warmup_steps, max_warmup):
-        step_time, was_skipped = step()
-        report.warmup_step_times_s.append(step_time)
-        skipped.append(was_skipped)
-    report.warmup_s = time.perf_counter() - started
-    return sum(skipped)
-
-
-def _time_steps(step: Callable[[], tuple[float, bool]], spec: ProbeSpec, report: RankReport) -> int:
-    """Timed steps until the interval is tight, a cap, or clearly slower than the best; the
-    number of steps the loss scaler skipped (not timed). Adaptive length and early stop
-    decide on the agreed (slowest-rank) times, so all ranks stop after the same step."""
-    max_timed = spec.max_timed_steps or spec.timed_steps
-    skipped = 0
-    while not steps.timing_done(
-        report.step_times_s,
-        skipped,
-        min_steps=spec.timed_steps,
-        max_steps=max_timed,
-        target=spec.target_spread,
-        max_s=spec.max_timed_s,
-    ):
-        step_time, was_skipped = step()
-        if was_skipped:
-            skipped += 1
-            continue
-        report.step_times_s.append(step_time)
-        samples = spec.candidate.train_batch_size
-        if steps.clearly_slower(report.step_times_s, samples, spec.stop_below_samples_per_s):
-            report.stopped_early = True
-            break
-    return skipped
-
-
 def _record_peaks(report: RankReport, tracker: Any, device: Any, overhead: int) -> None:
     import torch
 
@@ -259,38 +227,6 @@ def _record_peaks(report: RankReport, tracker: Any, device: Any, overhead: int) 
     report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
     # What the device had to provide: the allocator's reserve plus what lies outside it.
     report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device)) + overhead
-
-
-def _timed_step(
-    engine: Any, workload: Any, batch: Any, candidate: Any, device: Any
-) -> tuple[float, bool]:
-    """One optimizer step's time, the slowest rank's, and whether any rank's fp16 loss
-    scaler skipped it (all ranks get the same answer)."""
-    import torch
-    import torch.distributed as dist
-
-    cuda = device.type == "cuda"
-    skipped_before = int(getattr(engine, "skipped_steps", 0))
-    if cuda:
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    _optimizer_step(engine, workload, batch, candidate.gradient_accumulation_steps)
-    if cuda:
-        torch.cuda.synchronize(device)
-    elapsed = time.perf_counter() - started
-    skipped = int(getattr(engine, "skipped_steps", 0)) > skipped_before
-    agreed = torch.tensor([elapsed, float(skipped)], device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    return float(agreed[0].item()), bool(agreed[1].item() > 0)
-
-
-def _optimizer_step(engine: Any, workload: Any, batch: Any, accumulation_steps: int) -> None:
-    # DeepSpeed wants step() after every backward; it steps the optimizer at the boundary.
-    for _ in range(accumulation_steps):
-        loss = workload.loss(engine, batch)
-        engine.backward(loss)
-        engine.step()
 
 
 def _write_report(report: RankReport, directory: Path) -> None:
@@ -323,7 +259,7 @@ def probe_spec(spec_path: Path, started: float) -> None:
         report.leaked_bytes = rank_memory.leaked_bytes(device)
         report.pinned_host_bytes_at_start = rank_memory.pinned_host_bytes(device)
         if report.leaked_bytes <= tolerance:
-            run_rank(spec, report, started, device)
+            run_rank(spec, report, started, device, spec_path.parent / PROGRESS_FILE)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
         report.status, report.error = classify_failure(exc)
         if report.status == "error":

@@ -108,7 +108,7 @@ class Search:
                     self._step()
             if not self.dispatcher.inflight or self.session.stopping:
                 break
-            for job, result in self.dispatcher.collect(POLL_S):
+            for job, result in self.collect():
                 self._record(job, result)
         if self.session.stopping:
             return events.SearchStopped("interrupted")
@@ -303,11 +303,18 @@ class Search:
             return events.SearchStopped("exhausted")
         return None
 
+    def collect(self) -> list[tuple[InFlight, ProbeResult]]:
+        """Results that arrive within a poll; how far the others are goes out as events."""
+        done = self.dispatcher.collect(POLL_S)
+        for job, (phase, steps) in self.dispatcher.progress().items():
+            self.emit(events.ProbeProgress(job.number, job.candidate.label, phase, steps))
+        return done
+
     def wait_for(self, job: InFlight) -> ProbeResult | None:
         """Block until ``job`` is back (None if the run is stopping first); other results
         that arrive meanwhile are recorded."""
         while not self.session.stopping:
-            for done, result in self.dispatcher.collect(POLL_S):
+            for done, result in self.collect():
                 if done is job:
                     return result
                 self._record(done, result)

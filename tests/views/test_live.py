@@ -58,6 +58,7 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
         events.CandidatePruned(8, "z1 fp32 mb8x1", "predicted over"),
         events.BudgetUpdated(140.0, 600.0, 60.0, 9.0),
         events.ProbeStarted(9, "z0 fp32 mb2x4 ckpt"),
+        events.ProbeProgress(9, "z0 fp32 mb2x4 ckpt", "warm-up", 2),
     ):
         state.apply(event)
     assert (state.done, state.infeasible, state.stopped_early, state.failed) == (5, 2, 1, 1)
@@ -68,7 +69,7 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
     assert "2m20s of 10m, 7m40s left (1m kept for the confirmation round)" in screen
     assert "5 done · 1 running · 2 infeasible · 1 stopped early · 1 failed" in screen
     assert "7 left out by the memory model · 1 ruled out without a probe" in screen
-    assert "trial 9 z0 fp32 mb2x4 ckpt: 0 s (a probe takes ~9 s)" in screen
+    assert "trial 9 z0 fp32 mb2x4 ckpt: 0 s (a probe takes ~9 s), warm-up step 2" in screen
     assert re.search(r"trial 3 z0 fp32 mb4x2: 80\.0 ±\d+\.\d samples/s", screen)
 
     state.apply(events.SearchStopped("budget", spent_s=500, total_s=600, reserve_s=60))
@@ -112,6 +113,8 @@ def test_live_view_on_a_terminal(real_study: RealStudy) -> None:
     # while a probe runs: the budget bar, the counts, the probe, and the best so far
     running = [s for s in searching if re.search(r"now\s+trial \d+ z0 fp32", s)]
     assert running, searching[-1]
+    # and how far that probe is, from its rank 0
+    assert any(re.search(r"(warm-up|timed) step \d+", s) for s in running), running[-1]
     screen = running[-1]
     assert re.search(r"budget\s+━+", screen) and " left" in screen
     assert re.search(r"probes\s+\d+ done · 1 running · \d+ infeasible", screen)
