@@ -113,8 +113,11 @@ def cluster_hardware(address: str) -> Hardware:
             "them?)"
         )
     hardware: Hardware = ray.get(ref)
-    total = gpus or sum(node_offer(ray, CPU_RANK_RESOURCE).values())
-    return hardware.model_copy(update={"device_count": total})
+    offer = node_offer(ray, "GPU" if gpus else CPU_RANK_RESOURCE)
+    total = gpus or sum(offer.values())
+    return hardware.model_copy(
+        update={"device_count": total, "devices_per_node": max(offer.values(), default=1)}
+    )
 
 
 def _check_reachable(address: str) -> None:

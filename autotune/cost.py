@@ -39,14 +39,19 @@ if TYPE_CHECKING:
 
 # Nominal rates; calibration corrects them, they only need the right order of magnitude.
 _FLOPS = {  # per rank per second
-    ("cuda", "fp32"): 20e12,  # TF32 tensor cores, sustained
+    ("cuda", "fp32"): 20e12,  # IEEE fp32 (PyTorch's default matmul precision), A100-class
     ("cuda", "bf16"): 150e12,
     ("cuda", "fp16"): 150e12,
     ("cpu", "fp32"): 4e9,  # per thread
     ("cpu", "bf16"): 0.5e9,  # per thread, AVX2 without native bf16 (measured ~10x slower)
     ("cpu", "fp16"): 0.5e9,
 }
+_TF32_FLOPS = 75e12  # fp32 matmuls on TF32 tensor cores (--tf32), about half of bf16's
 _LINK_BYTES_S = {"cuda": 50e9, "cpu": 1e9}  # collective bandwidth per rank (NVLink / gloo)
+# A probe spanning nodes: a ring collective runs at its slowest link (Patarasuk and Yuan,
+# "Bandwidth optimal all-reduce algorithms for clusters of workstations", 2009), the network
+# between nodes (e.g. 200 Gb/s InfiniBand per GPU; on CPU nodes what gloo gets over TCP).
+_INTER_NODE_BYTES_S = {"cuda": 25e9, "cpu": 0.5e9}
 _MICRO_STEP_S = {"cuda": 0.005, "cpu": 0.01}
 _DEVICE_OPTIM_PARAMS_S = {"cuda": 2e10, "cpu": 2e8}  # Adam updates per second per rank
 _CPU_ADAM_PARAMS_S = 5e8  # DeepSpeed's vectorised CPU Adam, per node
@@ -131,9 +136,13 @@ def terms(
     accelerator: str,
     threads: int,
     compute_scale: dict[str, float] | None = None,
+    *,
+    nodes: int = 1,
+    tf32: bool = False,
 ) -> dict:
     """Each term's seconds per optimizer step at nominal rates (weights 1); ``compute_scale``
-    multiplies a precision's nominal compute rate (this machine's measured ratio)."""
+    multiplies a precision's nominal compute rate (this machine's measured ratio); ``nodes``:
+    the nodes one probe's ranks span; ``tf32``: fp32 matmuls on TF32 tensor cores."""
     psi = float(facts.params)
     mb, gas, dp = (
         candidate.micro_batch_size,
@@ -144,11 +153,15 @@ def terms(
     width = 4.0 if candidate.precision == "fp32" else 2.0
     flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
     rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
+    if tf32 and accelerator == "cuda" and candidate.precision == "fp32":
+        rate = _TF32_FLOPS
     rate *= (compute_scale or {}).get(candidate.precision, 1.0)
     flops_params = float(facts.compute_params)
     compute = flops_per_token * flops_params * facts.tokens_per_sample * mb * gas / rate
     share = (dp - 1) / dp if dp > 1 else 0.0
     link = _LINK_BYTES_S[accelerator]
+    if nodes > 1:
+        link = min(link, _INTER_NODE_BYTES_S[accelerator])
     if stage == 0:
         elements = 2 * share * psi
     elif stage == 1:
@@ -193,16 +206,29 @@ class CostModel:
         accelerator: str,
         threads: int = 1,
         compute_scale: dict[str, float] | None = None,
+        *,
+        nodes: int = 1,
+        tf32: bool = False,
     ) -> None:
         self.facts = facts
         self.accelerator = accelerator
         self.threads = max(1, threads)
         self.compute_scale = dict(compute_scale or {})
+        self.nodes = max(1, nodes)
+        self.tf32 = tf32
         self.weights = dict.fromkeys(TERMS, 1.0)
         self.observations = 0
 
     def terms(self, candidate: Candidate) -> dict[str, float]:
-        return terms(candidate, self.facts, self.accelerator, self.threads, self.compute_scale)
+        return terms(
+            candidate,
+            self.facts,
+            self.accelerator,
+            self.threads,
+            self.compute_scale,
+            nodes=self.nodes,
+            tf32=self.tf32,
+        )
 
     def step_time_s(self, candidate: Candidate) -> float:
         values = self.terms(candidate)

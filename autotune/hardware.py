@@ -30,12 +30,30 @@ class Hardware(BaseModel):
     host_memory_bytes: int = Field(description="Physical RAM of this machine.")
     cpu_count: int = Field(description="CPU cores available to this process.")
     precisions: tuple[str, ...] = Field(description="Precisions DeepSpeed accepts here.")
+    devices_per_node: int | None = Field(
+        default=None,
+        description="Devices of the largest node when probes run on a Ray cluster (then "
+        "device_count is the cluster's); None: one machine, device_count.",
+    )
+
+    @property
+    def node_devices(self) -> int:
+        """Devices one node offers: what its host RAM, cores and links are shared by."""
+        return self.devices_per_node or self.device_count
+
+    def ranks_on_node(self, ranks: int) -> int:
+        """Of ``ranks`` ranks, how many share one node (its RAM and cores)."""
+        return max(1, min(ranks, self.node_devices))
+
+    def nodes_spanned(self, ranks: int) -> int:
+        """Nodes a probe of ``ranks`` ranks spans, packed onto the fewest."""
+        return max(1, -(-ranks // self.node_devices))
 
     def default_vram_limit_bytes(self, ranks: int) -> int:
-        """``--vram auto``: a device's memory, or on CPU the RAM shared by all ranks."""
+        """``--vram auto``: a device's memory, or on CPU the RAM shared by a node's ranks."""
         if self.accelerator == "cuda":
             return self.device_memory_bytes
-        return self.host_memory_bytes // max(ranks, 1)
+        return self.host_memory_bytes // self.ranks_on_node(ranks)
 
     def check_ranks(self, gpus: int) -> None:
         """Refuse more devices (or CPU ranks) than the machine has."""
@@ -50,9 +68,10 @@ class Hardware(BaseModel):
                 f"{self.cpu_count} CPU cores; pass --gpus {self.cpu_count} or fewer"
             )
 
-    def threads_per_rank(self, ranks_on_node: int) -> int:
-        """Intra-op threads a rank gets in production: the node's cores split evenly."""
-        return max(1, self.cpu_count // max(ranks_on_node, 1))
+    def threads_per_rank(self, ranks: int) -> int:
+        """Intra-op threads a rank gets in production: a node's cores split evenly among
+        the ranks on that node."""
+        return max(1, self.cpu_count // self.ranks_on_node(ranks))
 
     def describe(self, ranks: int) -> str:
         """One line for the user, e.g. for the start of ``autotune run``."""

@@ -83,7 +83,7 @@ class Tuner:
                 vram_limit_bytes=plan.config.vram_limit_bytes,
                 margin=settings.memory_margin,
                 host_ram_bytes=settings.host_ram_bytes or plan.hardware.host_memory_bytes,
-                ranks_per_node=settings.gpus,
+                ranks_per_node=plan.hardware.ranks_on_node(settings.gpus),
             ),
             base_config=plan.config.base_config,
             use_model=settings.prune,
@@ -249,7 +249,14 @@ class Tuner:
             flops = measure_cpu_matmul_flops(measured, threads)
             scale = compute_scale_from(flops)
             self.emit(events.CostModelCalibrated(threads, flops))
-        return CostModel(facts, hardware.accelerator, threads=threads, compute_scale=scale)
+        return CostModel(
+            facts,
+            hardware.accelerator,
+            threads=threads,
+            compute_scale=scale,
+            nodes=hardware.nodes_spanned(plan.config.gpus_per_trial),
+            tf32=plan.config.float32_matmul_precision == "high",
+        )
 
     def _report_screened(self, study: optuna.Study, evaluated: set[str]) -> int:
         """With autotune's sampler, candidates the memory model rules out are never
