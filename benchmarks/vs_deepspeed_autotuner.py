@@ -26,8 +26,18 @@ Reproduce:
         --out benchmarks/data/vs_deepspeed_autotuner.json
     python benchmarks/vs_deepspeed_autotuner.py --report benchmarks/data/vs_deepspeed_autotuner.json
 
-Targets (issue 7): autotune's pick >= 0.97 of the grid's best in every repeat, in no more
-wall time than DeepSpeed's autotuner.
+With ``--script``, autotune tunes the same unmodified script DeepSpeed's autotuner runs
+(``autotune run --script benchmarks/ds_autotuner_train.py -- --workload gpt-tiny
+--deepspeed_config CONFIG``, CONFIG being DeepSpeed's config without its ``autotuning``
+section): every probe is a launch of the script, as each of DeepSpeed's experiments is.
+"per probe" is a probe's mean wall time (autotune: launch to result; DeepSpeed: its wall
+over its experiments), "overhead" what of it was not timed steps.
+
+    python benchmarks/vs_deepspeed_autotuner.py --script --repeats 2 --budget-fraction 0.9 \
+        --out benchmarks/data/vs_deepspeed_autotuner_script.json
+
+Targets (issues 7 and 13): autotune's pick >= 0.97 of the grid's best in every repeat, in no
+more wall time than DeepSpeed's autotuner.
 """
 
 from __future__ import annotations
@@ -147,21 +157,36 @@ def run_deepspeed_autotuner(workdir: Path) -> dict[str, Any]:
     }
 
 
-def run_autotune(workdir: Path, space: str, budget_s: float, seed: int) -> dict[str, Any]:
-    """``autotune run`` as a user types it; its pick (the exported trial) and cost."""
+def user_config(workdir: Path) -> Path:
+    """The config the user's script trains with: DeepSpeed's autotuner's, without its
+    ``autotuning`` section (which would make the engine exit after its profiled steps)."""
+    config = json.loads((workdir / "ds_config.json").read_text())
+    config.pop("autotuning", None)
+    path = workdir / "user_ds_config.json"
+    path.write_text(json.dumps(config, indent=2))
+    return path
+
+
+def run_autotune(
+    workdir: Path, space: str, budget_s: float, seed: int, script_config: Path | None = None
+) -> dict[str, Any]:
+    """``autotune run`` as a user types it (with ``script_config``: on the same unmodified
+    script DeepSpeed's autotuner ran, ``--script``); its pick (the exported trial) and cost."""
     import optuna
 
-    from autotune.export import best_trial
+    from autotune import best, confirm, records
 
     workdir.mkdir(parents=True)
     storage = f"sqlite:///{workdir / 'autotune.db'}"
+    source = ["--workload", WORKLOAD]
+    if script_config is not None:
+        source = ["--script", str(HERE / "ds_autotuner_train.py")]
     command = [
         sys.executable,
         "-m",
         "autotune.cli",
         "run",
-        "--workload",
-        WORKLOAD,
+        *source,
         "--gpus",
         str(RANKS),
         "--global-batch",
@@ -177,6 +202,9 @@ def run_autotune(workdir: Path, space: str, budget_s: float, seed: int) -> dict[
         "--storage",
         storage,
     ]
+    if script_config is not None:  # no Ray: each probe is a launch of the script anyway
+        command += ["--executor", "local", "--", "--workload", WORKLOAD]
+        command += ["--deepspeed_config", str(script_config)]
     started = time.monotonic()
     with open(workdir / "autotune.log", "wb") as log:
         returncode = subprocess.run(
@@ -187,15 +215,23 @@ def run_autotune(workdir: Path, space: str, budget_s: float, seed: int) -> dict[
         tail = (workdir / "autotune.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"autotune run failed (exit {returncode}):\n{tail}")
     study = optuna.load_study(study_name="vs-ds", storage=storage)
-    best = best_trial(study)
-    if best is None:
+    trials = records.views(study)
+    decided = best.decide_best(trials, confirm.load(study))
+    if decided is None:
         raise SystemExit(f"autotune run found no feasible config; see {workdir}/autotune.log")
-    probes = [t for t in study.get_trials(deepcopy=False) if "probe_wall_s" in t.user_attrs]
+    probed = [t.record for t in trials if t.record.probe_wall_s is not None]
+    verdict = confirm.load(study)
+    reprobes = sum(len(c.samples_per_s) - 1 for c in verdict.contenders) if verdict else 0
+    mode = "--script" if script_config is not None else "workload"
     return {
-        "tuner": f"autotune ({Path(space).stem})",
+        "tuner": f"autotune {mode} ({Path(space).stem})",
         "wall_s": wall_s,
-        "probes": len(probes),
-        "candidate": best.user_attrs["candidate"],
+        "probes": len(probed) + reprobes,
+        "probe_wall_s": statistics.mean(r.probe_wall_s or 0.0 for r in probed),
+        "probe_overhead_s": statistics.mean(
+            (r.probe_wall_s or 0.0) - r.probe_timed_s for r in probed
+        ),
+        "candidate": trials[decided.trial].candidate.model_dump(mode="json"),
     }
 
 
@@ -259,15 +295,21 @@ def report(data: dict[str, Any]) -> None:
         f"({data['rounds']} interleaved rounds); autotune's budget: "
         f"{data.get('budget_fraction', 1.0):g} x DeepSpeed's wall time of the same repeat\n"
     )
-    print("| repeat | tuner | wall | probes | pick | samples/s (min..max) | of best |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| repeat | tuner | wall | probes | per probe (overhead) | pick | samples/s (min..max) "
+        "| of best |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for run in data["runs"]:
         key = Candidate.model_validate(run["candidate"]).key
         rates = measured[key]["samples_per_s"]
         spread = f"{min(rates):.2f}..{max(rates):.2f}" if rates else "-"
+        per_probe = run.get("probe_wall_s", run["wall_s"] / max(run["probes"], 1))
+        overhead = run.get("probe_overhead_s")
+        cost = f"{per_probe:.0f} s" + (f" ({overhead:.0f} s)" if overhead is not None else "")
         print(
             f"| {run['repeat']} | {run['tuner']} | {run['wall_s']:.0f} s | {run['probes']} | "
-            f"{measured[key]['label']} | {measured[key]['median']:.2f} ({spread}) | "
+            f"{cost} | {measured[key]['label']} | {measured[key]['median']:.2f} ({spread}) | "
             f"{measured[key]['median'] / best:.3f} |"
         )
     print("\ngrid, by the common harness:\n")
@@ -289,6 +331,12 @@ def main() -> int:
         "--no-full-space", action="store_true", help="skip autotune on its full space"
     )
     parser.add_argument(
+        "--script",
+        action="store_true",
+        help="autotune tunes the same unmodified script DeepSpeed's autotuner runs "
+        "(autotune run --script benchmarks/ds_autotuner_train.py -- ...)",
+    )
+    parser.add_argument(
         "--budget-fraction",
         type=float,
         default=1.0,
@@ -303,8 +351,9 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="autotune-vs-ds-"))
     runs: list[dict[str, Any]] = []
     for repeat in range(1, args.repeats + 1):
+        load = os.getloadavg()[0]  # other work on the machine, for the record
         ds = run_deepspeed_autotuner(scratch / f"r{repeat}-deepspeed")
-        runs.append({"repeat": repeat, **ds})
+        runs.append({"repeat": repeat, "load_before": load, **ds})
         print(
             f"repeat {repeat}: deepspeed {ds['wall_s']:.0f} s, {ds['probes']} experiments, "
             f"pick {ds['candidate']}",
@@ -314,8 +363,13 @@ def main() -> int:
         for space in spaces:
             name = Path(space).stem
             budget_s = ds["wall_s"] * min(1.0, args.budget_fraction)
-            at = run_autotune(scratch / f"r{repeat}-{name}", space, budget_s, seed=repeat)
-            runs.append({"repeat": repeat, **at})
+            script_config = user_config(scratch / f"r{repeat}-deepspeed") if args.script else None
+            load = os.getloadavg()[0]
+            at = run_autotune(
+                scratch / f"r{repeat}-{name}", space, budget_s, seed=repeat,
+                script_config=script_config,
+            )  # fmt: skip
+            runs.append({"repeat": repeat, "load_before": load, **at})
             print(
                 f"repeat {repeat}: {at['tuner']} {at['wall_s']:.0f} s, {at['probes']} probes, "
                 f"pick {at['candidate']}",
@@ -330,6 +384,7 @@ def main() -> int:
         "threads_per_rank": _threads_per_rank(),
         "rounds": args.rounds,
         "budget_fraction": min(1.0, args.budget_fraction),
+        "script": args.script,
         "runs": runs,
         "grid": grid_candidates,
         "harness": measured,
