@@ -58,7 +58,14 @@ class _Slot:
         if self.worker is not None and job.spec.script is None:
             return self.worker.run(job)
         self._cancel.clear()
-        return launch_probe(job, self.visible_devices, self._cancel)
+        result = launch_probe(job, self.visible_devices, self._cancel)
+        if self._cancel.is_set():
+            return ProbeResult(status="error", error="cancelled: the run was interrupted")
+        if job.spec.script is not None:  # what the script's ranks could not say themselves
+            from autotune.script_outcome import explain
+
+            return explain(job, result)
+        return result
 
     def cancel(self) -> None:
         self._cancel.set()

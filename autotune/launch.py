@@ -317,12 +317,6 @@ def _launch(
             log_tail=log_tail,
         )
         result.cold_start = index == 0
-        if cancel is not None and cancel.is_set():
-            result = ProbeResult(status="error", error="cancelled: the run was interrupted")
-        elif job.spec.script is not None:
-            from autotune.script_outcome import explain
-
-            result = explain(job, result)
         results.append(result)
     return results, 0
 
@@ -330,12 +324,9 @@ def _launch(
 def _wait(
     process: subprocess.Popen[bytes], timeout_s: float, cancel: threading.Event | None
 ) -> int:
-    """The exit code; TimeoutExpired after ``timeout_s`` or once ``cancel`` is set (the
-    caller kills the group either way)."""
-    if cancel is None:
-        return process.wait(timeout=timeout_s)
+    """The exit code; TimeoutExpired after ``timeout_s`` or once ``cancel`` is set."""
     deadline = time.perf_counter() + timeout_s
-    while not cancel.is_set() and time.perf_counter() < deadline:
+    while not (cancel and cancel.is_set()) and time.perf_counter() < deadline:
         with contextlib.suppress(subprocess.TimeoutExpired):
             return process.wait(timeout=0.2)
     raise subprocess.TimeoutExpired(process.args, timeout_s)

@@ -27,6 +27,7 @@ Fault = Literal["none", "oom", "error", "crash", "hang", "leak"]
 # torch.set_float32_matmul_precision: "highest" is PyTorch's default (no TF32 on CUDA);
 # "high" lets fp32 matmuls use TF32 on Ampere and later, "medium" bf16.
 Float32MatmulPrecision = Literal["highest", "high", "medium"]
+PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3's default stage3_param_persistence_threshold
 
 
 class ScriptRun(BaseModel):
@@ -63,6 +64,22 @@ class ModelInfo(BaseModel):
     )
     dtype: str = Field(description="Dtype of the floating-point parameters as handed over.")
     module: str = Field(default="", description="Class name of the model.")
+
+    @classmethod
+    def of(cls, model: Any) -> ModelInfo:
+        """``model``'s counts as DeepSpeed's estimators count them: shared tensors once, a
+        ZeRO-3 partitioned parameter by its full size (``ds_numel``)."""
+        unique = {id(p): p for p in model.parameters()}.values()
+        sizes = [(int(getattr(p, "ds_numel", p.numel())), p) for p in unique]
+        floating = next((p for _, p in sizes if p.is_floating_point()), None)
+        return cls(
+            params=sum(n for n, _ in sizes),
+            trainable_params=sum(n for n, p in sizes if p.requires_grad),
+            largest_param=max((n for n, _ in sizes), default=0),
+            small_params=sum(n for n, _ in sizes if n < PERSISTENCE_THRESHOLD),
+            dtype=str(floating.dtype).removeprefix("torch.") if floating is not None else "",
+            module=type(model).__name__,
+        )
 
 
 class ProbeSpec(BaseModel):

@@ -52,7 +52,6 @@ from autotune.protocol import ModelInfo, ProbeSpec, RankReport
 from autotune.rank_memory import classify_failure
 
 INITIALIZED_MARKER = "initialized-rank-{rank}"  # written when the script reaches initialize
-PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3's default stage3_param_persistence_threshold
 
 
 class ScriptProbe:
@@ -100,7 +99,7 @@ class ScriptProbe:
         arguments.pop("config_params", None)
         Path(self.spec_path.parent, INITIALIZED_MARKER.format(rank=self.rank)).touch()
         if model is not None:
-            self.report.model = describe_model(model)
+            self.report.model = ModelInfo.of(model)
         self._start_tracking(model)
         engine, *rest = original(**arguments)
         self.report.init_s = time.perf_counter() - self.started
@@ -127,7 +126,7 @@ class ScriptProbe:
 
     def config_for(self, base: dict[str, Any], model: Any) -> dict[str, Any]:
         """The candidate's tuned keys over the config the script passed."""
-        largest = describe_model(model).largest_param if model is not None else None
+        largest = ModelInfo.of(model).largest_param if model is not None else None
         config = self.spec.candidate.to_ds_config(
             base, nvme_path=self.script.nvme_path, largest_param_numel=largest
         )
@@ -340,22 +339,6 @@ class BatchMismatch(RuntimeError):
     """The script's micro-batch is not the candidate's."""
 
 
-def describe_model(model: Any) -> ModelInfo:
-    """Parameter counts of ``model`` as DeepSpeed's estimators count them (shared tensors
-    once; ZeRO-3 partitioned parameters by their full size)."""
-    unique = {id(p): p for p in model.parameters()}.values()
-    sizes = [(int(getattr(p, "ds_numel", p.numel())), p) for p in unique]
-    floating = next((p for _, p in sizes if p.is_floating_point()), None)
-    return ModelInfo(
-        params=sum(n for n, _ in sizes),
-        trainable_params=sum(n for n, p in sizes if p.requires_grad),
-        largest_param=max((n for n, _ in sizes), default=0),
-        small_params=sum(n for n, _ in sizes if n < PERSISTENCE_THRESHOLD),
-        dtype=str(floating.dtype).removeprefix("torch.") if floating is not None else "",
-        module=type(model).__name__,
-    )
-
-
 def _write_json(path: Path, data: Any) -> None:
     import json
 
@@ -405,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     die_with_parent()  # torchrun killed (its driver died): this rank goes too, even if hung
+    # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH):
+    # the script's folder goes there instead, as `python train.py` has it
+    sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
     from autotune.ops import guard_op_loads
 
     guard_op_loads()
