@@ -213,6 +213,10 @@ class RunFlags(BaseModel):
             )
         if self.study is not None:
             check_study_name(self.study, flag="--study")
+        if self.ray_address is not None:
+            from autotune.cluster import check_ray_address
+
+            check_ray_address(self.ray_address, self.executor)
         if self.workload is not None and self.script is not None:
             raise SettingsError(
                 f"--workload {self.workload} and --script {self.script}: give one of them (a "
@@ -229,10 +233,6 @@ class RunFlags(BaseModel):
                 f"script arguments ({shown[:80]}) without --script; give --script train.py "
                 "before `--`, or drop the arguments"
             )
-        if self.ray_address is not None:
-            from autotune.cluster import check_ray_address
-
-            check_ray_address(self.ray_address, self.executor)
 
     def stored(self) -> dict[str, Any]:
         """What a study keeps of these flags: per-run ones left out, paths made absolute
