@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -95,6 +96,21 @@ def copy_built_ops(
     return copied
 
 
+def reap_children() -> None:
+    """Undo what ``ray.init`` does to this process: Ray ignores SIGCHLD at the OS level, every
+    child inherits that across exec, and ``Popen.wait`` then gets ECHILD and reports exit
+    code 0 whatever the child returned (a test of an error exit passes or fails by chance;
+    py-cpuinfo inside DeepSpeed's op builder hangs)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+@pytest.fixture(autouse=True)
+def _children_are_reaped() -> Iterator[None]:
+    reap_children()
+    yield
+    reap_children()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     """One local Ray for the whole session (start-up costs ~3 s), with 2 CPU-rank slots."""
@@ -110,6 +126,7 @@ def ray_cluster() -> Iterator[object]:
         include_dashboard=False,
         log_to_driver=False,
     )
+    reap_children()
     yield ray
     ray.shutdown()
 
@@ -119,6 +136,7 @@ def run_cli(
 ) -> subprocess.CompletedProcess[str]:
     """``autotune ARGS`` as a user types it, in ``cwd``."""
     full_env = {**os.environ, **(env or {})}
+    reap_children()
     return subprocess.run(
         [sys.executable, "-m", "autotune.cli", *args],
         cwd=cwd,

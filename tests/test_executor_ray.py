@@ -77,3 +77,11 @@ def test_cancel_kills_the_probe_processes(ray_cluster, tmp_path: Path) -> None:
     finally:
         executor.close()
     assert _wait_no_probe(30) == []
+
+
+def test_a_childs_exit_code_reaches_the_tests_after_ray_starts(ray_cluster) -> None:
+    """ray.init ignores SIGCHLD in this process; the fixtures restore it, else every
+    subprocess a later test runs reports exit code 0 (an error exit would pass unseen)."""
+    import subprocess
+
+    assert subprocess.run(["sh", "-c", "exit 3"], check=False).returncode == 3

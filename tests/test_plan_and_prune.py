@@ -73,7 +73,7 @@ def test_tight_limit_prunes_without_probing(tmp_path: Path) -> None:
     # autotune's sampler never proposes what the memory model rules out, and says so
     first = run_cli("run", *common, *fast, cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert "unevaluated candidate(s) predicted over the 0.59 GiB limit" in first.stdout
+    assert "unevaluated candidate(s) predicted over the 600.00 MiB limit" in first.stdout
     assert "infeasible, not probed" not in first.stdout
     summary_md = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
     assert "predicted over the limit by the memory model and never proposed" in summary_md
