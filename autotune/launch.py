@@ -20,7 +20,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from autotune.candidate import Candidate
 from autotune.ops import tools_path, torch_extensions_dir
 from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
 
@@ -59,47 +58,6 @@ class ProbeJob(BaseModel):
                 f"scratch_dir must be an absolute folder at least two levels deep, got {value!r}"
             )
         return value
-
-
-def cpu_probe_jobs(
-    workload: str,
-    candidates: list[Candidate],
-    root: Path,
-    *,
-    warmup_steps: int,
-    timed_steps: int,
-    timeout_s: float,
-    ranks: int = 2,
-    threads_per_rank: int = 1,
-    nvme_path: str | None = None,
-) -> list[ProbeJob]:
-    """Fixed-length probes of ``candidates`` on CPU ranks, one folder each under ``root``,
-    to run together with :func:`launch_probes` (benchmarks and tests measure this way)."""
-    from autotune.workloads import get_workload
-
-    tokens_per_sample = get_workload(workload).tokens_per_sample
-    return [
-        ProbeJob(
-            spec=ProbeSpec(
-                workload=workload,
-                candidate=candidate,
-                ds_config=candidate.to_ds_config(nvme_path=nvme_path),
-                accelerator="cpu",
-                # generous: these probes measure, the host's RAM is the only limit
-                vram_limit_bytes=20 * 2**30,
-                device_memory_bytes=24 * 2**30,
-                tokens_per_sample=tokens_per_sample,
-                warmup_steps=warmup_steps,
-                timed_steps=timed_steps,
-            ),
-            trial_dir=str(root / f"{index:02d}"),
-            world_size=ranks,
-            timeout_s=timeout_s,
-            threads_per_rank=threads_per_rank,
-            cwd=str(root),
-        )
-        for index, candidate in enumerate(candidates)
-    ]
 
 
 def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:

@@ -65,7 +65,9 @@ def candidates(global_batch: int, micro_batches: tuple[int, ...]):
 def measure(
     ref: str, batch: int, mbs: tuple[int, ...], root: Path, warmup_steps: int = 2
 ) -> list[tuple]:
-    from autotune.launch import cpu_probe_jobs, launch_probes
+    from probe_jobs import cpu_probe_jobs
+
+    from autotune.launch import launch_probes
     from autotune.memory import MemoryModel
     from autotune.workloads import get_workload
 

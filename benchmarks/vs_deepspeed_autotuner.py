@@ -237,8 +237,10 @@ def run_autotune(
 
 def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
     """Samples/s of each candidate by the same fixed-length probe, interleaved in rounds."""
+    from probe_jobs import cpu_probe_jobs
+
     from autotune.candidate import Candidate
-    from autotune.launch import cpu_probe_jobs, launch_probes
+    from autotune.launch import launch_probes
 
     parsed = {Candidate.model_validate(c).key: Candidate.model_validate(c) for c in candidates}
     ordered = list(parsed.values())

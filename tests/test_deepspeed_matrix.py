@@ -6,13 +6,17 @@ candidates of a group run in one torchrun launch (launch_probes)."""
 from __future__ import annotations
 
 import itertools
+import sys
 from pathlib import Path
 
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.launch import cpu_probe_jobs, launch_probes
+from autotune.launch import launch_probes
 from autotune.space import combination_problem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from probe_jobs import cpu_probe_jobs
 
 pytestmark = pytest.mark.slow
 
