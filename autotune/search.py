@@ -231,23 +231,14 @@ class Search:
             # the node died, not the candidate: probed again once, elsewhere
             records.record_interrupted(self.study, job.trial, job.record, result.error)
             self.session.requeue(job.trial)
-            self.emit(
-                events.ProbeFinished(
-                    job.trial.number,
-                    job.candidate.label,
-                    result,
-                    self.plan.config.vram_limit_bytes,
-                    f"{job.record.trial_dir}/probe.log",
-                )
-            )
-            return
-        records.record_probe(self.study, job.trial, job.record, result)
-        view = records.view_of(job.trial)
-        self.known[job.candidate.key] = view
-        self.screen.learn(view)
-        if view.feasible:
-            self._best_value = max(self._best_value, view.value or 0.0)
-        self._update_estimates(records.views(self.study))
+        else:
+            records.record_probe(self.study, job.trial, job.record, result)
+            view = records.view_of(job.trial)
+            self.known[job.candidate.key] = view
+            self.screen.learn(view)
+            if view.feasible:
+                self._best_value = max(self._best_value, view.value or 0.0)
+            self._update_estimates(records.views(self.study))
         self.emit(
             events.ProbeFinished(
                 job.trial.number,
