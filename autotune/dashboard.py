@@ -265,6 +265,7 @@ def _optuna_best(study: optuna.Study, storage: optuna.storages.BaseStorage) -> i
 
 def serve(storage_url: str, host: str, port: int) -> None:
     """Serve optuna-dashboard on ``host:port`` until Ctrl-C."""
+    import signal
     import socketserver
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -286,6 +287,9 @@ def serve(storage_url: str, host: str, port: int) -> None:
         raise SettingsError(
             f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); pass another --port"
         ) from None
+    # Ctrl-C stops it, as its first line says, even where it was started with SIGINT ignored
+    # (a non-interactive shell's background job), where Python installs no handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from tests.views.synthetic import make_study
 # fp32 ZeRO 0-1, four micro-batches, checkpointing on or off. Under the 48 MiB limit the
 # memory model rules out every ZeRO-1 candidate (its buckets) and ZeRO-0 at micro-batch 8;
 # the random sampler proposes them anyway, so they become trials judged without a probe.
+# Thirty timed steps make a probe last a few seconds: the search reads a running probe's
+# progress once a second, and the live view test looks for it on the screen.
 SPACE = """\
 precision: [fp32]
 zero_stage: [0, 1]
@@ -35,7 +38,7 @@ activation_checkpointing: [false, true]
 """
 RUN = [
     "run", "--workload", "gpt-tiny", "--gpus", "2", "--executor", "local", "--budget", "90s",
-    "--warmup-steps", "1", "--timed-steps", "2", "--max-timed-steps", "3",
+    "--warmup-steps", "1", "--timed-steps", "30", "--max-timed-steps", "30",
     "--space", "small.yaml", "--sampler", "random", "--seed", "0", "--vram", "48MiB",
 ]  # fmt: skip
 
@@ -66,7 +69,8 @@ def _tmux(socket_name: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run_in_tmux(args: list[str], cwd: Path, timeout_s: float = 900) -> RealStudy:
-    """``autotune ARGS`` in a 200x50 tmux terminal; the screen is captured every second."""
+    """``autotune ARGS`` in a 200x50 tmux terminal; the screen is captured four times a
+    second."""
     socket_name = f"autotune-test-{uuid.uuid4().hex[:8]}"
     exit_file = cwd / "exit-code"
     command = (
@@ -83,7 +87,7 @@ def run_in_tmux(args: list[str], cwd: Path, timeout_s: float = 900) -> RealStudy
         while not exit_file.exists():
             assert time.monotonic() < deadline, "the run did not end:\n" + "\n".join(screens[-1:])
             screens.append(_tmux(socket_name, "capture-pane", "-p", "-t", "run").stdout)
-            time.sleep(1.0)
+            time.sleep(0.25)
         time.sleep(0.5)
         last = _tmux(socket_name, "capture-pane", "-p", "-t", "run", "-S", "-200").stdout
         screens.append(last)
@@ -186,9 +190,16 @@ class Dashboard:
     first_line: str
 
 
-def start_dashboard(storage: str, cwd: Path, *extra: str) -> Dashboard:
-    """``autotune dashboard`` in a subprocess, once it answers over HTTP."""
+def start_dashboard(
+    storage: str, cwd: Path, *extra: str, sigint_ignored: bool = False
+) -> Dashboard:
+    """``autotune dashboard`` in a subprocess, once it answers over HTTP; with
+    ``sigint_ignored`` started as a shell's background job is (SIGINT ignored)."""
     port = free_port()
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     process = subprocess.Popen(
         [sys.executable, "-m", "autotune.cli", "dashboard", "--storage", storage,
          "--port", str(port), *extra],
@@ -197,6 +208,7 @@ def start_dashboard(storage: str, cwd: Path, *extra: str) -> Dashboard:
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "COLUMNS": "250"},
+        preexec_fn=ignore_sigint if sigint_ignored else None,
     )  # fmt: skip
     assert process.stdout is not None
     first = process.stdout.readline()

@@ -68,6 +68,17 @@ def test_notes_tell_each_trial_and_the_decision(
     assert dashboard.process.wait(timeout=30) == 0
 
 
+def test_ctrl_c_stops_a_dashboard_started_in_the_background(
+    synthetic: str, tmp_path: Path, dashboards: list[Dashboard]
+) -> None:
+    """A non-interactive shell starts `autotune dashboard &` with SIGINT ignored; Python then
+    installs no KeyboardInterrupt handler, and Ctrl-C (SIGINT) did nothing."""
+    dashboard = start_dashboard(synthetic, tmp_path, sigint_ignored=True)
+    dashboards.append(dashboard)
+    dashboard.process.send_signal(signal.SIGINT)
+    assert dashboard.process.wait(timeout=30) == 0
+
+
 def test_notes_are_rewritten_only_when_they_change(synthetic: str, tmp_path: Path) -> None:
     import optuna
 
