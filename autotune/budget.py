@@ -47,8 +47,10 @@ def read_budget(study: optuna.Study) -> BudgetRecord:
 
 
 class BudgetClock:
-    """One run's share of the study's budget. ``start`` when probing begins: set-up before
-    it (building DeepSpeed's ops once, starting Ray) is not charged to the study."""
+    """One run's share of the study's budget. ``start`` when probing begins, from the
+    moment the command started (``origin``): a run's own set-up (imports, the plan, Ray,
+    the warm workers) is part of the wall time its user asked for; the one-time build of
+    DeepSpeed's ops is left out by the caller, who moves the origin past it."""
 
     def __init__(
         self, stored: BudgetRecord, given_total_s: float | None, *, shared: bool = False
@@ -65,8 +67,10 @@ class BudgetClock:
             self.spent_before_s = stored.spent_s
         self._started: float | None = None
 
-    def start(self) -> None:
-        self._started = time.monotonic()
+    def start(self, origin: float | None = None) -> None:
+        """Run the clock from ``origin`` (a ``time.monotonic()`` reading), else from now."""
+        now = time.monotonic()
+        self._started = now if origin is None else min(origin, now)
 
     @property
     def elapsed_s(self) -> float:

@@ -60,6 +60,7 @@ def run(**given: Any) -> None:
 
     An existing study continues: flags not given are taken from the study, the budget is
     what the study has left, and interrupted probes are run again once."""
+    import time
     from pathlib import Path
 
     from autotune.flags import RunFlags
@@ -68,6 +69,7 @@ def run(**given: Any) -> None:
     from autotune.study import stored_run_flags
     from autotune.tuner import Tuner
 
+    started_s = time.monotonic()  # the budget counts the whole command (bar an op build)
     given, project = layer(given, Path.cwd())  # the folder's autotune.yaml, under the flags
     typed = RunFlags.resolve(given, {})  # every given flag is checked before a file is opened
     name = typed.study_name()
@@ -87,7 +89,13 @@ def run(**given: Any) -> None:
     with _renderer(
         quiet=flags.quiet, continued=bool(stored), storage=flags.storage, name=name
     ) as emit:
-        tuner = Tuner(plan, emit=emit, fault=flags.inject_fault, run_flags=flags.stored())
+        tuner = Tuner(
+            plan,
+            emit=emit,
+            fault=flags.inject_fault,
+            run_flags=flags.stored(),
+            started_s=started_s,
+        )
         summary = tuner.run()
     for text in after_run(flags.storage, name, summary.export_dir):
         console.print(text)

@@ -23,7 +23,7 @@ class Event:
 
 @dataclass(frozen=True)
 class SetupProgress(Event):
-    """One-time set-up before the budget's clock starts (DeepSpeed's ops, Ray)."""
+    """Set-up before the first probe (DeepSpeed's ops, Ray), told as it happens."""
 
     message: str
 

@@ -124,7 +124,7 @@ class RunState:
             self.spent_at = self.now()
 
     def _clock_runs(self) -> None:
-        # the study's clock starts with the first probe (set-up before it is not charged)
+        # the panel's clock ticks from the first probe; BudgetUpdated brings the set-up
         if self.spent_at is None and self.phase != "done":
             self.spent_at = self.now()
 

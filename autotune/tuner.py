@@ -11,8 +11,9 @@ Orchestration only; the rules live in the parts:
 :mod:`~autotune.best`      which trial is the best, for every output
 =====================  ==================================================================
 
-One-time set-up (building DeepSpeed's ops, starting Ray) happens before the budget's clock
-starts: a first run must not spend its budget compiling.
+The budget is the command's wall time: the clock counts from the command's start
+(``started_s``), set-up included, except the one-time build of DeepSpeed's ops: a first run
+must not spend its budget compiling.
 """
 
 from __future__ import annotations
@@ -69,8 +70,12 @@ class Tuner:
         executor_factory: Callable[[Plan], Executor] | None = None,
         fault: str = "none",
         run_flags: dict[str, Any] | None = None,
+        started_s: float | None = None,
     ) -> None:
         self.plan = plan
+        # time.monotonic() when the command started; None: when probing starts
+        self._started_s = started_s
+        self._ops_build_s = 0.0
         self.emit = emit
         self.run_flags = run_flags or {}
         self._executor_factory = executor_factory or default_executor
@@ -167,8 +172,8 @@ class Tuner:
             self.plan, session, dispatcher, self.screen, clock, self.reserve, self.policy, self.emit
         )
         search_ref.append(search)
-        search.load(trials)
-        clock.start()
+        clock.start(None if self._started_s is None else self._started_s + self._ops_build_s)
+        search.load(trials)  # its first BudgetUpdated counts the set-up the clock charged
         try:
             summary.stop = search.run()
             self.emit(summary.stop)
@@ -296,6 +301,7 @@ class Tuner:
         for note in report.notes:
             self.emit(events.SetupProgress(f"note: {note}"))
         if report.built:
+            self._ops_build_s = report.seconds
             self.emit(
                 events.SetupProgress(
                     f"built DeepSpeed's {', '.join(report.built)} op(s) in "
