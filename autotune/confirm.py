@@ -44,6 +44,10 @@ MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
 # of a few probes differ by chance) is the steadier one, and wins; under MIN_SPREAD every
 # contender is steady enough.
 MIN_SPREAD = 0.05
+# ... unless the leader's mean over all its probes, its slow ones included, is ahead by more
+# than this: then it is faster on the whole, however wide its spread (a production run pays
+# the mean), and the steadier one would give up more than a steady spread's worth.
+MAX_MEAN_LOSS = 0.05
 MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank by it
 STEADIER_CONFIDENCE_Z = 1.645  # one-sided 95%
 
@@ -107,7 +111,7 @@ class Confirmation(BaseModel):
     best (:mod:`autotune.best`).
 
     The winner has the highest median, unless a contender within noise of it is markedly
-    steadier (:data:`STEADIER_RATIO`): a config taken to production for weeks should be
+    steadier (:func:`markedly_steadier`): a config taken to production for weeks should be
     fast every time, not the one whose probes were sometimes lucky (CPU offload, for one,
     measures bimodal here)."""
 
@@ -186,12 +190,16 @@ def f_quantile(d1: int, d2: int, z: float = STEADIER_CONFIDENCE_Z) -> float:
 
 
 def markedly_steadier(contender: Contender, leader: Contender) -> bool:
-    """``contender`` is within ``leader``'s noise and its spread between probes is smaller
-    beyond chance (an F test of the two variances), the leader's being wide at all."""
+    """``contender`` is within ``leader``'s noise, gives up at most :data:`MAX_MEAN_LOSS` of
+    the leader's mean, and its spread between probes is smaller beyond chance (an F test of
+    the two variances), the leader's being wide at all."""
     n_c, n_l = len(contender.samples_per_s), len(leader.samples_per_s)
     if min(n_c, n_l) < MIN_PROBES_FOR_SPREAD or leader.spread <= MIN_SPREAD:
         return False
     if not contender.overlaps(leader):
+        return False
+    leader_mean = statistics.fmean(leader.samples_per_s)
+    if statistics.fmean(contender.samples_per_s) < leader_mean * (1.0 - MAX_MEAN_LOSS):
         return False
     if contender.spread <= 0:
         return True

@@ -490,6 +490,30 @@ def test_one_winner_everywhere_when_the_confirmed_winner_is_not_the_raw_maximum(
     assert len(starred) == 1 and "z0 fp32 mb8x1" in starred[0][3], status.stdout
 
 
+def test_a_leader_ahead_on_the_mean_keeps_the_win_over_a_steadier_one() -> None:
+    """A DeepSpeed-comparison run's round: z0's four probes spread ±10% (one slow probe),
+    z1 with CPU offload ±2%, within z0's noise and steadier beyond chance; but z0's mean,
+    its slow probe included, is 8.8% ahead: z0 is faster on the whole and stays the winner
+    (the grid's best by the common harness)."""
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(
+                trial=2, label="z1 bf16 mb8x1 opt:cpu", samples_per_s=[297.5, 312.6, 309.2, 310.6]
+            ),
+            confirm.Contender(
+                trial=3, label="z0 bf16 mb8x1", samples_per_s=[367.0, 330.5, 354.0, 286.6]
+            ),
+        ],
+        rounds=3,
+    )
+    for contender in verdict.contenders:
+        contender.summarize()
+    z1, z0 = verdict.contenders
+    assert z1.overlaps(z0) and (z0.spread / z1.spread) ** 2 > confirm.f_quantile(3, 3)
+    verdict.decide()
+    assert verdict.winner == 3 and verdict.steadier_over is None
+
+
 def test_the_tuner_exports_the_steadier_of_two_within_noise(tmp_path) -> None:
     """Scripted probes (a stand-in, by design: real probes cannot be made bimodal on
     demand): a CPU-offload config whose probes land in two modes, 150 and ~212, leads by
