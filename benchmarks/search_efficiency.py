@@ -649,8 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--bimodal",
         action="store_true",
-        help=f"offload candidates' probes in two modes: {Bimodal.share:.0%} of them "
-        f"{Bimodal.slow:.0%} below the table's value, as CPU offload measured here",
+        # argparse formats help with %: the percent signs are doubled
+        help=f"offload candidates' probes in two modes: {100 * Bimodal.share:.0f}%% of them "
+        f"{100 * Bimodal.slow:.0f}%% below the table's value, as CPU offload measured here",
     )
     args = parser.parse_args(argv)
     if args.command == "replay":
