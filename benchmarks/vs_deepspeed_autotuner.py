@@ -390,7 +390,6 @@ def main() -> int:
         "runs": runs,
         "grid": grid_candidates,
         "harness": measured,
-        "scratch": str(scratch),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1))
