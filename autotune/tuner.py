@@ -75,7 +75,6 @@ class Tuner:
         self.plan = plan
         # time.monotonic() when the command started; None: when probing starts
         self._started_s = started_s
-        self._ops_build_s = 0.0
         self.emit = emit
         self.run_flags = run_flags or {}
         self._executor_factory = executor_factory or default_executor
@@ -166,13 +165,13 @@ class Tuner:
                 "budget", spent_s=clock.spent_s, total_s=clock.total_s
             )
             return
-        self._prepare_ops()
+        ops_build_s = self._prepare_ops()
         dispatcher = Dispatcher(self.plan, self._executor_factory(self.plan), fault=self._fault)
         search = Search(
             self.plan, session, dispatcher, self.screen, clock, self.reserve, self.policy, self.emit
         )
         search_ref.append(search)
-        clock.start(None if self._started_s is None else self._started_s + self._ops_build_s)
+        clock.start(None if self._started_s is None else self._started_s + ops_build_s)
         search.load(trials)  # its first BudgetUpdated counts the set-up the clock charged
         try:
             summary.stop = search.run()
@@ -283,9 +282,10 @@ class Tuner:
             )
         return len(screened)
 
-    def _prepare_ops(self) -> None:
+    def _prepare_ops(self) -> float:
         """Build the DeepSpeed ops the probes need (once per environment, with progress);
-        where FusedAdam cannot be built, the probes use torch's Adam."""
+        where FusedAdam cannot be built, the probes use torch's Adam. Returns the seconds
+        spent compiling (0 when every op was built already): the budget leaves them out."""
         from autotune.ops import ensure_deepspeed_ops
 
         targets = {
@@ -301,7 +301,6 @@ class Tuner:
         for note in report.notes:
             self.emit(events.SetupProgress(f"note: {note}"))
         if report.built:
-            self._ops_build_s = report.seconds
             self.emit(
                 events.SetupProgress(
                     f"built DeepSpeed's {', '.join(report.built)} op(s) in "
@@ -310,6 +309,7 @@ class Tuner:
                 )
             )
         self.plan.torch_adam = report.torch_adam
+        return report.seconds if report.built else 0.0
 
 
 def default_executor(plan: Plan) -> Executor:
