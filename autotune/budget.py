@@ -5,7 +5,8 @@ Plain objects over plain numbers, so that ``benchmarks/search_efficiency.py`` re
 tuner's own rules (counting probes instead of seconds) instead of a copy of them.
 
 - :class:`BudgetClock`: the budget is the study's (``total_s``, ``spent_s`` in the study
-  user attr :data:`BUDGET_ATTR`); a run gets what is left, or a new total.
+  user attr :data:`BUDGET_ATTR`); a run gets what is left, or a new total, and its probing
+  ends early enough for the run's finish (closing workers, deciding, exporting) to fit.
 - :func:`probe_estimate_s`: the median wall time of the study's probes; a probe that paid
   its process group's start (a cold launch, or a warm worker's first probe) is left out
   once a warm one exists, or one cold start makes the next probe look too long to fit.
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
     from autotune.records import TrialView
 
 BUDGET_ATTR = "autotune_budget"
+# What a run takes after its last probe (closing the warm workers and Ray, deciding the best,
+# writing the export): 0-5.4 s past the budget's end on a 2-core machine when nothing was
+# held back for it (benchmarks/RESULTS.md, "autotune against DeepSpeed's own autotuner").
+# Held back until a run of the study has measured its own finish.
+DEFAULT_FINISH_S = 5.0
 
 
 class BudgetRecord(BaseModel):
@@ -40,6 +46,11 @@ class BudgetRecord(BaseModel):
 
     total_s: float = Field(default=DEFAULT_BUDGET_S, description="The study's whole budget.")
     spent_s: float = Field(default=0.0, description="Wall time its runs have used so far.")
+    finish_s: float | None = Field(
+        default=None,
+        description="Wall time the last run took after its last probe (closing workers, "
+        "deciding, exporting): held back from the next run's probing. None: not measured yet.",
+    )
 
 
 def read_budget(study: optuna.Study) -> BudgetRecord:
@@ -50,7 +61,11 @@ class BudgetClock:
     """One run's share of the study's budget. ``start`` when probing begins, from the
     moment the command started (``origin``): a run's own set-up (imports, the plan, Ray,
     the warm workers) is part of the wall time its user asked for; the one-time build of
-    DeepSpeed's ops is left out by the caller, who moves the origin past it."""
+    DeepSpeed's ops is left out by the caller, who moves the origin past it.
+
+    So is the run's finish: probing stops ``finish_s`` before the budget's end
+    (:attr:`probing_left_s`), the study's last measured finish or :data:`DEFAULT_FINISH_S`;
+    :meth:`probing_done` and :meth:`finished` measure this run's."""
 
     def __init__(
         self, stored: BudgetRecord, given_total_s: float | None, *, shared: bool = False
@@ -65,7 +80,11 @@ class BudgetClock:
         else:
             self.total_s = given_total_s if given_total_s is not None else stored.total_s
             self.spent_before_s = stored.spent_s
+        self.stored_finish_s = stored.finish_s
+        self.finish_s = DEFAULT_FINISH_S if stored.finish_s is None else stored.finish_s
         self._started: float | None = None
+        self._probing_done: float | None = None
+        self._measured_finish_s: float | None = None
 
     def start(self, origin: float | None = None) -> None:
         """Run the clock from ``origin`` (a ``time.monotonic()`` reading), else from now."""
@@ -89,8 +108,27 @@ class BudgetClock:
     def left_s(self) -> float:
         return self.total_s - self.spent_s
 
+    @property
+    def probing_left_s(self) -> float:
+        """What is left for probes: the budget less the time held back for the finish."""
+        return self.left_s - self.finish_s
+
+    def probing_done(self) -> None:
+        """The run's last probe is over: its finish starts now."""
+        self._probing_done = time.monotonic()
+
+    def finished(self) -> None:
+        """The run's finish is over: measure it for the study's next run."""
+        if self._probing_done is not None:
+            self._measured_finish_s = time.monotonic() - self._probing_done
+
     def record(self) -> BudgetRecord:
-        return BudgetRecord(total_s=self.total_s, spent_s=round(self.spent_s, 1))
+        measured = self._measured_finish_s
+        return BudgetRecord(
+            total_s=self.total_s,
+            spent_s=round(self.spent_s, 1),
+            finish_s=round(measured, 1) if measured is not None else self.stored_finish_s,
+        )
 
     def store(self, study: optuna.Study) -> None:
         if not self.shared:

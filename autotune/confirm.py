@@ -48,6 +48,8 @@ MIN_SPREAD = 0.05
 # than this: then it is faster on the whole, however wide its spread (a production run pays
 # the mean), and the steadier one would give up more than a steady spread's worth.
 MAX_MEAN_LOSS = 0.05
+# a 95% interval of fewer probes is too wide, or of two equal ones too narrow, to race on
+MIN_PROBES_TO_RACE = 3
 MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank by it
 STEADIER_CONFIDENCE_Z = 1.645  # one-sided 95%
 
@@ -143,6 +145,23 @@ class Confirmation(BaseModel):
         self.contenders = ranked
         self.winner = ranked[0].trial if ranked else None
 
+    def racing(self) -> list[int]:
+        """The contenders worth another round, in their order: all before the first
+        decision; then the winner and every contender whose 95% interval still reaches its
+        own (racing, as in Maron and Moore, "Hoeffding races", NIPS 1993: a contender out of
+        the winner's noise cannot win, not even as the steadier one)."""
+        everyone = [c.trial for c in self.contenders]
+        if self.winner is None:
+            return everyone
+        winner = next(c for c in self.contenders if c.trial == self.winner)
+        if len(winner.samples_per_s) < MIN_PROBES_TO_RACE:
+            return everyone
+        return [
+            c.trial
+            for c in self.contenders
+            if c is winner or len(c.samples_per_s) < MIN_PROBES_TO_RACE or c.overlaps(winner)
+        ]
+
     @property
     def tie(self) -> bool:
         """The winner overlaps another contender: not ranked apart yet."""
@@ -208,7 +227,9 @@ def markedly_steadier(contender: Contender, leader: Contender) -> bool:
 
 
 def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) -> None:
-    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender, then, while
+    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender still in the
+    race (:meth:`Confirmation.racing`: a contender out of the winner's noise gets no more
+    probes, its time goes to the close calls), then, while
     the winner overlaps another, up to :data:`MAX_TIE_ROUNDS` rounds of the winner and the
     widest-spread contender within its noise (a contender too scattered to rank gets more
     probes before any other). ``one_round(trials)`` probes those contenders once each and
@@ -216,9 +237,11 @@ def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) ->
     counted). When a round of every contender no longer fits, the rounds of the two
     closest still may: the closest call gets the time that is left. Decides ``verdict``."""
     for _ in range(ROUNDS):
-        if not one_round([c.trial for c in verdict.contenders]):
-            break
+        racing = verdict.racing()
+        if len(racing) < 2 or not one_round(racing):
+            break  # the winner stands apart, or no time for the whole round
         verdict.rounds += 1
+        verdict.decide()
     verdict.decide()
     while verdict.tie and verdict.tie_rounds < MAX_TIE_ROUNDS:
         if not one_round(verdict.closest()):

@@ -207,7 +207,9 @@ class RayExecutor:
             ) from None
         self._ray = ray
         self.capacity = max(1, total_devices // devices_per_probe)
-        if not ray.is_initialized():
+        # a Ray this executor starts is its own to stop at close (a run's finish is timed)
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
             try:
                 init_loopback_ray(
                     ray,
@@ -290,6 +292,9 @@ class RayExecutor:
             with contextlib.suppress(Exception):
                 self._ray.kill(actor)
         self._refs.clear()
+        if self._owns_ray:
+            with contextlib.suppress(Exception):
+                self._ray.shutdown()
 
 
 def init_loopback_ray(ray: Any, **options: Any) -> None:

@@ -43,7 +43,8 @@ def run_confirmation(search: Search) -> confirm.Confirmation | None:
     def one_round(numbers: list[int]) -> bool:
         """Each of ``numbers`` once more, in order; False without time for the whole round
         or when the run is stopping (a partial round is not counted)."""
-        if search.session.stopping or search.clock.left_s < len(numbers) * max(probe_s, 1.0):
+        needed_s = len(numbers) * max(probe_s, 1.0)
+        if search.session.stopping or search.clock.probing_left_s < needed_s:
             return False
         for number in numbers:
             original = by_number[number]

@@ -13,7 +13,8 @@ Orchestration only; the rules live in the parts:
 
 The budget is the command's wall time: the clock counts from the command's start
 (``started_s``), set-up included, except the one-time build of DeepSpeed's ops: a first run
-must not spend its budget compiling.
+must not spend its budget compiling. Probing ends early enough for the run's finish (closing
+the workers, deciding, exporting) to fit in the budget too.
 """
 
 from __future__ import annotations
@@ -122,9 +123,10 @@ class Tuner:
             stored = read_budget(session.study)
             clock.append(BudgetClock(stored, settings.budget_s, shared=settings.shared))
             self._search(session, clock[0], summary, search_ref)
+            self._finish(session.study, summary)
+            clock[0].finished()
             summary.elapsed_s = clock[0].elapsed_s
             clock[0].store(session.study)
-            self._finish(session.study, summary)
         self.emit(events.RunFinished(summary, summary.interrupted))
         return summary
 
@@ -184,6 +186,7 @@ class Tuner:
             self._interrupted(session, dispatcher.cancel_all(), summary)
             raise
         finally:
+            clock.probing_done()
             stopped = dispatcher.cancel_all()
             dispatcher.close()
             summary.probes = search.counts.probes

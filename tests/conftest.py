@@ -27,10 +27,35 @@ def has_cuda() -> bool:
 NEWCOMER_TEST = "test_newcomer.py"
 
 
+# DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build, is
+# built into the default cache in the background while the newcomer's run goes on: most of
+# that run is a fixed wall-clock budget, so the build costs the suite little wall time.
+_BACKGROUND_BUILD = """
+from deepspeed.accelerator import get_accelerator
+from autotune.hardware import detect
+from autotune.ops import ensure_deepspeed_ops
+def only_async_io(name):
+    return get_accelerator().create_op_builder(name) if name == "AsyncIOBuilder" else None
+report = ensure_deepspeed_ops(detect(), offload_targets={"nvme"}, create_builder=only_async_io)
+print("built", report.built, "cached", report.cached, round(report.seconds), "s", flush=True)
+"""
+_BACKGROUND: list[subprocess.Popen[bytes]] = []
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The newcomer's run goes first: it builds DeepSpeed's ops from an empty cache anyway,
     # and seeds the default cache with them, so the suite never compiles them twice.
     items.sort(key=lambda item: item.path.name != NEWCOMER_TEST)
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow and slow[0].path.name == NEWCOMER_TEST and len(slow) > 1:
+        _BACKGROUND.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _BACKGROUND_BUILD],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+        )
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
@@ -57,6 +82,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if reporter is not None:
             reporter.write_line(line)
 
+    for build in _BACKGROUND:
+        show("waiting for the background build of DeepSpeed's async I/O op ...")
+        build.wait()
     ensure_deepspeed_ops(detect(), offload_targets={"cpu", "nvme"}, on_progress=show)
     _OPS_READY.append(True)
 
@@ -168,3 +196,10 @@ def probe_processes() -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    for build in _BACKGROUND:
+        if build.poll() is None:  # a session cut short: its build must not outlive it
+            build.kill()
+            build.wait()

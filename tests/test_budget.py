@@ -64,3 +64,102 @@ def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, 
     study = optuna.load_study(study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/t.db")
     spent_s = read_budget(study).spent_s
     assert set_up_s - ops_build_s <= spent_s < set_up_s - ops_build_s + 15.0
+
+
+def test_probing_leaves_the_finish_its_time_measured_once_a_run_has_one() -> None:
+    from autotune.budget import DEFAULT_FINISH_S
+
+    fresh = BudgetClock(BudgetRecord(total_s=100.0), None)
+    assert fresh.probing_left_s == pytest.approx(100.0 - DEFAULT_FINISH_S)
+    assert fresh.record().finish_s is None  # nothing measured: nothing stored
+    measured = BudgetClock(BudgetRecord(total_s=100.0, finish_s=1.5), None)
+    assert measured.probing_left_s == pytest.approx(98.5)
+    measured.start()
+    measured.probing_done()
+    time.sleep(0.3)
+    measured.finished()
+    assert measured.record().finish_s == pytest.approx(0.3, abs=0.1)
+
+
+class TimedExecutor:
+    """Stands in for the probes, by design: the test needs probes and a close of known
+    durations, which real probes on a noisy machine do not have. Each probe takes
+    ``probe_s``; closing takes ``close_s`` (as closing warm workers and Ray does)."""
+
+    capacity = 1
+
+    def __init__(self, probe_s: float, close_s: float) -> None:
+        self.probe_s, self.close_s = probe_s, close_s
+        self.probes = 0
+        self._pending: tuple[float, int, object] | None = None
+
+    def submit(self, job) -> int:
+        from autotune.protocol import ProbeResult
+
+        candidate = job.spec.candidate
+        rate = 100.0 - 5.0 * candidate.zero_stage + candidate.micro_batch_size
+        self.probes += 1
+        result = ProbeResult(
+            status="ok",
+            samples_per_s=rate,
+            samples_per_s_min=rate,
+            samples_per_s_max=rate,
+            step_time_s=candidate.train_batch_size / rate,
+            step_times_s=[candidate.train_batch_size / rate] * 3,
+            peak_bytes_per_rank=[2**20, 2**20],
+            wall_s=self.probe_s,
+        )
+        self._pending = (time.monotonic() + self.probe_s, self.probes, result)
+        return self.probes
+
+    def wait(self, timeout_s: float):
+        if self._pending is None:
+            time.sleep(timeout_s)
+            return []
+        ready_at, number, result = self._pending
+        time.sleep(max(0.0, min(ready_at - time.monotonic(), timeout_s)))
+        if time.monotonic() < ready_at:
+            return []
+        self._pending = None
+        return [(number, result)]
+
+    def cancel_all(self) -> None:
+        self._pending = None
+
+    def close(self) -> None:
+        time.sleep(self.close_s)
+
+
+def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
+    """Probes of 1 s and a close of 2 s: probing stops early enough for the close and the
+    export to fit in the 14 s budget, and the run stores the finish it measured."""
+    from autotune.plan import plan_run
+    from autotune.settings import RunSettings
+    from autotune.tuner import Tuner
+
+    (tmp_path / "space.yaml").write_text(
+        SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]").replace(
+            "micro_batch_size: [8]", "micro_batch_size: [1, 2, 4, 8]"
+        )
+    )
+    budget_s, close_s = 14.0, 2.0
+    settings = RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+        space=str(tmp_path / "space.yaml"),
+        budget_s=budget_s,
+        confirm=False,
+    )
+    timed = TimedExecutor(probe_s=1.0, close_s=close_s)
+    started_s = time.monotonic()
+    tuner = Tuner(plan_run(settings), executor_factory=lambda plan: timed, started_s=started_s)
+    tuner._prepare_ops = lambda: 0.0  # type: ignore[method-assign]  # ops: not this test's
+    summary = tuner.run()
+    wall_s = time.monotonic() - started_s
+    assert summary.export_dir and timed.probes >= 3
+    assert timed.probes < 16, "the space ran out before the budget: the test checks nothing"
+    assert wall_s <= budget_s, f"the run took {wall_s:.1f} s of a {budget_s:.0f} s budget"
+    study = optuna.load_study(study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/t.db")
+    assert close_s <= read_budget(study).finish_s < close_s + 3.0

@@ -197,6 +197,31 @@ def test_tie_rounds_go_on_while_the_budget_has_room() -> None:
     assert len(calls) == confirm.ROUNDS + confirm.MAX_TIE_ROUNDS
 
 
+def test_a_contender_out_of_the_winners_noise_leaves_the_race_and_its_time_goes_to_the_tie():
+    """Racing: after two rounds trial 2 (steady near 60) is out of reach of the leaders (near
+    100 and 98, scattered): the third round and the tie rounds probe only those two."""
+    rates = {
+        0: [92.0, 108.0, 95.0, 105.0, 94.0, 106.0, 96.0, 104.0, 98.0, 102.0],
+        1: [91.0, 105.0, 93.0, 103.0, 92.0, 104.0, 94.0, 102.0, 96.0, 100.0],
+        2: [60.0, 61.0, 60.5, 61.0, 60.0, 61.0, 60.5, 61.0, 60.0, 61.0],
+    }
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=0, label="a", samples_per_s=[100.0]),
+            confirm.Contender(trial=1, label="b", samples_per_s=[98.0]),
+            confirm.Contender(trial=2, label="c", samples_per_s=[60.5]),
+        ]
+    )
+    one_round, calls = _scripted_round(verdict, rates, probes=12)
+    confirm.run_rounds(verdict, one_round)
+    assert sorted(calls[0]) == sorted(calls[1]) == [0, 1, 2]
+    assert all(2 not in call for call in calls[2:]), calls
+    # 12 probes: two rounds of three, then three rounds of the two (one a tie round's)
+    assert verdict.rounds == confirm.ROUNDS and verdict.tie_rounds == 2
+    assert sum(map(len, calls)) == 12
+    assert verdict.winner == 0
+
+
 def test_export_takes_the_confirmed_winner() -> None:
     study = _study_with({"a": [0.20, 0.20], "b": [0.21, 0.21]})
     assert _best_label(study) == "a"  # by the search's single probes
@@ -309,19 +334,23 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
     )
     tuner.run()
     verdict = confirm.load(_load(tmp_path))
-    assert verdict is not None and verdict.rounds == confirm.ROUNDS
+    assert verdict is not None
     confirmation_probes = scripted.order[3:]
+    # two rounds of all three; z2 then is out of the winner's noise and leaves the race
+    assert "z2 fp32 mb8x1" not in confirmation_probes[6:]
     if tied:
         # the budget has room: every tie round allowed, of the best two only
+        assert verdict.rounds == confirm.ROUNDS
         assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS and verdict.tie
-        extra = confirmation_probes[3 * confirm.ROUNDS :]
+        extra = confirmation_probes[3 + 3 + 2 :]
         assert len(extra) == 2 * confirm.MAX_TIE_ROUNDS and "z2 fp32 mb8x1" not in extra
         assert "more round(s) of the two closest" in verdict.describe()
         summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
         assert f"then {confirm.MAX_TIE_ROUNDS} more of the two closest to rank them" in summary
     else:
-        assert verdict.tie_rounds == 0 and not verdict.tie
-        assert len(confirmation_probes) == 3 * confirm.ROUNDS
+        # z1 leaves the race with z2: the winner stands apart after two rounds
+        assert verdict.rounds == 2 and verdict.tie_rounds == 0 and not verdict.tie
+        assert len(confirmation_probes) == 3 * 2
     study = _load(tmp_path)
     assert study.trials[verdict.winner].user_attrs["label"] == "z0 fp32 mb8x1"
 
