@@ -125,6 +125,10 @@ class Confirmation(BaseModel):
     seconds: float = 0.0
     winner: int | None = Field(default=None, description="Trial number of the winner.")
     after_trial: int = Field(default=-1, description="Last trial number when it was decided.")
+    left_race: list[int] = Field(
+        default_factory=list,
+        description="Trials that left the rounds early, out of the winner's noise.",
+    )
     steadier_over: int | None = Field(
         default=None,
         description="The trial with the higher median that the steadier winner was chosen over.",
@@ -183,6 +187,11 @@ class Confirmation(BaseModel):
             return "no confirmation round"
         lines = [f"winner {self.contenders[0].describe()}"]
         lines += [f"runner-up {c.describe()}" for c in self.contenders[1:]]
+        if self.left_race:
+            lines.append(
+                f"trial(s) {', '.join(map(str, self.left_race))} left the rounds early, out of "
+                "the winner's noise"
+            )
         if self.tie_rounds:
             lines.append(f"{self.tie_rounds} more round(s) of the two closest to rank them")
         if self.steadier_over is not None:
@@ -236,8 +245,11 @@ def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) ->
     appends to their samples; False when there was no time for the whole round (it is not
     counted). When a round of every contender no longer fits, the rounds of the two
     closest still may: the closest call gets the time that is left. Decides ``verdict``."""
+    order = [c.trial for c in verdict.contenders]  # every round in the same order
     for _ in range(ROUNDS):
-        racing = verdict.racing()
+        still = set(verdict.racing())
+        racing = [trial for trial in order if trial in still]
+        verdict.left_race = [trial for trial in order if trial not in still]
         if len(racing) < 2 or not one_round(racing):
             break  # the winner stands apart, or no time for the whole round
         verdict.rounds += 1

@@ -298,6 +298,11 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
         if verdict.tie_rounds
         else ""
     )
+    if verdict.left_race:
+        extra += (
+            f"; trial(s) {', '.join(map(str, verdict.left_race))} left the rounds early, out "
+            "of the winner's noise"
+        )
     lines = [
         "## Confirmation round",
         "",

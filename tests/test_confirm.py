@@ -214,12 +214,13 @@ def test_a_contender_out_of_the_winners_noise_leaves_the_race_and_its_time_goes_
     )
     one_round, calls = _scripted_round(verdict, rates, probes=12)
     confirm.run_rounds(verdict, one_round)
-    assert sorted(calls[0]) == sorted(calls[1]) == [0, 1, 2]
+    assert calls[0] == calls[1] == [0, 1, 2]  # interleaved, in the same order
     assert all(2 not in call for call in calls[2:]), calls
     # 12 probes: two rounds of three, then three rounds of the two (one a tie round's)
     assert verdict.rounds == confirm.ROUNDS and verdict.tie_rounds == 2
     assert sum(map(len, calls)) == 12
-    assert verdict.winner == 0
+    assert verdict.winner == 0 and verdict.left_race == [2]
+    assert "trial(s) 2 left the rounds early, out of the winner's noise" in verdict.describe()
 
 
 def test_export_takes_the_confirmed_winner() -> None:
@@ -347,6 +348,9 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
         assert "more round(s) of the two closest" in verdict.describe()
         summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
         assert f"then {confirm.MAX_TIE_ROUNDS} more of the two closest to rank them" in summary
+        z2 = next(c.trial for c in verdict.contenders if c.label == "z2 fp32 mb8x1")
+        assert verdict.left_race == [z2]
+        assert f"trial(s) {z2} left the rounds early, out of the winner's noise" in summary
     else:
         # z1 leaves the race with z2: the winner stands apart after two rounds
         assert verdict.rounds == 2 and verdict.tie_rounds == 0 and not verdict.tie
