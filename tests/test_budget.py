@@ -17,6 +17,21 @@ SPACE = (
 )
 
 
+def _settings(tmp_path, space: str, **flags):
+    """Run settings of a gpt-tiny study in ``tmp_path`` over the space ``space`` (YAML)."""
+    from autotune.settings import RunSettings
+
+    (tmp_path / "space.yaml").write_text(space)
+    return RunSettings.build(
+        workload="gpt-tiny",
+        gpus=2,
+        trials_dir=tmp_path / "trials",
+        storage_url=f"sqlite:///{tmp_path}/t.db",
+        space=str(tmp_path / "space.yaml"),
+        **flags,
+    )
+
+
 def test_the_clock_runs_from_its_origin_never_from_the_future() -> None:
     clock = BudgetClock(BudgetRecord(total_s=100.0, spent_s=10.0), None)
     assert clock.elapsed_s == 0.0 and clock.left_s == pytest.approx(90.0)
@@ -33,20 +48,9 @@ def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, 
     """ScriptedExecutor stands in for the probes (they take no time here): what the study
     spent is the set-up before the tuner started, less the op build."""
     from autotune.plan import plan_run
-    from autotune.settings import RunSettings
     from autotune.tuner import Tuner
 
-    (tmp_path / "space.yaml").write_text(SPACE)
-    settings = RunSettings.build(
-        workload="gpt-tiny",
-        gpus=2,
-        trials_dir=tmp_path / "trials",
-        storage_url=f"sqlite:///{tmp_path}/t.db",
-        space=str(tmp_path / "space.yaml"),
-        budget_s=600,
-        max_trials=2,
-        confirm=False,
-    )
+    settings = _settings(tmp_path, SPACE, budget_s=600, max_trials=2, confirm=False)
     scripted = ScriptedExecutor({"z0 fp32 mb8x1": [100.0], "z1 fp32 mb8x1": [90.0]})
     set_up_s = 40.0  # the command started this long before the tuner
     tuner = Tuner(
@@ -134,24 +138,13 @@ def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
     """Probes of 1 s and a close of 2 s: probing stops early enough for the close and the
     export to fit in the 14 s budget, and the run stores the finish it measured."""
     from autotune.plan import plan_run
-    from autotune.settings import RunSettings
     from autotune.tuner import Tuner
 
-    (tmp_path / "space.yaml").write_text(
-        SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]").replace(
-            "micro_batch_size: [8]", "micro_batch_size: [1, 2, 4, 8]"
-        )
+    space = SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]").replace(
+        "micro_batch_size: [8]", "micro_batch_size: [1, 2, 4, 8]"
     )
     budget_s, close_s = 14.0, 2.0
-    settings = RunSettings.build(
-        workload="gpt-tiny",
-        gpus=2,
-        trials_dir=tmp_path / "trials",
-        storage_url=f"sqlite:///{tmp_path}/t.db",
-        space=str(tmp_path / "space.yaml"),
-        budget_s=budget_s,
-        confirm=False,
-    )
+    settings = _settings(tmp_path, space, budget_s=budget_s, confirm=False)
     timed = TimedExecutor(probe_s=1.0, close_s=close_s)
     started_s = time.monotonic()
     tuner = Tuner(plan_run(settings), executor_factory=lambda plan: timed, started_s=started_s)
