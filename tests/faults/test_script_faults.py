@@ -11,6 +11,7 @@ happened, and the study goes on (or ends) without hanging.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,10 @@ def test_a_script_that_stops_early_says_how_many_steps_the_probe_needs(tmp_path:
     code, output = _run(tmp_path, "short")
     line = _probe_line(output)
     assert code == 3, output
-    assert "the script stopped after 3 optimizer steps; the probe needs 4" in line, line
+    # 2 warm-up steps at least, 2 timed; the warm-up goes on while step times have not
+    # settled, so a noisy machine may need one more
+    found = re.search(r"the script stopped after 3 optimizer steps; the probe needs (\d+)", line)
+    assert found and 4 <= int(found.group(1)) <= 6, line
     assert_no_probe_left()
 
 
