@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +27,21 @@ def has_cuda() -> bool:
 
 
 NEWCOMER_TEST = "test_newcomer.py"
+# Test packages whose tests share a package-scoped fixture (views: one real study) run as one
+# unit of work under pytest-xdist; every other test file is a unit of its own.
+SHARED_PACKAGES = ("views",)
+# The units that took longest in CI (2-4 minutes each, `--durations`), longest first: an
+# ordering hint only; a unit missing here runs after them.
+LONGEST_FIRST = (
+    "test_run_e2e.py",
+    "faults/test_faults.py",
+    "test_gpu_check.py",
+    "test_cluster.py",
+    "test_probe.py",
+    "views",
+    "test_deepspeed_matrix.py",
+    "test_plan_and_prune.py",
+)
 
 
 # DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build, is
@@ -41,22 +58,53 @@ report = ensure_deepspeed_ops(detect(), offload_targets={"nvme"}, create_builder
 print("built", report.built, "cached", report.cached, round(report.seconds), "s", flush=True)
 """
 _BACKGROUND: list[subprocess.Popen[bytes]] = []
+_NEWCOMER_SEEDS: list[bool] = []  # the newcomer's run is in this session: it seeds the ops
+_OTHERS_NEED_OPS: list[bool] = []  # and slow tests after it need the async I/O op as well
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test (by its node id, ``tests/...py::name``) belongs to under
+    pytest-xdist: its file, or its package where the package shares a fixture."""
+    relative = nodeid.split("::", 1)[0].removeprefix("tests/")
+    package = relative.split("/", 1)[0]
+    return package if package in SHARED_PACKAGES else relative
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """xdist's scope scheduling with our units as scopes (its ``xdist_group`` marks do not
+    take under pytest 9), in collection order (``--no-loadscope-reorder``)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def _order(unit: str, slow_units: set[str]) -> tuple[int, int]:
+    if unit == NEWCOMER_TEST:
+        return (0, 0)
+    if unit not in slow_units:
+        return (1, 0)
+    if unit in LONGEST_FIRST:
+        return (2, LONGEST_FIRST.index(unit))
+    return (3, 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The newcomer's run goes first: it builds DeepSpeed's ops from an empty cache anyway,
-    # and seeds the default cache with them, so the suite never compiles them twice.
-    items.sort(key=lambda item: item.path.name != NEWCOMER_TEST)
+    # and seeds the default cache with them, so the suite never compiles them twice. Units
+    # without a slow test come next: a second xdist worker runs them while the ops build.
+    # Then the longest units, so that the two workers end close together.
+    slow_units = {_unit(item.nodeid) for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: _order(_unit(item.nodeid), slow_units))
     slow = [item for item in items if "slow" in item.keywords]
-    if slow and slow[0].path.name == NEWCOMER_TEST and len(slow) > 1:
-        _BACKGROUND.append(
-            subprocess.Popen(
-                ["nice", "-n", "19", sys.executable, "-c", _BACKGROUND_BUILD],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
-            )
-        )
+    if slow and slow[0].path.name == NEWCOMER_TEST:
+        _NEWCOMER_SEEDS.append(True)
+        if len(slow) > 1:
+            _OTHERS_NEED_OPS.append(True)
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
@@ -65,13 +113,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def seeded_ops_marker() -> Path:
+    """A file the newcomer's test writes once its ops are in the default cache (or it
+    failed before): shared by the xdist workers of one run, one file per run."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    return Path(tempfile.gettempdir()) / f"autotune-tests-{run}" / "ops-seeded"
+
+
+def mark_ops_seeded() -> None:
+    marker = seeded_ops_marker()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
+def start_background_build() -> None:
+    """The async I/O op's build, started by the newcomer's test beside its run where slow
+    tests after it need the op."""
+    if not _OTHERS_NEED_OPS:
+        return
+    _BACKGROUND.append(
+        subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-c", _BACKGROUND_BUILD],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    )
+
+
 _OPS_READY: list[bool] = []
+SEED_WAIT_S = 30 * 60  # the newcomer's own timeout
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the first slow test (bar the newcomer's), build DeepSpeed's ops into the
     default cache, or find them there: tests that launch probes directly must not compile an
-    op inside a probe's timeout."""
+    op inside a probe's timeout. Where the newcomer's run is in this session (in this
+    process or another xdist worker), its ops are waited for, not built a second time."""
     if _OPS_READY or "slow" not in item.keywords or item.path.name == NEWCOMER_TEST:
         return
     from autotune.hardware import detect
@@ -83,6 +161,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if reporter is not None:
             reporter.write_line(line)
 
+    if _NEWCOMER_SEEDS and not seeded_ops_marker().exists():
+        show("waiting for the newcomer's run to build DeepSpeed's ops ...")
+        deadline = time.monotonic() + SEED_WAIT_S
+        while not seeded_ops_marker().exists() and time.monotonic() < deadline:
+            time.sleep(1)
     for build in _BACKGROUND:
         show("waiting for the background build of DeepSpeed's async I/O op ...")
         build.wait()
@@ -179,6 +262,10 @@ def run_cli(
 # Every process this test session starts inherits this tag, orphans included: the "no
 # probe left" checks look only at probes of this session, not at another study running on
 # the same machine (a benchmark, a second checkout's tests).
+# Under pytest-xdist each worker is a session of its own, with a tag of its own (a worker
+# inherits the controller's environment).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["AUTOTUNE_TEST_TAG"] = f"{uuid.uuid4().hex}-{os.environ['PYTEST_XDIST_WORKER']}"
 TEST_TAG = os.environ.setdefault("AUTOTUNE_TEST_TAG", uuid.uuid4().hex)
 
 
