@@ -120,7 +120,9 @@ def test_adaptive_length_and_early_stop_in_one_warm_group(tmp_path: Path) -> Non
                         "max_warmup_steps": 6,
                         "timed_steps": 3,
                         "max_timed_steps": 12,
-                        "target_spread": 0.5,  # loose: three steps are enough
+                        # Loose enough that three steps settle it whatever the noise
+                        # here (three steps at 0.13, 0.13, 0.18 s already miss 0.5).
+                        "target_spread": 10.0,
                     }
                 ),
             }
