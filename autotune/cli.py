@@ -288,5 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
+def entry() -> None:
+    """The ``autotune`` command: :func:`main`, ended without the interpreter's teardown."""
+    from autotune.process_exit import exit_without_teardown
+
+    exit_without_teardown(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

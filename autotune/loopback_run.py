@@ -90,4 +90,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main()  # raises where a rank failed (torchrun's exit code and summary)
+    from autotune.process_exit import exit_without_teardown
+
+    exit_without_teardown(0)

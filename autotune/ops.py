@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.cpu_info import cache_root, remember_cpu_info
 from autotune.errors import HardwareError
 from autotune.op_locks import op_lock
 
@@ -64,7 +65,7 @@ def torch_extensions_dir() -> str:
         except PackageNotFoundError:
             parts.append(f"no-{package}")
     key = hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
-    return os.path.join(os.path.expanduser("~/.cache/autotune/torch_extensions"), key)
+    return os.path.join(cache_root(), "torch_extensions", key)
 
 
 def tools_path(path: str | None) -> str:
@@ -108,8 +109,10 @@ def guard_op_loads() -> str:
     (:func:`op_lock`), with the environment's build tools; returns the op folder.
 
     DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
-    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``."""
+    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``. The CPU facts each
+    load asks for are asked once per boot (:mod:`autotune.cpu_info`)."""
     root = build_environment()
+    remember_cpu_info()
     from deepspeed.ops.op_builder.builder import OpBuilder
 
     original = OpBuilder.jit_load

@@ -355,4 +355,6 @@ def _leave_process_group() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from autotune.process_exit import exit_without_teardown
+
+    exit_without_teardown(main())

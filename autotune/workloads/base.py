@@ -60,3 +60,9 @@ class Workload(ABC):
 
     def describe(self) -> str:
         return self.name
+
+    def trace_fingerprint(self) -> dict[str, Any] | None:
+        """What defines this model's shapes, as JSON data the same in every process (its
+        config), or None where the workload cannot say: the memory model then keeps its
+        activation traces for this process only (:mod:`autotune.trace_cache`)."""
+        return None

@@ -194,6 +194,9 @@ class DiTWorkload(Workload):
         unique = {id(p): p for p in model.parameters()}
         return sum(p.numel() for key, p in unique.items() if key not in per_sample)
 
+    def trace_fingerprint(self) -> dict[str, Any] | None:
+        return {"class": f"{type(self).__module__}.{type(self).__qualname__}", **vars(self)}
+
     def describe(self) -> str:
         return (
             f"{self.name} (DiT, {self.layers} layers, hidden {self.hidden}, patch {self.patch}, "

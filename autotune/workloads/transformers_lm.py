@@ -112,6 +112,13 @@ class CausalLMWorkload(Workload):
         scaled by top-k / experts (each token runs through top-k of them)."""
         return active_params_of(model, self.config())
 
+    def trace_fingerprint(self) -> dict[str, Any] | None:
+        return {
+            "class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "config": self.config().to_dict(),
+            "seq_len": self.seq_len,
+        }
+
     def describe(self) -> str:
         cfg = self.config()
         kind = f"{cfg.model_type}"
