@@ -77,7 +77,10 @@ def test_torch_extensions_dir_honours_the_variable(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/somewhere/else")
     assert torch_extensions_dir() == "/somewhere/else"
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert torch_extensions_dir().startswith(os.path.expanduser("~/.cache/autotune/"))
+    monkeypatch.setenv("XDG_CACHE_HOME", "/elsewhere/cache")
+    assert torch_extensions_dir().startswith("/elsewhere/cache/autotune/torch_extensions/")
 
 
 def test_tools_path_puts_the_interpreters_folder_first_once() -> None:
@@ -255,3 +258,24 @@ def test_use_torch_adam_sets_deepspeeds_key_on_adam_stepped_on_the_device() -> N
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}},
     }
     assert use_torch_adam(offloaded) == offloaded, "CPU Adam steps offloaded optimizers"
+
+
+def test_op_builds_leave_out_debug_information_unless_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DeepSpeed's real CPU Adam builder: its C++ flags lose ``-g`` and keep the rest."""
+    from deepspeed.accelerator import get_accelerator
+
+    from autotune.ops import KEEP_DEBUG_INFO_ENV, _without_debug_info
+
+    monkeypatch.delenv(KEEP_DEBUG_INFO_ENV, raising=False)
+    builder = get_accelerator().create_op_builder("CPUAdamBuilder")
+    before = builder.cxx_args()
+    assert "-g" in before  # DeepSpeed's default
+    _without_debug_info(builder)
+    _without_debug_info(builder)  # once only
+    assert builder.cxx_args() == [arg for arg in before if arg != "-g"]
+    monkeypatch.setenv(KEEP_DEBUG_INFO_ENV, "1")
+    kept = get_accelerator().create_op_builder("CPUAdamBuilder")
+    _without_debug_info(kept)
+    assert kept.cxx_args() == before
