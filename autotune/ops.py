@@ -3,12 +3,6 @@ any probe needs them; the build tools those builds use; and the optional DeepSpe
 (async I/O, partial offload) a space may ask for. Every build or load holds the op's kernel
 lock (:mod:`autotune.op_locks`).
 
-Ops are compiled without debug information: DeepSpeed's builders pass ``-g`` to the C++
-compiler, which changes no instruction and makes a compile with torch's headers a third
-slower (CPU Adam's kernel file: 39 s with it, 26 s without, on this 2-core machine), in a
-build every new environment waits for. ``AUTOTUNE_OPS_DEBUG_INFO=1`` keeps it, for those
-who step through an op in a debugger.
-
 Heavy imports (torch, deepspeed) stay inside functions: the CLI imports this module.
 """
 
@@ -35,7 +29,6 @@ Progress = Callable[[str], None]
 
 # The JIT build of one op: one to three minutes on 2 busy cores (CPU Adam is the longest).
 BUILD_ESTIMATE = "one time, 1-3 min"
-KEEP_DEBUG_INFO_ENV = "AUTOTUNE_OPS_DEBUG_INFO"
 
 
 class OpsReport(BaseModel):
@@ -117,8 +110,7 @@ def guard_op_loads() -> str:
 
     DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
     the lock goes around its one JIT entry point, ``OpBuilder.jit_load``. The CPU facts each
-    load asks for are asked once per boot (:mod:`autotune.cpu_info`), and builds leave out
-    debug information (see the module's docstring)."""
+    load asks for are asked once per boot (:mod:`autotune.cpu_info`)."""
     root = build_environment()
     remember_cpu_info()
     from deepspeed.ops.op_builder.builder import OpBuilder
@@ -128,21 +120,12 @@ def guard_op_loads() -> str:
         return root
 
     def jit_load(self: Any, verbose: bool = True) -> Any:
-        _without_debug_info(self)
         with op_lock(torch_extensions_dir(), self.name):
             return original(self, verbose)
 
     jit_load._autotune_op_lock = True  # type: ignore[attr-defined]
     OpBuilder.jit_load = jit_load  # type: ignore[method-assign]
     return root
-
-
-def _without_debug_info(builder: Any) -> None:
-    """Have ``builder`` compile its C++ without ``-g`` (see the module's docstring)."""
-    if os.environ.get(KEEP_DEBUG_INFO_ENV) == "1" or "cxx_args" in vars(builder):
-        return
-    cxx_args = builder.cxx_args
-    builder.cxx_args = lambda: [arg for arg in cxx_args() if arg != "-g"]
 
 
 def _built_at(root: str, op: str) -> float | None:

@@ -258,24 +258,3 @@ def test_use_torch_adam_sets_deepspeeds_key_on_adam_stepped_on_the_device() -> N
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}},
     }
     assert use_torch_adam(offloaded) == offloaded, "CPU Adam steps offloaded optimizers"
-
-
-def test_op_builds_leave_out_debug_information_unless_asked(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """DeepSpeed's real CPU Adam builder: its C++ flags lose ``-g`` and keep the rest."""
-    from deepspeed.accelerator import get_accelerator
-
-    from autotune.ops import KEEP_DEBUG_INFO_ENV, _without_debug_info
-
-    monkeypatch.delenv(KEEP_DEBUG_INFO_ENV, raising=False)
-    builder = get_accelerator().create_op_builder("CPUAdamBuilder")
-    before = builder.cxx_args()
-    assert "-g" in before  # DeepSpeed's default
-    _without_debug_info(builder)
-    _without_debug_info(builder)  # once only
-    assert builder.cxx_args() == [arg for arg in before if arg != "-g"]
-    monkeypatch.setenv(KEEP_DEBUG_INFO_ENV, "1")
-    kept = get_accelerator().create_op_builder("CPUAdamBuilder")
-    _without_debug_info(kept)
-    assert kept.cxx_args() == before
