@@ -17,13 +17,9 @@ import json
 import os
 from typing import Any
 
+from autotune.cache_dir import cache_root
+
 BOOT_ID = "/proc/sys/kernel/random/boot_id"  # Linux: new at every boot
-
-
-def cache_root() -> str:
-    """autotune's cache folder: ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "autotune")
 
 
 def _answer_file() -> str | None:

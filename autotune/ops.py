@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.cpu_info import cache_root, remember_cpu_info
+from autotune.cache_dir import cache_root
+from autotune.cpu_info import remember_cpu_info
 from autotune.errors import HardwareError
 from autotune.op_locks import op_lock
 

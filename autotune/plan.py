@@ -262,7 +262,8 @@ def _check_base(base: dict[str, Any], bound: BoundSpace, source: str, nvme: str 
 def check_model_builds(workload: Workload, ref: str) -> int:
     """Build the workload's model on the meta device once (the memory and cost models do
     the same), so user code that fails says so in one line before anything starts; return
-    the elements of its largest parameter."""
+    the elements of its largest parameter. A model whose counts are kept from an earlier
+    run (:func:`autotune.memory.model_facts`) built then and is not built again."""
     from autotune.errors import WorkloadError
     from autotune.memory import model_facts
 

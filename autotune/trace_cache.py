@@ -1,13 +1,17 @@
-"""Activation profiles kept on disk between runs, for workloads that can name their model.
+"""What tracing and building a model teach, kept on disk between runs, for workloads that
+can name their model.
 
 Tracing a model on fake tensors (:mod:`autotune.activations`) costs about 0.4 s a trace on a
 small model and much more on a large one, and a study traces every micro-batch x precision
 x checkpointing combination of its space before its first probe (to screen the space): 6 s
 of every ``autotune run`` of gpt-tiny, again at every continuation, ``plan`` and test. The
-result depends only on the model's shapes (:meth:`Workload.trace_fingerprint`), the library
-versions that build and run it, and the code that traces, so it is kept under that key in
-``<cache>/activations/`` and read back by later runs. A workload without a fingerprint (a
-user's factory) is traced in every process, as before.
+parameter counts (:func:`autotune.memory.model_facts`) need the model built on the meta
+device, which imports the model's code: 3 s of a run's driver for gpt-tiny. Both depend only
+on the model's shapes (:meth:`Workload.trace_fingerprint`), the library versions that build
+and run it, and the code that traces and counts, so they are kept under that key in
+``<cache>/activations/`` and read back by later runs: a run of a known model does not build
+it in the driver at all. A workload without a fingerprint (a user's factory) is traced and
+built in every process.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.cpu_info import cache_root
+from autotune.cache_dir import cache_root
 
 if TYPE_CHECKING:
-    from autotune.activations import ActivationProfile
+    from pydantic import BaseModel
+
     from autotune.workloads import Workload
 
 # Libraries whose versions change what a trace sees (model code, operators).
@@ -34,8 +39,11 @@ LIBRARIES = ("torch", "transformers", "diffusers")
 TRACING_MODULES = (
     "autotune.activations",
     "autotune.memtrack",
+    "autotune.memory",
     "autotune.workloads.base",
 )
+# Each file (by path) read once per process; what this process stores is added to its copy.
+_read: dict[str, dict[str, Any]] = {}
 
 
 @functools.cache
@@ -80,11 +88,16 @@ def _path(key: str) -> Path:
 
 
 def entry_name(micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: str) -> str:
+    """The name an activation profile is kept under in its model's file."""
     return f"mb{micro_batch_size}-{dtype_name}-{'ckpt' if checkpointing else 'full'}-{kind}"
 
 
-def load(key: str) -> dict[str, dict[str, float]]:
-    """The profiles kept under ``key`` (empty where none are, or the file is damaged)."""
+def facts_name(persistence_threshold: int) -> str:
+    """The name the parameter counts (at a ZeRO-3 persistence threshold) are kept under."""
+    return f"facts-{persistence_threshold}"
+
+
+def _from_disk(key: str) -> dict[str, Any]:
     try:
         data = json.loads(_path(key).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -92,12 +105,23 @@ def load(key: str) -> dict[str, dict[str, float]]:
     return data if isinstance(data, dict) else {}
 
 
-def store(key: str, name: str, profile: ActivationProfile) -> None:
-    """Add one profile to those kept under ``key``; the file is replaced whole (two runs
-    storing at once may drop one's entry: it is traced again next time)."""
+def load(key: str) -> dict[str, Any]:
+    """The entries kept under ``key`` (empty where none are, or the file is damaged), read
+    from disk once per process."""
+    path = str(_path(key))
+    if path not in _read:
+        _read[path] = _from_disk(key)
+    return _read[path]
+
+
+def store(key: str, name: str, record: BaseModel) -> None:
+    """Add one entry to those kept under ``key``; the file is replaced whole, merged with
+    what other processes stored meanwhile (two storing at once may drop one's entry: it is
+    traced again next time)."""
     path = _path(key)
-    entries: dict[str, Any] = load(key)
-    entries[name] = profile.model_dump()
+    entries: dict[str, Any] = {**load(key), **_from_disk(key)}
+    entries[name] = record.model_dump()
+    _read[str(path)] = entries
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")

@@ -1,4 +1,5 @@
-"""Activation profiles kept on disk between runs: real fake-tensor traces of gpt-tiny."""
+"""Activation profiles and parameter counts kept on disk between runs: real fake-tensor
+traces and meta-device builds of gpt-tiny."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune import activations, trace_cache
+from autotune import activations, memory, trace_cache
 from autotune.workloads import get_workload
 
 
 def _forget_in_process() -> None:
     activations._profile.cache_clear()
     activations._fake_model.cache_clear()
+    memory.model_facts.cache_clear()
+    trace_cache._read.clear()
 
 
 def test_a_later_process_reads_the_profile_instead_of_tracing(
@@ -68,4 +71,45 @@ def test_a_damaged_file_is_traced_again(tmp_path: Path, monkeypatch: pytest.Monk
     assert profile.forward_peak_bytes > 0
     name = trace_cache.entry_name(1, "fp32", False, "kept")
     assert trace_cache.load(key)[name] == profile.model_dump()
+    _forget_in_process()
+
+
+def test_a_later_process_reads_the_parameter_counts_instead_of_building_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    workload = get_workload("gpt-tiny")
+    _forget_in_process()
+    built = memory.model_facts(workload, 1000)
+    assert built.params > built.largest_param > 0 and 0 < built.small_params < built.params
+
+    _forget_in_process()  # as a new process would start
+
+    def no_build(*args: object) -> None:
+        raise AssertionError("built again")
+
+    monkeypatch.setattr(memory, "_counted", no_build)
+    assert memory.model_facts(workload, 1000) == built
+    with pytest.raises(AssertionError, match="built again"):
+        memory.model_facts(workload, 0)  # another persistence threshold: not kept yet
+    with pytest.raises(AssertionError, match="built again"):
+        memory.model_facts(workload.with_layers(1), 1000)  # another model
+    _forget_in_process()
+
+
+def test_a_user_factory_without_fingerprint_is_built_in_every_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    workload = get_workload("gpt-tiny")
+
+    class Unnamed(type(workload)):  # type: ignore[misc]
+        def trace_fingerprint(self) -> None:
+            return None
+
+    unnamed = Unnamed.__new__(Unnamed)
+    unnamed.__dict__.update(vars(workload))
+    _forget_in_process()
+    assert memory.model_facts(unnamed, 0).params > 0
+    assert not (tmp_path / "autotune").exists()  # nothing kept
     _forget_in_process()
