@@ -15,6 +15,7 @@ CUDA caching allocator does under ``torch.cuda.set_per_process_memory_fraction``
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 import weakref
 from typing import Any
@@ -91,12 +92,35 @@ class TensorMemoryTracker(TorchDispatchMode):
             self.peak_bytes = self.live_bytes
 
 
+# Tensors alive when the heap was frozen (:func:`freeze_heap`), which the collector no
+# longer lists; weak references, so that they die as they would have.
+_FROZEN_TENSORS: list[weakref.ref[torch.Tensor]] = []
+
+
+def freeze_heap() -> None:
+    """Move every object alive now into the collector's permanent generation (``gc.freeze``):
+    later collections and :func:`live_tensors` walk only the objects made since. A warm
+    rank's heap holds ~0.5 M objects of torch, transformers and DeepSpeed, and a full
+    collection plus a walk of it cost 0.45 s, twice per candidate. Call it after a full
+    collection, once the process's long-lived objects exist (imports, caches); objects alive
+    then that later die in a reference cycle are not collected. :func:`live_tensors` still
+    sees the tensors alive now."""
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor):
+            try:
+                _FROZEN_TENSORS.append(weakref.ref(obj))
+            except TypeError:  # a tensor subclass without weak references
+                continue
+    gc.freeze()
+
+
 def live_tensors(device_type: str = "cpu") -> list[torch.Tensor]:
     """One tensor per distinct storage on ``device_type`` that the Python heap holds now
     (call ``gc.collect()`` first to leave out unreachable cycles). Tensors only C++ code
     holds (autograd's saved tensors, communication buffers) are not seen."""
     found: dict[int, torch.Tensor] = {}
-    for obj in gc.get_objects():
+    frozen = (ref() for ref in _FROZEN_TENSORS)
+    for obj in itertools.chain(gc.get_objects(), frozen):
         # type(), not isinstance(): isinstance reads __class__, which deprecated module
         # attributes (torch.distributed.reduce_op) answer with a warning
         if not issubclass(type(obj), torch.Tensor) or obj.device.type != device_type:
