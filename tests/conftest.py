@@ -30,17 +30,27 @@ NEWCOMER_TEST = "test_newcomer.py"
 # Test packages whose tests share a package-scoped fixture (views: one real study) run as one
 # unit of work under pytest-xdist; every other test file is a unit of its own.
 SHARED_PACKAGES = ("views",)
-# The units that took longest in CI (2-4 minutes each, `--durations`), longest first: an
-# ordering hint only; a unit missing here runs after them.
+# Every unit with a slow test, by its wall time in a clean-clone CI run (`--durations`, the
+# waits for the ops included), longest first: the longest start first and the short ones
+# fill the end, so that the two workers finish close together (a unit missing here runs
+# after them).
 LONGEST_FIRST = (
     "test_run_e2e.py",
     "faults/test_faults.py",
-    "test_gpu_check.py",
     "test_cluster.py",
     "test_probe.py",
+    "test_gpu_check.py",
     "views",
     "test_deepspeed_matrix.py",
+    "faults/test_script_faults.py",
+    "test_models_cli.py",
+    "test_examples.py",
     "test_plan_and_prune.py",
+    "test_postgres.py",
+    "test_loopback_only.py",
+    "test_build_locks.py",
+    "test_executor_ray.py",
+    "test_nvme.py",
 )
 
 
