@@ -33,13 +33,13 @@ SHARED_PACKAGES = ("views",)
 # Every unit with a slow test, by its wall time in a clean-clone CI run (`--durations`, the
 # waits for the ops included), longest first: the longest start first and the short ones
 # fill the end, so that the two workers finish close together (a unit missing here runs
-# after them).
+# after them). The two units that load the async I/O op come late, to leave its background
+# build time (below).
 LONGEST_FIRST = (
     "test_run_e2e.py",
     "faults/test_faults.py",
     "test_cluster.py",
     "test_probe.py",
-    "test_gpu_check.py",
     "views",
     "test_deepspeed_matrix.py",
     "faults/test_script_faults.py",
@@ -47,6 +47,7 @@ LONGEST_FIRST = (
     "test_examples.py",
     "test_plan_and_prune.py",
     "test_postgres.py",
+    "test_gpu_check.py",
     "test_loopback_only.py",
     "test_build_locks.py",
     "test_executor_ray.py",
@@ -54,11 +55,13 @@ LONGEST_FIRST = (
 )
 
 
-# DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build, is
-# built into the default cache (one test at a time) in the background while the newcomer's
-# run goes on, at the lowest CPU priority: it takes the cycles that run leaves idle. At
-# normal priority it slowed the newcomer's own op build by as much as it saved later (CI:
-# +155 s, -151 s).
+# DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build and
+# only the NVMe tests load (15 compile units, ~280 core-s on 2 cores), is built into the
+# default cache in the background from the moment the newcomer's ops are in, at the lowest
+# CPU priority: it takes the cycles the two workers leave idle (between tests, waits for
+# timeouts and nodes, the last unit's tail) instead of holding up the first slow test. The
+# NVMe tests run last and wait for it through the op's lock; where the build is not done
+# by then (or no newcomer's run started it) they build what is left at normal priority.
 _BACKGROUND_BUILD = """
 from deepspeed.accelerator import get_accelerator
 from autotune.hardware import detect
@@ -70,7 +73,7 @@ print("built", report.built, "cached", report.cached, round(report.seconds), "s"
 """
 _BACKGROUND: list[subprocess.Popen[bytes]] = []
 _NEWCOMER_SEEDS: list[bool] = []  # the newcomer's run is in this session: it seeds the ops
-_OTHERS_NEED_OPS: list[bool] = []  # and slow tests after it need the async I/O op as well
+_NVME_LATER: list[bool] = []  # and a slow test after it needs the async I/O op
 
 
 def _unit(nodeid: str) -> str:
@@ -114,8 +117,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow = [item for item in items if "slow" in item.keywords]
     if slow and slow[0].path.name == NEWCOMER_TEST:
         _NEWCOMER_SEEDS.append(True)
-        if len(slow) > 1:
-            _OTHERS_NEED_OPS.append(True)
+        if any(NVME_OP in item.keywords for item in slow):
+            _NVME_LATER.append(True)
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
@@ -138,11 +141,9 @@ def mark_ops_seeded() -> None:
 
 
 def start_background_build() -> None:
-    """The async I/O op's build, started by the newcomer's test beside its run where slow
-    tests after it need the op."""
-    if not _OTHERS_NEED_OPS or os.environ.get("PYTEST_XDIST_WORKER"):
-        # under xdist the other worker builds it at normal priority once the newcomer's ops
-        # are in: at the lowest priority beside two busy workers the build starved
+    """The async I/O op's build, started once by the newcomer's test as soon as its ops are
+    in the default cache, where a slow test after it needs the op."""
+    if not _NVME_LATER or _BACKGROUND:
         return
     _BACKGROUND.append(
         subprocess.Popen(
@@ -154,7 +155,9 @@ def start_background_build() -> None:
     )
 
 
-_OPS_READY: list[bool] = []
+# Marks a test that loads DeepSpeed's async I/O op (NVMe offload).
+NVME_OP = "nvme_op"
+_OPS_READY: set[str] = set()  # offload targets whose ops this process has ensured
 SEED_WAIT_S = 30 * 60  # the newcomer's own timeout
 
 
@@ -162,8 +165,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before the first slow test (bar the newcomer's), build DeepSpeed's ops into the
     default cache, or find them there: tests that launch probes directly must not compile an
     op inside a probe's timeout. Where the newcomer's run is in this session (in this
-    process or another xdist worker), its ops are waited for, not built a second time."""
-    if _OPS_READY or "slow" not in item.keywords or item.path.name == NEWCOMER_TEST:
+    process or another xdist worker), its ops are waited for, not built a second time. A
+    test marked ``nvme_op`` also needs the async I/O op: built by then in the background, or
+    waited for (its lock), or built here."""
+    if "slow" not in item.keywords or item.path.name == NEWCOMER_TEST:
+        return
+    targets = {"cpu", "nvme"} if NVME_OP in item.keywords else {"cpu"}
+    if targets <= _OPS_READY:
         return
     from autotune.hardware import detect
     from autotune.ops import ensure_deepspeed_ops
@@ -179,11 +187,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         deadline = time.monotonic() + SEED_WAIT_S
         while not seeded_ops_marker().exists() and time.monotonic() < deadline:
             time.sleep(1)
-    for build in _BACKGROUND:
-        show("waiting for the background build of DeepSpeed's async I/O op ...")
-        build.wait()
-    ensure_deepspeed_ops(detect(), offload_targets={"cpu", "nvme"}, on_progress=show)
-    _OPS_READY.append(True)
+    ensure_deepspeed_ops(detect(), offload_targets=targets, on_progress=show)
+    _OPS_READY.update(targets)
 
 
 def copy_built_ops(

@@ -37,6 +37,7 @@ NEEDS_CUDA = {"oom", "gpu_tests"}
 
 
 @pytest.mark.slow
+@pytest.mark.nvme_op  # its memory phase probes NVMe offload
 def test_the_dry_run_runs_every_phase_it_can_on_cpu_and_reports_all(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "GPU_CHECK_PYTHON": sys.executable}

@@ -73,6 +73,7 @@ def candidate(param: str) -> Candidate:
     )
 
 
+@pytest.mark.nvme_op
 def test_nvme_offload_trains_and_each_swap_folder_is_removed(tmp_path: Path) -> None:
     from autotune.ops import async_io_problem
 
