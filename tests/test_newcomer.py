@@ -64,7 +64,7 @@ def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
     def seed() -> None:
         copy_built_ops(str(ops), default_ops)
         mark_ops_seeded()
-        start_background_build()  # the async I/O op, from now on, in the idle cycles
+        start_background_build()  # the async I/O op, beside this run's study
 
     run = subprocess.Popen(
         [autotune, *readme_command()],
