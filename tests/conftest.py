@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -151,9 +151,18 @@ def start_background_build() -> None:
             [sys.executable, "-c", _BACKGROUND_BUILD],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            # two compiles at a time: a third of the CPU beside the two workers, not two thirds
+            env={**os.environ, "OMP_NUM_THREADS": "1", "MAX_JOBS": "2"},
         )
     )
+
+
+@pytest.fixture
+def start_nvme_build() -> Callable[[], None]:
+    """:func:`start_background_build` of this module as pytest loaded it (``conftest``):
+    a test that imports it from ``tests.conftest`` gets a second copy of this module, whose
+    collection state is empty and whose build the session's end would not stop."""
+    return start_background_build
 
 
 # Marks a test that loads DeepSpeed's async I/O op (NVMe offload).

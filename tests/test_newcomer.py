@@ -16,11 +16,12 @@ import shlex
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, copy_built_ops, mark_ops_seeded, start_background_build
+from tests.conftest import ROOT, copy_built_ops, mark_ops_seeded
 
 VENV_BIN = os.path.dirname(sys.executable)
 OPS_BUILT = "once for this environment (not charged to the budget)"  # autotune/tuner.py
@@ -42,7 +43,7 @@ def test_readme_command_1_parses_to_a_run() -> None:
 
 @pytest.mark.slow
 def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
-    tmp_path: Path,
+    tmp_path: Path, start_nvme_build: Callable[[], None]
 ) -> None:
     from autotune.ops import torch_extensions_dir
 
@@ -64,7 +65,7 @@ def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
     def seed() -> None:
         copy_built_ops(str(ops), default_ops)
         mark_ops_seeded()
-        start_background_build()  # the async I/O op, beside this run's study
+        start_nvme_build()  # the async I/O op, beside this run's study
 
     run = subprocess.Popen(
         [autotune, *readme_command()],
