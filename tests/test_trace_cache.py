@@ -18,6 +18,18 @@ def _forget_in_process() -> None:
     trace_cache._read.clear()
 
 
+def _without_fingerprint(workload: object) -> object:
+    """The same workload as a user's factory would give it: one that names no model."""
+
+    class Unnamed(type(workload)):  # type: ignore[misc]
+        def trace_fingerprint(self) -> None:
+            return None
+
+    unnamed = Unnamed.__new__(Unnamed)
+    unnamed.__dict__.update(vars(workload))
+    return unnamed
+
+
 def test_a_later_process_reads_the_profile_instead_of_tracing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -48,13 +60,7 @@ def test_the_key_follows_the_model_and_a_workload_without_fingerprint_has_none()
     assert key is not None and key == trace_cache.cache_key(get_workload("gpt-tiny"))
     assert trace_cache.cache_key(workload.with_layers(1)) != key
     assert trace_cache.cache_key(get_workload("dit-s-8")) not in (None, key)
-
-    class Unnamed(type(workload)):  # type: ignore[misc]
-        def trace_fingerprint(self) -> None:
-            return None
-
-    unnamed = Unnamed.__new__(Unnamed)
-    unnamed.__dict__.update(vars(workload))
+    unnamed = _without_fingerprint(workload)
     assert trace_cache.cache_key(unnamed) is None
 
 
@@ -102,13 +108,7 @@ def test_a_user_factory_without_fingerprint_is_built_in_every_process(
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     workload = get_workload("gpt-tiny")
-
-    class Unnamed(type(workload)):  # type: ignore[misc]
-        def trace_fingerprint(self) -> None:
-            return None
-
-    unnamed = Unnamed.__new__(Unnamed)
-    unnamed.__dict__.update(vars(workload))
+    unnamed = _without_fingerprint(workload)
     _forget_in_process()
     assert memory.model_facts(unnamed, 0).params > 0
     assert not (tmp_path / "autotune").exists()  # nothing kept
