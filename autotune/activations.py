@@ -257,20 +257,15 @@ def _profile(
     workload: Workload, micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: Kind
 ) -> ActivationProfile:
     """Kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
-    from pydantic import ValidationError
-
     from autotune import trace_cache
 
-    key = trace_cache.cache_key(workload)
     name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind)
-    if key is not None:
-        kept = trace_cache.load(key).get(name)
-        with contextlib.suppress(TypeError, ValidationError):
-            return ActivationProfile(**kept)  # type: ignore[arg-type]
-    profile = _traced(workload, micro_batch_size, dtype_name, checkpointing, kind)
-    if key is not None:
-        trace_cache.store(key, name, profile)
-    return profile
+    return trace_cache.kept_or_made(
+        workload,
+        name,
+        ActivationProfile,
+        lambda: _traced(workload, micro_batch_size, dtype_name, checkpointing, kind),
+    )
 
 
 def _traced(

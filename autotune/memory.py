@@ -21,7 +21,6 @@ measured to predicted peaks of the study's completed probes.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import statistics
 from typing import TYPE_CHECKING, Any
@@ -90,20 +89,14 @@ class ModelFacts(BaseModel):
 def model_facts(workload: Workload, persistence_threshold: int) -> ModelFacts:
     """Parameter counts from the model built on the meta device (no memory, no weights);
     kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
-    from pydantic import ValidationError
-
     from autotune import trace_cache
 
-    key = trace_cache.cache_key(workload)
-    name = trace_cache.facts_name(persistence_threshold)
-    if key is not None:
-        kept = trace_cache.load(key).get(name)
-        with contextlib.suppress(TypeError, ValidationError):
-            return ModelFacts(**kept)  # type: ignore[arg-type]
-    facts = _counted(workload, persistence_threshold)
-    if key is not None:
-        trace_cache.store(key, name, facts)
-    return facts
+    return trace_cache.kept_or_made(
+        workload,
+        trace_cache.facts_name(persistence_threshold),
+        ModelFacts,
+        lambda: _counted(workload, persistence_threshold),
+    )
 
 
 def _counted(workload: Workload, persistence_threshold: int) -> ModelFacts:

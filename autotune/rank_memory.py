@@ -41,7 +41,6 @@ LEAK_TOLERANCE_MIN_BYTES = 64 * 2**20
 
 # Bytes each accelerator held at this process's first candidate: the clean baseline.
 _FIRST_HELD: dict[str, int] = {}
-_HEAP_FROZEN: list[bool] = []  # memtrack.freeze_heap ran in this process
 
 
 def pinned_host_failure(exc: BaseException) -> bool:
@@ -244,12 +243,11 @@ def release(accelerator: str) -> None:
     import torch
 
     gc.collect()
-    if not _HEAP_FROZEN:
+    if gc.get_freeze_count() == 0:
         # after the first candidate every import is done: later collections skip that heap
         from autotune.memtrack import freeze_heap
 
         freeze_heap()
-        _HEAP_FROZEN.append(True)
     if accelerator == "cuda":
         # cuBLAS keeps a workspace per handle and stream in the caching allocator; made
         # again on first use, they would otherwise read as what the candidate left

@@ -22,16 +22,19 @@ import hashlib
 import importlib
 import json
 import os
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from autotune.cache_dir import cache_root
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from autotune.workloads import Workload
+
+Record = TypeVar("Record", bound=BaseModel)
 
 # Libraries whose versions change what a trace sees (model code, operators).
 LIBRARIES = ("torch", "transformers", "diffusers")
@@ -127,3 +130,18 @@ def store(key: str, name: str, record: BaseModel) -> None:
         temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(entries, sort_keys=True), encoding="utf-8")
         os.replace(temporary, path)
+
+
+def kept_or_made(
+    workload: Workload, name: str, record_type: type[Record], make: Callable[[], Record]
+) -> Record:
+    """The record kept under the workload's key and ``name``, else ``make()``'s, which is
+    kept for later runs where the workload has a key (a damaged entry is made again)."""
+    key = cache_key(workload)
+    if key is not None:
+        with contextlib.suppress(ValidationError):
+            return record_type.model_validate(load(key).get(name))
+    made = make()
+    if key is not None:
+        store(key, name, made)
+    return made
