@@ -12,6 +12,8 @@ Reproduce:
         --out benchmarks/data/memory_accuracy_dit.json   # diffusion transformers
     python benchmarks/memory_accuracy.py --repredict benchmarks/data/memory_accuracy.json
         # the measured peaks of an earlier run against the current model (no probes)
+    python benchmarks/memory_accuracy.py --workloads dit-s-8 dit-s-2 dit-b-8 \
+        --stages 1 2 --precisions bf16 --out /tmp/z12.json   # a part of the grid
 
 Targets: language models median relative error <= 5%, worst <= 15%, no candidate
 under-predicted by more than 5%; DiT median <= 2%, worst <= 5%, under-prediction <= 2%.
@@ -20,6 +22,7 @@ under-predicted by more than 5%; DiT median <= 2%, worst <= 5%, under-prediction
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
 import statistics
@@ -46,11 +49,16 @@ DEFAULT_WORKLOADS = ("gpt-tiny", "gpt2-seq32")
 TARGETS = {"lm": (0.05, 0.15, 0.05), "dit": (0.02, 0.05, 0.02)}
 
 
-def candidates(global_batch: int, micro_batches: tuple[int, ...]):
+def candidates(
+    global_batch: int,
+    micro_batches: tuple[int, ...],
+    stages: tuple[int, ...] = (0, 1, 2, 3),
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
+):
     from autotune.candidate import Candidate
 
     for stage, precision, mb, ckpt in itertools.product(
-        (0, 1, 2, 3), ("fp32", "bf16"), micro_batches, (False, True)
+        stages, precisions, micro_batches, (False, True)
     ):
         yield Candidate(
             precision=precision,
@@ -63,7 +71,13 @@ def candidates(global_batch: int, micro_batches: tuple[int, ...]):
 
 
 def measure(
-    ref: str, batch: int, mbs: tuple[int, ...], root: Path, warmup_steps: int = 2
+    ref: str,
+    batch: int,
+    mbs: tuple[int, ...],
+    root: Path,
+    warmup_steps: int = 2,
+    stages: tuple[int, ...] = (0, 1, 2, 3),
+    precisions: tuple[str, ...] = ("fp32", "bf16"),
 ) -> list[tuple]:
     from probe_jobs import cpu_probe_jobs
 
@@ -72,7 +86,7 @@ def measure(
     from autotune.workloads import get_workload
 
     model = MemoryModel(get_workload(ref))
-    chosen = list(candidates(batch, mbs))
+    chosen = list(candidates(batch, mbs, stages, precisions))
     predictions = []
     for candidate in chosen:
         started = time.perf_counter()
@@ -107,6 +121,12 @@ def main() -> int:
         help="steps before the timed one; below 2 the peak is not yet steady (a 2-step "
         "probe of GPT-2 peaks 4 bytes x parameters lower than the third step does)",
     )
+    parser.add_argument(
+        "--stages", type=int, nargs="+", default=[0, 1, 2, 3], help="ZeRO stages to probe"
+    )
+    parser.add_argument(
+        "--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"]
+    )
     args = parser.parse_args()
     if args.repredict:
         return repredict(args.repredict)
@@ -115,7 +135,15 @@ def main() -> int:
     for name in args.workloads:
         ref, batch, mbs = WORKLOADS[name]
         with tempfile.TemporaryDirectory(prefix="autotune-memory-") as tmp:
-            rows = measure(ref, batch, mbs, Path(tmp), args.warmup_steps)
+            rows = measure(
+                ref,
+                batch,
+                mbs,
+                Path(tmp),
+                args.warmup_steps,
+                tuple(args.stages),
+                tuple(args.precisions),
+            )
         print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
         print("| candidate | phase | predicted MiB | measured MiB | error |")
         print("|---|---|---|---|---|")
@@ -138,6 +166,7 @@ def main() -> int:
                     "measured_bytes": measured,
                     "phase": estimate.phase,
                     "predict_s": predict_s,
+                    "measured_on": datetime.date.today().isoformat(),
                 }
             )
             print(
