@@ -125,7 +125,7 @@ def phase_install(run: Run, phase: Phase) -> None:
     run.facts["libaio"] = install_libaio(run, phase, debs)
     code, out = run.run(phase, [*pip, "--no-build-isolation", "-e", str(REPO)])
     how = "pip install -e"
-    if code:  # no setuptools >= 69 there: the tree on the path instead
+    if code:  # no setuptools >= 77 there: the tree on the path instead
         site = run_python(
             run, phase, run.python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         )
