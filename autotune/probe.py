@@ -29,6 +29,7 @@ import signal
 import sys
 import time
 import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,10 @@ def _versions(device: Any) -> dict[str, str]:
 
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     versions["deepspeed"] = deepspeed.__version__
-    with contextlib.suppress(ImportError):
-        import transformers
-
-        versions["transformers"] = transformers.__version__
+    # from the installed metadata: importing transformers costs a rank 2 s where the
+    # workload (a DiT, a plain script) does not use it
+    with contextlib.suppress(PackageNotFoundError):
+        versions["transformers"] = version("transformers")
     versions["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     versions["cuda_matmul_allow_tf32"] = str(torch.backends.cuda.matmul.allow_tf32)
     versions["cudnn_allow_tf32"] = str(torch.backends.cudnn.allow_tf32)

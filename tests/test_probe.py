@@ -76,6 +76,9 @@ def test_ok_probe_measures_throughput_and_memory(tmp_path: Path) -> None:
     assert result.threads_per_rank == 1
     assert result.exit_code == 0
     assert result.versions["deepspeed"]
+    import transformers
+
+    assert result.versions["transformers"] == transformers.__version__  # from its metadata
     log = (tmp_path / "trial" / "probe.log").read_text()
     assert "terminate called" not in log and "Traceback" not in log
     assert (tmp_path / "trial" / "ds_config.json").is_file()
