@@ -244,17 +244,31 @@ def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) ->
     probes before any other). ``one_round(trials)`` probes those contenders once each and
     appends to their samples; False when there was no time for the whole round (it is not
     counted). When a round of every contender no longer fits, the rounds of the two
-    closest still may: the closest call gets the time that is left. Decides ``verdict``."""
+    closest still may: the closest call gets the time that is left; where not even the
+    first round of every contender fits, the search's best two get it, so that the winner
+    never rests on one probe of each while the budget held back for the round goes unused.
+    Decides ``verdict``."""
     order = [c.trial for c in verdict.contenders]  # every round in the same order
+    no_room = False
     for _ in range(ROUNDS):
         still = set(verdict.racing())
         racing = [trial for trial in order if trial in still]
         verdict.left_race = [trial for trial in order if trial not in still]
-        if len(racing) < 2 or not one_round(racing):
-            break  # the winner stands apart, or no time for the whole round
+        if len(racing) < 2:
+            break  # the winner stands apart
+        if not one_round(racing):
+            no_room = True  # no time for the whole round
+            break
         verdict.rounds += 1
         verdict.decide()
     verdict.decide()
+    if no_room and verdict.rounds == 0 and len(order) > 2:
+        while verdict.tie_rounds < MAX_TIE_ROUNDS and one_round(order[:2]):
+            verdict.tie_rounds += 1
+            verdict.decide()
+            if not verdict.closest():
+                break  # the two stand apart
+        return
     while verdict.tie and verdict.tie_rounds < MAX_TIE_ROUNDS:
         if not one_round(verdict.closest()):
             break

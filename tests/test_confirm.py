@@ -181,6 +181,22 @@ def test_when_a_full_round_no_longer_fits_the_best_two_get_the_time_left() -> No
     assert spreads[calls[-1][1]] == max(spreads[t] for t in (1, 2, 3))
 
 
+def test_when_no_round_of_every_contender_fits_the_best_two_get_the_reserve() -> None:
+    # three contenders of one search probe each; room for two more probes
+    rates = {0: [100.0, 92.0, 101.0, 93.0], 1: [98.0, 95.0, 99.0, 94.0], 2: [90.0] * 4}
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=t, label=str(t), samples_per_s=[rates[t].pop(0)])
+            for t in range(3)
+        ]
+    )
+    one_round, calls = _scripted_round(verdict, rates, probes=2)
+    confirm.run_rounds(verdict, one_round)
+    # no round of all three fits: the search's best two get the time
+    assert verdict.rounds == 0 and calls == [[0, 1]] and verdict.tie_rounds == 1
+    assert [len(c.samples_per_s) for c in verdict.contenders if c.trial != 2] == [2, 2]
+
+
 def test_tie_rounds_go_on_while_the_budget_has_room() -> None:
     alternating = [100.0, 90.0, 110.0] * 5
     rates = {0: list(alternating), 1: [x - 1 for x in alternating]}
