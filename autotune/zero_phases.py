@@ -151,7 +151,7 @@ def _zero12(
     # DiT-B/8 at mb2x4 and mb4x2: the peak is that partition plus the flattened buffers).
     # Then 16-bit ZeRO allocates the rank's partition, after the flattened buffers are
     # released. On CPU ranks gloo's worker thread sometimes releases them late, so that
-    # both exist at once (+ width x P/N on one rank: seen in 2 of 38 bf16 ZeRO-1 probes of
+    # both exist at once (+ width x P/N on one rank: seen in 2 of 44 bf16 ZeRO-1 probes of
     # DiT-S, +2.1-2.6%, never in DiT-B/8 or GPT-2 ones). That transient is not predicted:
     # the screen's margin (5% by default) is there for it; predicting it over-predicted
     # every probe where it did not happen (DiT-B/8 by 5.5%).
