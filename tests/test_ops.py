@@ -19,6 +19,7 @@ from autotune.errors import HardwareError
 from autotune.hardware import Hardware
 from autotune.ops import (
     BUILD_ESTIMATE,
+    _without_debug_info,
     build_tool_problem,
     ensure_deepspeed_ops,
     tools_path,
@@ -258,3 +259,14 @@ def test_use_torch_adam_sets_deepspeeds_key_on_adam_stepped_on_the_device() -> N
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}},
     }
     assert use_torch_adam(offloaded) == offloaded, "CPU Adam steps offloaded optimizers"
+
+
+def test_ops_compile_without_debug_information_and_with_every_other_flag() -> None:
+    class Builder:
+        def cxx_args(self) -> list[str]:
+            return ["-O3", "-g", "-Wno-reorder", "-march=native", "-fopenmp"]
+
+    builder = Builder()
+    _without_debug_info(builder)
+    _without_debug_info(builder)  # a second load of the same builder
+    assert builder.cxx_args() == ["-O3", "-Wno-reorder", "-march=native", "-fopenmp"]

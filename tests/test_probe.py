@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate, ZeroKnobs
-from autotune.launch import ProbeJob, launch_probe, launch_probes, read_reports
+from autotune.launch import ProbeJob, launch_probe, launch_probes, probe_command, read_reports
 from autotune.protocol import ProbeSpec
 from tests.conftest import probe_processes
 
@@ -82,6 +82,18 @@ def test_ok_probe_measures_throughput_and_memory(tmp_path: Path) -> None:
     log = (tmp_path / "trial" / "probe.log").read_text()
     assert "terminate called" not in log and "Traceback" not in log
     assert (tmp_path / "trial" / "ds_config.json").is_file()
+    assert_no_probe_left()
+
+
+def test_a_forked_cpu_rank_runs_with_the_threads_of_its_launch(tmp_path: Path) -> None:
+    """CPU ranks are forked from a launcher that imported their code with one OpenMP
+    thread; each rank runs with the launch's threads, as a rank of its own program would."""
+    job = make_job(tmp_path, candidate=CANDIDATE.model_copy(update={"data_parallel_size": 1}))
+    job = job.model_copy(update={"world_size": 1, "threads_per_rank": 2})
+    assert "autotune.fork_ranks" in probe_command(job, [])
+    result = launch_probe(job)
+    assert result.status == "ok", result.error + result.log_tail
+    assert result.threads_per_rank == 2
     assert_no_probe_left()
 
 

@@ -42,6 +42,13 @@ class Workload(ABC):
         the batch is yours to cast; or leave it out: the probe casts the batch's
         floating-point tensors to that dtype (integer tensors, e.g. token ids, stay)."""
 
+    def import_model_code(self) -> None:
+        """Import the library code :meth:`build_model` uses, building nothing and running
+        no tensor operation: a CPU probe's launcher calls it once before it forks its ranks
+        (:mod:`autotune.fork_ranks`), so that no rank imports it again. Optional: by
+        default each rank imports what it uses."""
+        return
+
     def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
         """The training loss of ``model`` on ``batch`` (model may be a DeepSpeed engine)."""
         return model(**batch).loss

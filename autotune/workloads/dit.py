@@ -95,6 +95,9 @@ class DiTWorkload(Workload):
         clone.layers = layers
         return clone
 
+    def import_model_code(self) -> None:
+        from diffusers import DiTTransformer2DModel  # noqa: F401
+
     def build_model(self) -> torch.nn.Module:
         from diffusers import DiTTransformer2DModel
         from diffusers.utils import logging as diffusers_logging

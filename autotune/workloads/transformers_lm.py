@@ -68,6 +68,11 @@ class CausalLMWorkload(Workload):
 
         return AutoModelForCausalLM
 
+    def import_model_code(self) -> None:
+        from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(self.config())]  # imports the model's module
+
     def build_model(self) -> torch.nn.Module:
         from transformers.utils import logging as hf_logging
 
@@ -136,6 +141,11 @@ class MaskedLMWorkload(CausalLMWorkload):
         from transformers import AutoModelForMaskedLM
 
         return AutoModelForMaskedLM
+
+    def import_model_code(self) -> None:
+        from transformers import MODEL_FOR_MASKED_LM_MAPPING
+
+        MODEL_FOR_MASKED_LM_MAPPING[type(self.config())]  # imports the model's module
 
     def make_batch(self, micro_batch_size: int, device: torch.device) -> dict[str, Any]:
         import torch
