@@ -1,4 +1,5 @@
-"""One probe rank: ``python -m autotune.probe --spec spec.json`` under torchrun.
+"""One probe rank: ``python -m autotune.probe --spec spec.json``, under torchrun or forked by
+:mod:`autotune.fork_ranks` (CPU).
 
 Each rank builds the workload (at ZeRO-3 under ``deepspeed.zero.Init``, partitioned as it
 is built; at other stages on the device in the target dtype), calls ``deepspeed.initialize``
@@ -6,7 +7,7 @@ with the candidate's config, runs warm-up steps (where, on CPU, tensor memory is
 the limit enforced), then times optimizer steps, and writes a
 :class:`~autotune.protocol.RankReport` to ``rank-<r>.json`` next to the spec. A failure is
 data: the rank reports ``oom`` or ``error`` and exits without tearing down collectives
-(torchrun stops its peers).
+(its launcher stops its peers).
 
 Ranks that probe several candidates (a warm worker, several ``--spec``) drop every
 reference to a candidate's engine before collecting and emptying caches, and check at the
@@ -239,7 +240,7 @@ def _write_report(report: RankReport, directory: Path) -> None:
 
 def _leave_now(report: RankReport, spec_path: Path, started: float) -> None:
     """Write the report of a rank that stops here and exit at once: peers may be blocked in
-    a collective, interpreter teardown would abort in gloo/NCCL destructors, and torchrun
+    a collective, interpreter teardown would abort in gloo/NCCL destructors, and the launcher
     stops the other ranks."""
     report.host_peak_bytes = _host_peak_bytes()
     report.wall_s = time.perf_counter() - started
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     from autotune.launch import die_with_parent
 
     started = time.perf_counter()
-    die_with_parent()  # torchrun killed (its driver died): this rank goes too, even if hung
+    die_with_parent()  # launcher killed (its driver died): this rank goes too, even if hung
     # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH);
     # a yaml.py or torch.py the user keeps there must not shadow the real packages
     sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]

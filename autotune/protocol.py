@@ -223,7 +223,7 @@ class ProbeResult(BaseModel):
     )
     timed_s: float = Field(default=0.0, description="Time inside the timed steps.")
     threads_per_rank: int = Field(default=0, description="Intra-op threads torch used per rank.")
-    exit_code: int | None = Field(default=None, description="torchrun's exit code.")
+    exit_code: int | None = Field(default=None, description="The ranks' launcher's exit code.")
     log_tail: str = Field(default="", description="Last lines of the probe's log.")
     versions: dict[str, str] = Field(default_factory=dict)
     warmup_steps: int = Field(default=0, description="Untimed steps it took to settle.")
@@ -351,7 +351,7 @@ _FAILURE = re.compile(
 )
 
 
-SIGTERM_EXIT = -15  # how torchrun ends the surviving ranks once one has failed
+SIGTERM_EXIT = -15  # how the launcher ends the surviving ranks once one has failed
 
 
 def torchrun_root_cause(log: str, missing: list[int] | None = None) -> str:

@@ -1,15 +1,16 @@
-"""A warm probe worker: one torchrun process group that probes candidates one after another.
+"""A warm probe worker: one process group of ranks that probes candidates one after another.
 
 A cold probe pays interpreter start, imports of torch, DeepSpeed and transformers, and
 process-group set-up (about 20 s of the ~25 s a gpt-tiny trial took here) for a second of
-timed steps. A :class:`WarmWorker` keeps ``python -m autotune.probe --serve INBOX`` running
-under torchrun and posts each job as a file; the ranks build, initialise, step and release
-one candidate after the other. A failed, hung or cancelled probe kills the whole group (its
-ranks may be stuck in a collective, or hold a broken device); the next job starts a fresh
-one. So isolation is the same as a cold probe's where it matters, and the start-up cost is
-paid once per failure instead of once per probe. Ranks that find an earlier candidate's
-memory still allocated when a job starts report ``unclean`` without probing; the worker then
-restarts the group and probes the job cold, so no probe measures another's leftovers.
+timed steps. A :class:`WarmWorker` keeps the ranks of ``autotune.probe --serve INBOX``
+running (:func:`~autotune.launch.probe_command`) and posts each job as a file; the ranks
+build, initialise, step and release one candidate after the other. A failed, hung or
+cancelled probe kills the whole group (its ranks may be stuck in a collective, or hold a
+broken device); the next job starts a fresh one. So isolation is the same as a cold
+probe's where it matters, and the start-up cost is paid once per failure instead of once
+per probe. Ranks that find an earlier candidate's memory still allocated when a job starts
+report ``unclean`` without probing; the worker then restarts the group and probes the job
+cold, so no probe measures another's leftovers.
 """
 
 from __future__ import annotations

@@ -499,12 +499,18 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     argv = ["bash", str(Path(export["folder"]) / "launch.sh"), TRAIN]
     argv += ["--workload", export["workload"], "--steps", str(TRAIN_STEPS)]
     argv += ["--checkpointing"] * export["checkpointing"]
-    # launch.sh runs in the check's environment: its PATH (deepspeed, torchrun) and the op
-    # folder the probes built into (TORCH_EXTENSIONS_DIR), as a user's shell would have them.
+    # launch.sh runs in the check's environment (its PATH: deepspeed, torchrun) with
+    # DeepSpeed's own op folder, as in production: autotune builds its ops with other flags
+    # (no debug information) in a folder of its own; a dry run shares the user's default
+    # folder with the test suite's production runs, a GPU run has a fresh one.
     # On a GPU node its default launcher (deepspeed); in a dry run torchrun, whose
     # --standalone takes a free port where the deepspeed launcher's fixed 29500 may be busy
     launcher = "torchrun" if run.settings.dry_run else "deepspeed"
-    code, out = run.run(phase, argv, env={**run.env, "LAUNCHER": launcher})
+    env = {**run.env, "LAUNCHER": launcher}
+    env.pop("TORCH_EXTENSIONS_DIR")
+    if not run.settings.dry_run:
+        env["TORCH_EXTENSIONS_DIR"] = str(run.work / "torch_extensions_production")
+    code, out = run.run(phase, argv, env=env)
     checks, data = train_checks(out, code, TRAIN_STEPS)
     phase.checks += checks
     if data.get("samples_per_s") and export.get("samples_per_s"):

@@ -1,7 +1,7 @@
 """Real DeepSpeed on 2 CPU ranks, 2 optimizer steps each, for every CPU-supported class of
 candidate: fp32/bf16 x ZeRO 0-3 x optimizer offload none/cpu x parameter offload (ZeRO 3)
 none/cpu x activation checkpointing off/on (NVMe offload: tests/test_nvme.py). All
-candidates of a group run in one torchrun launch (launch_probes)."""
+candidates of a group run in one launch (launch_probes)."""
 
 from __future__ import annotations
 
