@@ -50,7 +50,11 @@ def import_rank_code(workload_ref: str | None) -> None:
     """Import what every CPU probe rank imports: torch, DeepSpeed, the probe, and the
     model code of a built-in or ``hf:`` workload. A workload whose code cannot be imported
     here is left to the ranks, which report why."""
-    import deepspeed  # noqa: F401 - DS_ACCELERATOR=cpu is in the environment
+    # DeepSpeed (DS_ACCELERATOR=cpu is in the environment), with the Muon optimizer its
+    # engine imports at the first ZeRO optimizer (its sanity check): 1.2 s of torch's
+    # compiler stack, which Muon only decorates with at import
+    import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401 - every op load
 
     import autotune.probe  # noqa: F401
     from autotune.workloads import HF_PREFIX, WORKLOADS, get_workload

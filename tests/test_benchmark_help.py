@@ -11,6 +11,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 COMMANDS = [
     ["gpu_check.py"],
+    ["launch_cost.py"],
     ["memory_accuracy.py"],
     ["overhead.py"],
     ["plan_tables.py"],
