@@ -108,6 +108,7 @@ _CLEAN_SIGNALS_EXEC = (
     "signal.pthread_sigmask(signal.SIG_SETMASK, []); "
     "os.execv(sys.executable, [sys.executable] + sys.argv[1:])"
 )
+_PRELUDE = [sys.executable, "-c", _CLEAN_SIGNALS_EXEC, "-m"]
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -149,10 +150,9 @@ def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
     forked from a launcher that has imported their code (:mod:`autotune.fork_ranks`), other
     ranks under torchrun (of ``autotune.script_probe`` when the user's script is the probe).
     Either launcher's stores and ranks listen on loopback only."""
-    prelude = [sys.executable, "-c", _CLEAN_SIGNALS_EXEC, "-m"]
     if job.spec.script is None and job.spec.accelerator == "cpu":
         return [
-            *prelude,
+            *_PRELUDE,
             "autotune.fork_ranks",
             f"--nproc-per-node={job.world_size}",
             f"--workload={job.spec.workload}",
@@ -160,8 +160,14 @@ def probe_command(job: ProbeJob, probe_args: list[str]) -> list[str]:
             *probe_args,
         ]
     module = "autotune.script_probe" if job.spec.script is not None else "autotune.probe"
+    return torchrun_command(job, module, probe_args)
+
+
+def torchrun_command(job: ProbeJob, module: str, probe_args: list[str]) -> list[str]:
+    """The launch of ``python -m MODULE PROBE_ARGS`` on the job's ranks under torchrun, its
+    store and ranks on loopback (:mod:`autotune.loopback_run`)."""
     return [
-        *prelude,
+        *_PRELUDE,
         "autotune.loopback_run",
         "--standalone",
         f"--nproc-per-node={job.world_size}",

@@ -38,18 +38,7 @@ CANDIDATE = Candidate(
 
 def torchrun_command(job: launch.ProbeJob, probe_args: list[str]) -> list[str]:
     """The launch of ``autotune.probe`` under torchrun, as GPU probes are launched."""
-    forked = FORKED_COMMAND(job, probe_args)
-    start = forked.index("autotune.fork_ranks")
-    return [
-        *forked[:start],
-        "autotune.loopback_run",
-        "--standalone",
-        f"--nproc-per-node={job.world_size}",
-        "--max-restarts=0",
-        "-m",
-        "autotune.probe",
-        *probe_args,
-    ]
+    return launch.torchrun_command(job, "autotune.probe", probe_args)
 
 
 def children_cpu_s() -> float:
