@@ -499,16 +499,17 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     argv = ["bash", str(Path(export["folder"]) / "launch.sh"), TRAIN]
     argv += ["--workload", export["workload"], "--steps", str(TRAIN_STEPS)]
     argv += ["--checkpointing"] * export["checkpointing"]
-    # launch.sh runs in the check's environment (its PATH: deepspeed, torchrun) with
-    # DeepSpeed's own op folder, as in production: autotune builds its ops with other flags
-    # (no debug information) in a folder of its own; a dry run shares the user's default
-    # folder with the test suite's production runs, a GPU run has a fresh one.
+    # launch.sh runs in the check's environment (its PATH: deepspeed, torchrun). On a GPU
+    # its ops are built as in production: DeepSpeed's flags, in a fresh folder (autotune
+    # builds its own without debug information, in a folder of its own). A dry run loads
+    # autotune's, already built: two CPU cores compile nothing again.
     # On a GPU node its default launcher (deepspeed); in a dry run torchrun, whose
     # --standalone takes a free port where the deepspeed launcher's fixed 29500 may be busy
     launcher = "torchrun" if run.settings.dry_run else "deepspeed"
     env = {**run.env, "LAUNCHER": launcher}
-    env.pop("TORCH_EXTENSIONS_DIR")
-    if not run.settings.dry_run:
+    if run.settings.dry_run:
+        argv.append("--autotune-ops")
+    else:
         env["TORCH_EXTENSIONS_DIR"] = str(run.work / "torch_extensions_production")
     code, out = run.run(phase, argv, env=env)
     checks, data = train_checks(out, code, TRAIN_STEPS)

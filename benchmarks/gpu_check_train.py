@@ -33,7 +33,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--checkpointing", action="store_true", help="as summary.md asks")
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
+    parser.add_argument(
+        "--autotune-ops",
+        action="store_true",
+        help="load DeepSpeed's ops from autotune's op folder, as its probes do (built without "
+        "debug information: the same machine code); the CPU dry run's ops are built already",
+    )
     args = parser.parse_args()
+    if args.autotune_ops:
+        from autotune.ops import guard_op_loads
+
+        guard_op_loads()
 
     workload = get_workload(args.workload)
     model = workload.build_model()

@@ -2,6 +2,10 @@
 
 Run with torchrun or the deepspeed launcher; the tests use it to prove that an exported
 ds_config.json works unedited.
+
+DeepSpeed runs unmodified; only its JIT-compiled ops come from autotune's op folder, built
+without debug information (the same machine code: see autotune.ops), so that the suite
+compiles each op once instead of again with DeepSpeed's ``-g``.
 """
 
 import argparse
@@ -11,11 +15,14 @@ import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from autotune.ops import guard_op_loads
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--config", "--deepspeed_config", dest="config", required=True)
 parser.add_argument("--steps", type=int, default=2)
 parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
 args = parser.parse_args()
+guard_op_loads()
 
 model = GPT2LMHeadModel(
     GPT2Config(
