@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune import op_pch
 from autotune.cache_dir import cache_root
 from autotune.cpu_info import remember_cpu_info
 from autotune.errors import HardwareError
@@ -114,8 +115,9 @@ def guard_op_loads() -> str:
     (:func:`op_lock`), with the environment's build tools; returns the op folder.
 
     DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
-    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``. The CPU facts each
-    load asks for are asked once per boot (:mod:`autotune.cpu_info`)."""
+    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``, and so does the
+    precompiled torch header of an op with many torch sources (:mod:`autotune.op_pch`). The
+    CPU facts each load asks for are asked once per boot (:mod:`autotune.cpu_info`)."""
     root = build_environment()
     remember_cpu_info()
     from deepspeed.ops.op_builder.builder import OpBuilder
@@ -125,7 +127,8 @@ def guard_op_loads() -> str:
         return root
 
     def jit_load(self: Any, verbose: bool = True) -> Any:
-        with op_lock(torch_extensions_dir(), self.name):
+        folder = torch_extensions_dir()
+        with op_lock(folder, self.name), op_pch.compiling(self, folder):
             _without_debug_info(self)
             return original(self, verbose)
 

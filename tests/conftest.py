@@ -56,8 +56,9 @@ LONGEST_FIRST = (
 
 
 # DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build and
-# only two tests load (15 compile units, ~280 core-s on 2 cores), is built into the default
-# cache in the background from the moment the newcomer's ops are in, beside that run's study
+# only two tests load (15 compile units, ~210 core-s on 2 cores with its precompiled torch
+# header), is built into the default cache in the background from the moment the
+# newcomer's ops are in, beside that run's study
 # (whose budget is wall-clock: what the build takes from it costs no time) and the other
 # worker's tests, none of which waits for it. At the lowest CPU priority it got almost
 # nothing beside two busy workers and the first test that loaded the op waited 293 s for it.
