@@ -194,11 +194,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _files(folder: Path) -> set[str]:
-    """What the folder holds (an existing database's SQLite -wal/-shm companions aside)."""
+    """What the folder holds (an existing database's SQLite -wal/-shm companions aside, and
+    the bytecode Python keeps of a workload module it imported there)."""
     return {
         str(p.relative_to(folder))
         for p in folder.rglob("*")
-        if not p.name.endswith(("-wal", "-shm"))
+        if not p.name.endswith(("-wal", "-shm")) and "__pycache__" not in p.parts
     }
 
 

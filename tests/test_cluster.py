@@ -47,6 +47,14 @@ STUDY_FLAGS = [
 
 @pytest.fixture
 def cluster() -> Iterator[LoopbackCluster]:
+    """A cluster of its own, for a test that kills a node of it."""
+    with LoopbackCluster(nodes=2, ranks=1) as started:
+        yield started
+
+
+@pytest.fixture(scope="class")
+def shared_cluster() -> Iterator[LoopbackCluster]:
+    """One cluster for the tests of a class (:class:`TestOnOneCluster`)."""
     with LoopbackCluster(nodes=2, ranks=1) as started:
         yield started
 
@@ -116,55 +124,66 @@ print(json.dumps(rows))
 """
 
 
-def test_a_probe_spans_two_nodes_and_its_ranks_stay_warm(
-    cluster: LoopbackCluster, tmp_path: Path
-) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", SPANNING_PROBES, cluster.address, str(tmp_path)],
-        env=_env(cluster),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    first, second = json.loads(done.stdout.strip().splitlines()[-1])
-    assert first["status"] == "ok", first["error"] + first["log"]
-    assert second["status"] == "ok", second["error"] + second["log"]
-    assert first["steps"] == 3 and first["cold"] and not second["cold"]
-    assert first["pids"] == second["pids"] and len(first["pids"]) == 2  # the same warm ranks
-    for name in ("a", "b"):  # what a torchrun probe leaves, in the driver's folder
-        names = {p.name for p in (tmp_path / name).iterdir()}
-        assert {"spec.json", "ds_config.json", "rank-0.json", "rank-1.json", "probe.log"} <= names
-        assert len(_nodes_of(tmp_path / name)) == 2  # one rank on each node
-    assert _no_probe_left() == []
+class TestOnOneCluster:
+    """Tests that leave the cluster as they found it share one (their drivers end, and Ray
+    releases what a finished driver held): each start of two nodes costs ~15 s."""
 
+    def test_a_probe_spans_two_nodes_and_its_ranks_stay_warm(
+        self, shared_cluster: LoopbackCluster, tmp_path: Path
+    ) -> None:
+        cluster = shared_cluster
+        done = subprocess.run(
+            [sys.executable, "-c", SPANNING_PROBES, cluster.address, str(tmp_path)],
+            env=_env(cluster),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        first, second = json.loads(done.stdout.strip().splitlines()[-1])
+        assert first["status"] == "ok", first["error"] + first["log"]
+        assert second["status"] == "ok", second["error"] + second["log"]
+        assert first["steps"] == 3 and first["cold"] and not second["cold"]
+        assert first["pids"] == second["pids"] and len(first["pids"]) == 2  # the same warm ranks
+        for name in ("a", "b"):  # what a torchrun probe leaves, in the driver's folder
+            names = {p.name for p in (tmp_path / name).iterdir()}
+            assert {
+                "spec.json",
+                "ds_config.json",
+                "rank-0.json",
+                "rank-1.json",
+                "probe.log",
+            } <= names
+            assert len(_nodes_of(tmp_path / name)) == 2  # one rank on each node
+        assert _no_probe_left() == []
 
-def test_a_study_through_the_cluster_completes_and_exports(
-    cluster: LoopbackCluster, tmp_path: Path
-) -> None:
-    run = _cli(cluster, tmp_path, *STUDY_FLAGS, "--max-trials", "6")
-    out, err = run.communicate(timeout=600)
-    assert run.returncode == 0, out[-3000:] + err[-3000:]
-    assert "exported:" in out
-    assert (tmp_path / "trials" / "gpt-tiny" / "best" / "ds_config.json").is_file()
-    probed = [t for t in _trials(tmp_path) if "probe_wall_s" in t]
-    assert len(probed) >= 6 and all(t["status"] == "ok" for t in probed), probed
-    for trial in probed:
-        folder = Path(str(trial["trial_dir"]))
-        assert (folder / "rank-0.json").is_file() and (folder / "rank-1.json").is_file()
-        assert len(_nodes_of(folder)) == 2
+    def test_a_study_through_the_cluster_completes_and_exports(
+        self, shared_cluster: LoopbackCluster, tmp_path: Path
+    ) -> None:
+        cluster = shared_cluster
+        run = _cli(cluster, tmp_path, *STUDY_FLAGS, "--max-trials", "6")
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, out[-3000:] + err[-3000:]
+        assert "exported:" in out
+        assert (tmp_path / "trials" / "gpt-tiny" / "best" / "ds_config.json").is_file()
+        probed = [t for t in _trials(tmp_path) if "probe_wall_s" in t]
+        assert len(probed) >= 6 and all(t["status"] == "ok" for t in probed), probed
+        for trial in probed:
+            folder = Path(str(trial["trial_dir"]))
+            assert (folder / "rank-0.json").is_file() and (folder / "rank-1.json").is_file()
+            assert len(_nodes_of(folder)) == 2
 
-
-def test_a_cluster_without_the_devices_asked_for_says_what_is_missing(
-    cluster: LoopbackCluster, tmp_path: Path
-) -> None:
-    flags = [*STUDY_FLAGS[:2], "--gpus", "4", "--gpus-per-trial", "2", "--max-trials", "1"]
-    run = _cli(cluster, tmp_path, *flags)
-    out, err = run.communicate(timeout=300)
-    assert run.returncode == 2, out + err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "--gpus 4: the Ray cluster at" in lines[0], err
-    assert "offers 2 autotune_cpu_rank (" in lines[0] and "lower --gpus to 2" in lines[0]
+    def test_a_cluster_without_the_devices_asked_for_says_what_is_missing(
+        self, shared_cluster: LoopbackCluster, tmp_path: Path
+    ) -> None:
+        cluster = shared_cluster
+        flags = [*STUDY_FLAGS[:2], "--gpus", "4", "--gpus-per-trial", "2", "--max-trials", "1"]
+        run = _cli(cluster, tmp_path, *flags)
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 2, out + err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "--gpus 4: the Ray cluster at" in lines[0], err
+        assert "offers 2 autotune_cpu_rank (" in lines[0] and "lower --gpus to 2" in lines[0]
 
 
 def _no_probe_left(timeout_s: float = 30.0) -> list[str]:
