@@ -29,6 +29,7 @@ from typing import Any
 from autotune.cluster import CPU_RANK_RESOURCE
 
 # Faster node-death detection than Ray's default (about 15 s), so tests wait seconds.
+WORKER_PORTS_LOW = 10000  # above the ports services usually listen on
 FAST_HEALTH_CHECKS = {
     "RAY_health_check_initial_delay_ms": "1000",
     "RAY_health_check_period_ms": "1000",
@@ -47,6 +48,20 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("", 0))
         return int(sock.getsockname()[1])
+
+
+def _worker_port_base(nodes: int) -> int:
+    """The first of the nodes' worker port ranges (100 ports each), below the kernel's
+    ephemeral range: the other components of a node bind random ports (port 0) there, and
+    ``ray start`` refuses a worker range that holds one of them."""
+    ephemeral_low = 32768  # Linux's default net.ipv4.ip_local_port_range
+    path = "/proc/sys/net/ipv4/ip_local_port_range"
+    with contextlib.suppress(OSError, ValueError, IndexError), open(path) as ports:
+        ephemeral_low = int(ports.read().split()[0])
+    top = ephemeral_low - 100 * nodes
+    if top <= WORKER_PORTS_LOW:  # no room below it: any range, as Ray's own default does
+        return random.randrange(WORKER_PORTS_LOW, 60000 - 100 * nodes, 100)
+    return random.randrange(WORKER_PORTS_LOW, top, 100)
 
 
 class LoopbackCluster:
@@ -71,7 +86,7 @@ class LoopbackCluster:
         }
         self.port = _free_port()
         self.address = ""
-        self._worker_ports = random.randrange(30000, 39000, 100)
+        self._worker_ports = _worker_port_base(nodes)
 
     def node_dir(self, index: int) -> Path:
         return self.root / f"node{index}"

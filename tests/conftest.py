@@ -32,7 +32,7 @@ NEWCOMER_TEST = "test_newcomer.py"
 SHARED_PACKAGES = ("views",)
 # Every unit with a slow test, by its wall time in a clean-clone CI run (`--durations`, the
 # waits for the ops included), longest first: the longest start first and the short ones
-# fill the end, so that the two workers finish close together (a unit missing here runs
+# fill the end, so that the workers finish close together (a unit missing here runs
 # after them). The two units that load the async I/O op come late, after its background
 # build (below).
 LONGEST_FIRST = (
@@ -112,8 +112,8 @@ def _order(unit: str, slow_units: set[str]) -> tuple[int, int]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The newcomer's run goes first: it builds DeepSpeed's ops from an empty cache anyway,
     # and seeds the default cache with them, so the suite never compiles them twice. Units
-    # without a slow test come next: a second xdist worker runs them while the ops build.
-    # Then the longest units, so that the two workers end close together.
+    # without a slow test come next: the other xdist workers run them while the ops build.
+    # Then the longest units, so that the workers end close together.
     slow_units = {_unit(item.nodeid) for item in items if "slow" in item.keywords}
     items.sort(key=lambda item: _order(_unit(item.nodeid), slow_units))
     slow = [item for item in items if "slow" in item.keywords]
@@ -152,7 +152,7 @@ def start_background_build() -> None:
             [sys.executable, "-c", _BACKGROUND_BUILD],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            # two compiles at a time: a third of the CPU beside the two workers, not two thirds
+            # two compiles at a time beside the workers
             env={**os.environ, "OMP_NUM_THREADS": "1", "MAX_JOBS": "2"},
         )
     )

@@ -96,3 +96,16 @@ def test_a_head_nobody_answers_at_is_one_line_at_once(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "nothing answers there" in lines[0], done.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_loopback_clusters_worker_ports_lie_below_the_ephemeral_range() -> None:
+    # Ray's other components bind random ports (port 0), from the kernel's ephemeral range;
+    # a worker range holding one of them makes `ray start` fail.
+    from autotune.loopback_cluster import WORKER_PORTS_LOW, _worker_port_base
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+        ephemeral_low = int(ports.read().split()[0])
+    for nodes in (1, 2, 3):
+        for _ in range(200):
+            base = _worker_port_base(nodes)
+            assert base >= WORKER_PORTS_LOW and base + 100 * nodes <= ephemeral_low

@@ -68,7 +68,11 @@ def test_plan_llama_70b_on_this_cpu_machine(tmp_path: Path) -> None:
 
 def test_tight_limit_prunes_without_probing(tmp_path: Path) -> None:
     # ZeRO 1-3 hold DeepSpeed's 5e8-element reduce bucket (0.9-1.9 GiB): over 600 MiB.
-    common = ("--workload", "gpt-tiny", "--gpus", "2", "--vram", "600MiB", "--budget", "8m")
+    # probes launched by the driver, not through Ray: the memory model is what this tests
+    common = (
+        "--workload", "gpt-tiny", "--gpus", "2", "--vram", "600MiB", "--budget", "8m",
+        "--executor", "local",
+    )  # fmt: skip
     fast = ("--max-trials", "1", "--no-confirm", "--warmup-steps", "2", "--timed-steps", "1")
     # autotune's sampler never proposes what the memory model rules out, and says so
     first = run_cli("run", *common, *fast, cwd=tmp_path)
