@@ -32,26 +32,16 @@ def tree(tmp_path: Path, source: str) -> tuple[Path, Path]:
     return include, path
 
 
-def compile_through(wrapper: str, include: Path, source: Path, obj: Path) -> str:
+def command(compiler: str, include: Path, source: Path, obj: Path) -> list[str]:
     """One compile command as torch's ninja file writes it."""
-    done = subprocess.run(
-        [
-            wrapper,
-            "-MMD",
-            "-MF",
-            f"{obj}.d",
-            "-DTORCH_EXTENSION_NAME=demo",
-            f"-I{include}",
-            "-fPIC",
-            "-std=c++17",
-            "-c",
-            str(source),
-            "-o",
-            str(obj),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    return [
+        compiler, "-MMD", "-MF", f"{obj}.d", "-DTORCH_EXTENSION_NAME=demo", f"-I{include}",
+        "-fPIC", "-std=c++17", "-c", str(source), "-o", str(obj),
+    ]  # fmt: skip
+
+
+def compile_through(wrapper: str, include: Path, source: Path, obj: Path) -> str:
+    done = subprocess.run(command(wrapper, include, source, obj), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stderr
 
@@ -97,20 +87,7 @@ def test_a_torch_source_compiles_with_the_header_to_the_same_object(tmp_path: Pa
     depfile = (tmp_path / "with.o.d").read_text()
     assert "local.h" in depfile and op_pch.FOLDER not in depfile  # the header is removed later
 
-    plain = subprocess.run(
-        [
-            "c++",
-            f"-I{include}",
-            "-fPIC",
-            "-std=c++17",
-            "-c",
-            str(source),
-            "-o",
-            str(tmp_path / "plain.o"),
-        ],
-        check=True,
-    )
-    assert plain.returncode == 0
+    subprocess.run(command("c++", include, source, tmp_path / "plain.o"), check=True)
     assert symbols(tmp_path / "with.o") == symbols(tmp_path / "plain.o")
 
     compile_through(wrapper, include, source, tmp_path / "again.o")
