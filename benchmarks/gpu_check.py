@@ -130,8 +130,10 @@ DRY_RUN_SETTINGS = Settings(
     memory_precisions=("bf16", "fp32"),  # DeepSpeed's CPU accelerator refuses fp16 here
     oom_precision="fp32",
     oom_budget_s=240,
-    study_budget_max_s=20,
-    study_budget_min_s=20,
+    # room for a first probe beside other busy test files, which takes 20 s or more there
+    # (the launcher's imports, the ranks, DeepSpeed's set-up)
+    study_budget_max_s=45,
+    study_budget_min_s=45,
     study_overhead_s=300,
     reserve_s=0,
     min_probes=1,
