@@ -28,8 +28,8 @@ from typing import Any
 
 from autotune.cluster import CPU_RANK_RESOURCE
 
-# Faster node-death detection than Ray's default (about 15 s), so tests wait seconds.
 WORKER_PORTS_LOW = 10000  # above the ports services usually listen on
+# Faster node-death detection than Ray's default (about 15 s), so tests wait seconds.
 FAST_HEALTH_CHECKS = {
     "RAY_health_check_initial_delay_ms": "1000",
     "RAY_health_check_period_ms": "1000",

@@ -130,9 +130,8 @@ def compiling(builder: Any, root: str) -> Iterator[bool]:
     if not wanted:
         yield False
         return
-    real_cxx = os.environ.get("CXX") or "c++"
     before = os.environ.get("CXX")
-    os.environ["CXX"] = write_wrapper(root, real_cxx)
+    os.environ["CXX"] = write_wrapper(root, before or "c++")
     try:
         yield True
     finally:
@@ -143,9 +142,14 @@ def compiling(builder: Any, root: str) -> Iterator[bool]:
         remove_headers(root, builder.name)
 
 
+def _headers_dir(folder: str, op: str) -> str:
+    """Where ``op``'s precompiled headers are built, under the wrapper's ``folder``."""
+    return os.path.join(folder, "headers", op)
+
+
 def remove_headers(root: str, op: str) -> None:
     """Remove the precompiled headers of ``op``'s build (~800 MB each)."""
-    shutil.rmtree(os.path.join(root, FOLDER, "headers", op), ignore_errors=True)
+    shutil.rmtree(_headers_dir(os.path.join(root, FOLDER), op), ignore_errors=True)
 
 
 class Compile:
@@ -195,7 +199,7 @@ def header_for(real_cxx: str, folder: str, command: Compile) -> str | None:
     is yet (one process builds it, the others wait for it), or None where it cannot be."""
     flags = command.header_flags()
     key = hashlib.sha1(json.dumps([real_cxx, *flags]).encode()).hexdigest()[:16]
-    directory = os.path.join(folder, "headers", command.op_name(), key)
+    directory = os.path.join(_headers_dir(folder, command.op_name()), key)
     header = os.path.join(directory, HEADER)
     try:
         os.makedirs(directory, exist_ok=True)
