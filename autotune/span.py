@@ -34,10 +34,15 @@ from autotune.rank_actor import Placement, RankArtifacts, RankState
 
 RENDEZVOUS_PORTS = (29500, 29999)  # the first rank's store: open between the nodes
 PLACEMENT_TIMEOUT_S = 60.0  # for Ray to start a rank's actor on its bundle
-CALL_TIMEOUT_S = 60.0  # a Ray call that must answer (post, start, collect)
+# A rank's actor that does not answer a call (post, start, collect: CALL_TIMEOUT_S) or any
+# status poll (SILENT_LIMIT_S) this long, on a node still in the cluster, is taken as lost.
+# A lost node is noticed apart from these (its health checks). On a node whose cores are
+# oversubscribed (a build beside three drivers and their ranks on two cores) a live actor
+# went a minute without answering: these limits are for a hung actor, not a busy one.
+CALL_TIMEOUT_S = 180.0
 POLL_WAIT_S = 0.5  # each status call waits this long for news
 PEER_GRACE_S = 10.0  # after one rank failed: for its peers to report before they are killed
-SILENT_LIMIT_S = 60.0  # a rank's actor that answers nothing this long is taken as lost
+SILENT_LIMIT_S = 180.0
 NODE_VERDICT_S = 45.0  # for the cluster to declare a node dead (Ray's default checks: ~15 s)
 
 
@@ -188,11 +193,12 @@ class SpanningSlot:
         self._stop_group(grace_s=0.0)
         cuda = job.spec.accelerator == "cuda"
         first = self._actors[self._order[0]]
-        port = self._call([first.host_store.remote(*RENDEZVOUS_PORTS)])[0]
+        port = self._call([first.host_store.remote(*RENDEZVOUS_PORTS)], "host_store")[0]
         envs = self._rendezvous(job.world_size, port, cuda)
         serve = job.spec.script is None
         ranks = self._ranks(job.world_size)
-        self._call([a.start.remote(job, env, serve) for a, env in zip(ranks, envs, strict=True)])
+        starts = [a.start.remote(job, env, serve) for a, env in zip(ranks, envs, strict=True)]
+        self._call(starts, "start")
         self._shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
 
     def _attempt(self, job: ProbeJob, cold: bool) -> tuple[ProbeResult, int]:
@@ -204,7 +210,7 @@ class SpanningSlot:
         name = "once" if job.spec.script is not None else f"job-{self._jobs:06d}"
         self._jobs += 1
         if job.spec.script is None:
-            self._call([a.post.remote(job, name) for a in ranks])
+            self._call([a.post.remote(job, name) for a in ranks], "post")
         started = time.perf_counter()
         states, timed_out, cancelled = self._watch(ranks, name, started + job.timeout_s)
         reports = _reports(states)
@@ -214,7 +220,7 @@ class SpanningSlot:
             if not timed_out and not cancelled:
                 states = self._settle(ranks, name)
             self._stop_group(grace_s=0.0)
-        artifacts = self._call([a.collect.remote(job, name) for a in ranks])
+        artifacts = self._call([a.collect.remote(job, name) for a in ranks], "collect")
         reports = _reports(artifacts)
         codes = [s.exit_code for s in states if s.exit_code not in (None, 0)]
         log_tail = _write_artifacts(job, artifacts, states, self._placements(job.world_size))
@@ -287,7 +293,7 @@ class SpanningSlot:
                     raise _RankLost(rank, place, "its node left the cluster", node_left=True)
             if time.monotonic() - silent_since > SILENT_LIMIT_S:
                 place = self._placements(len(ranks))[silent[0]]
-                why = f"its Ray actor did not answer for {SILENT_LIMIT_S:.0f} s"
+                why = f"its Ray actor did not answer a status poll for {SILENT_LIMIT_S:.0f} s"
                 raise _RankLost(silent[0], place, why, node_left=False)
 
     def _get_or_lost(self, ref: Any, rank: int) -> Any:
@@ -309,15 +315,16 @@ class SpanningSlot:
             cause = (str(exc).strip().splitlines() or [""])[0][:200]
             raise _RankLost(rank, place, f"its Ray actor died ({cause})", node_left=False) from None
 
-    def _call(self, refs: list[Any]) -> list[Any]:
-        """Results of calls that must answer; an actor that died raises _RankLost."""
+    def _call(self, refs: list[Any], method: str) -> list[Any]:
+        """Results of calls (of actor ``method``) that must answer; an actor that died or
+        did not answer raises _RankLost."""
         ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=CALL_TIMEOUT_S)
         ranks = {ref: rank for rank, ref in enumerate(refs)}
         for ref in refs:
             if ref not in ready:
                 place = self._placements(len(self._order))[ranks[ref]]
                 left = place is not None and not _node_alive(self._ray, place.node_id)
-                why = f"its Ray actor did not answer for {CALL_TIMEOUT_S:.0f} s"
+                why = f"its Ray actor did not answer {method} for {CALL_TIMEOUT_S:.0f} s"
                 raise _RankLost(ranks[ref], place, why, node_left=left)
         return [self._get_or_lost(ref, ranks[ref]) for ref in refs]
 
