@@ -21,6 +21,7 @@ is recorded and the rest go on (benchmarks/gpu_check_phases.py):
   study              autotune run on GPT-2 124M (probes, confirmation, export); its budget is
                      what the phases before left, up to --study-budget
   train_export       the exported config trains 20 steps unedited, through launch.sh
+                     (a dry run: a study of at most 2 probes on gpt-tiny, 8 steps)
   study_dit          a shorter study on a DiT workload, with the time left
 
 The phases before the study stop short of the last --reserve seconds (180 s on a GPU: the
@@ -92,6 +93,8 @@ class Settings:
     study_overhead_s: float  # start, plan, the last probe, export, report beyond the budget
     reserve_s: float  # kept for the study and the training by the phases before them
     min_probes: int
+    study_max_trials: int | None  # the study also stops after this many probes
+    train_steps: int  # optimizer steps of the exported config's training
     timeouts: dict[str, float]
     total_s: float
 
@@ -109,6 +112,8 @@ GPU_SETTINGS = Settings(
     study_overhead_s=50,
     reserve_s=180,  # the study's least budget and overhead, the training's limit, 10 s
     min_probes=3,
+    study_max_trials=None,
+    train_steps=20,
     timeouts={
         "install": 90,
         "env": 45,
@@ -137,6 +142,10 @@ DRY_RUN_SETTINGS = Settings(
     study_overhead_s=300,
     reserve_s=0,
     min_probes=1,
+    # what a dry run checks (a probe measured, an export that trains) needs no more: each
+    # probe and step beyond costs CPU time the rest of the test suite shares
+    study_max_trials=2,
+    train_steps=8,
     timeouts={
         "install": 300,
         "env": 120,

@@ -38,7 +38,6 @@ from gpu_check_report import (
 
 PROBES = str(REPO / "benchmarks" / "gpu_check_probes.py")
 TRAIN = str(REPO / "benchmarks" / "gpu_check_train.py")
-TRAIN_STEPS = 20
 NVME_MIN_FREE_BYTES = 8 * GiB  # GPT-2's optimizer and parameter swap files with room to spare
 SMOKE = "import autotune.cli, autotune.probe, deepspeed, optuna, sqlalchemy, alembic, pydantic"
 DIT_PREFERRED = ("dit-b-2", "dit-s-2")
@@ -446,6 +445,8 @@ def study_phase(
     )
     argv += ["--space", space] * bool(space)
     argv += ["--budget", f"{budget:.0f}s", "--seed", "0", *_run_flags(run, study)]
+    if run.settings.study_max_trials:
+        argv += ["--max-trials", str(run.settings.study_max_trials)]
     code, out = run.run(phase, argv, interrupt_first=True)
     status = status_doc(run, phase, study)
     export = run.work / "trials" / study / "best"
@@ -497,7 +498,7 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     if not export:
         raise Skip("the study phase exported nothing")
     argv = ["bash", str(Path(export["folder"]) / "launch.sh"), TRAIN]
-    argv += ["--workload", export["workload"], "--steps", str(TRAIN_STEPS)]
+    argv += ["--workload", export["workload"], "--steps", str(run.settings.train_steps)]
     argv += ["--checkpointing"] * export["checkpointing"]
     # launch.sh runs in the check's environment (its PATH: deepspeed, torchrun). On a GPU
     # its ops are built as in production: DeepSpeed's flags, in a fresh folder (autotune
@@ -512,7 +513,7 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     else:
         env["TORCH_EXTENSIONS_DIR"] = str(run.work / "torch_extensions_production")
     code, out = run.run(phase, argv, env=env)
-    checks, data = train_checks(out, code, TRAIN_STEPS)
+    checks, data = train_checks(out, code, run.settings.train_steps)
     phase.checks += checks
     if data.get("samples_per_s") and export.get("samples_per_s"):
         data["vs_study"] = data["samples_per_s"] / export["samples_per_s"]

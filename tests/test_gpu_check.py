@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check_report as report  # noqa: E402
 import prepare_gpu_wheels  # noqa: E402
+from gpu_check import DRY_RUN_SETTINGS  # noqa: E402
 
 MiB = 2**20
 PHASES = [
@@ -64,7 +65,7 @@ def test_the_dry_run_runs_every_phase_it_can_on_cpu_and_reports_all(tmp_path: Pa
     memory = phases["memory"]["data"]
     assert sum(r["design"] and r["status"] == "ok" for r in memory["rows"]) >= 16
     assert memory["summary"]["allocated"]["n"] >= 16
-    assert phases["train_export"]["data"]["global_steps"] == 20
+    assert phases["train_export"]["data"]["global_steps"] == DRY_RUN_SETTINGS.train_steps
     assert phases["study"]["data"]["study"]["best"]["samples_per_s"] > 0
     table = (out / "gpu_check.md").read_text()
     assert table.startswith(f"## GPU check, {doc['date']}, ")
