@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from autotune.workloads.base import Workload
+from autotune.workloads.config_recipe import ConfigRecipe, recipe
 
 if TYPE_CHECKING:
     import torch
@@ -24,7 +26,7 @@ class CausalLMWorkload(Workload):
     def __init__(
         self,
         name: str,
-        make_config: Callable[[], PretrainedConfig],
+        make_config: ConfigRecipe | Callable[[], PretrainedConfig],
         *,
         seq_len: int,
         default_global_batch: int,
@@ -47,13 +49,28 @@ class CausalLMWorkload(Workload):
         return hash(self._identity())
 
     def config(self) -> PretrainedConfig:
-        config = self._make_config()
+        make = self._make_config
+        config = make.build() if isinstance(make, ConfigRecipe) else make()
         if self._layers is not None:
             config.num_hidden_layers = self._layers
         return config
 
+    def _recipe_keywords(self) -> dict[str, Any] | None:
+        """The recipe's keywords with the layer override, or None for a config built by
+        a function (a user's config file)."""
+        make = self._make_config
+        if not isinstance(make, ConfigRecipe):
+            return None
+        keywords = dict(make.kwargs)
+        if self._layers is not None:
+            keywords[make.layers_key] = self._layers
+        return keywords
+
     @property
     def num_layers(self) -> int:
+        keywords = self._recipe_keywords()
+        if keywords is not None:
+            return int(keywords[self._make_config.layers_key])  # type: ignore[union-attr]
         return int(self.config().num_hidden_layers)
 
     def with_layers(self, layers: int) -> CausalLMWorkload:
@@ -118,19 +135,33 @@ class CausalLMWorkload(Workload):
         return active_params_of(model, self.config())
 
     def trace_fingerprint(self) -> dict[str, Any] | None:
+        # A recipe's keywords name the model; the library versions in the trace cache's key
+        # (transformers' among them) stand for the defaults of the keywords left out.
+        keywords = self._recipe_keywords()
+        if keywords is not None:
+            config: dict[str, Any] = {"recipe": self._make_config.config_class, **keywords}  # type: ignore[union-attr]
+        else:
+            config = self.config().to_dict()
         return {
             "class": f"{type(self).__module__}.{type(self).__qualname__}",
-            "config": self.config().to_dict(),
+            "config": config,
             "seq_len": self.seq_len,
         }
 
     def describe(self) -> str:
-        cfg = self.config()
-        kind = f"{cfg.model_type}"
-        if is_moe(cfg):
-            top_k, experts = first_attr(cfg, _TOP_K_KEYS), first_attr(cfg, _EXPERT_COUNT_KEYS)
+        keywords = self._recipe_keywords()
+        if keywords is not None:
+            make = self._make_config
+            facts: Any = SimpleNamespace(**keywords)
+            model_type, layers = make.model_type, keywords[make.layers_key]  # type: ignore[union-attr]
+        else:
+            facts = self.config()
+            model_type, layers = facts.model_type, facts.num_hidden_layers
+        kind = f"{model_type}"
+        if is_moe(facts):
+            top_k, experts = first_attr(facts, _TOP_K_KEYS), first_attr(facts, _EXPERT_COUNT_KEYS)
             kind += f" MoE, {top_k} of {experts} experts per token"
-        return f"{self.name} ({kind}, {cfg.num_hidden_layers} layers, seq {self.seq_len})"
+        return f"{self.name} ({kind}, {layers} layers, seq {self.seq_len})"
 
 
 class MaskedLMWorkload(CausalLMWorkload):
@@ -194,13 +225,16 @@ def gpt2_like(
 ) -> CausalLMWorkload:
     """A GPT-2 of the given dimensions (vocabulary 50257, 1024 positions, random init)."""
 
-    def config() -> PretrainedConfig:
-        from transformers import GPT2Config
-
-        return GPT2Config(
-            n_layer=layers, n_embd=hidden, n_head=heads, n_positions=1024, use_cache=False
-        )
-
+    config = recipe(
+        "GPT2Config",
+        "gpt2",
+        "n_layer",
+        n_layer=layers,
+        n_embd=hidden,
+        n_head=heads,
+        n_positions=1024,
+        use_cache=False,
+    )
     return CausalLMWorkload(name, config, seq_len=seq_len, default_global_batch=batch)
 
 
@@ -227,22 +261,21 @@ def _llama(
     positions: int = 4096,
     rope_theta: float = 10000.0,
 ) -> CausalLMWorkload:
-    def config() -> PretrainedConfig:
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            num_hidden_layers=layers,
-            hidden_size=hidden,
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            intermediate_size=intermediate,
-            vocab_size=vocab,
-            max_position_embeddings=positions,
-            rope_theta=rope_theta,
-            tie_word_embeddings=tied,
-            use_cache=False,
-        )
-
+    config = recipe(
+        "LlamaConfig",
+        "llama",
+        "num_hidden_layers",
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=positions,
+        rope_theta=rope_theta,
+        tie_word_embeddings=tied,
+        use_cache=False,
+    )
     return CausalLMWorkload(name, config, seq_len=2048, default_global_batch=256)
 
 
@@ -318,63 +351,60 @@ def mixtral_8x7b() -> CausalLMWorkload:
     46.7B parameters of which 12.9B active), sequence 2048. For planning: a CPU probe of it
     would not finish."""
 
-    def config() -> PretrainedConfig:
-        from transformers import MixtralConfig
-
-        return MixtralConfig(
-            num_hidden_layers=32,
-            hidden_size=4096,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            intermediate_size=14336,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            vocab_size=32000,
-            max_position_embeddings=32768,
-            rope_theta=1e6,
-            use_cache=False,
-        )
-
+    config = recipe(
+        "MixtralConfig",
+        "mixtral",
+        "num_hidden_layers",
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=14336,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=32000,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        use_cache=False,
+    )
     return CausalLMWorkload("mixtral-8x7b", config, seq_len=2048, default_global_batch=256)
 
 
 def moe_tiny() -> CausalLMWorkload:
     """A ~1M-parameter Mixtral-style MoE (4 experts, 2 per token) for CPU tests."""
 
-    def config() -> PretrainedConfig:
-        from transformers import MixtralConfig
-
-        return MixtralConfig(
-            num_hidden_layers=2,
-            hidden_size=64,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=128,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-            vocab_size=4096,
-            max_position_embeddings=64,
-            use_cache=False,
-        )
-
+    config = recipe(
+        "MixtralConfig",
+        "mixtral",
+        "num_hidden_layers",
+        num_hidden_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=4096,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     return CausalLMWorkload("moe-tiny", config, seq_len=64, default_global_batch=16)
 
 
 def gpt_tiny() -> CausalLMWorkload:
     """A ~0.9M-parameter GPT-2 whose fp32 CPU step takes about a tenth of a second."""
 
-    def config() -> PretrainedConfig:
-        from transformers import GPT2Config
-
-        return GPT2Config(
-            n_layer=2,
-            n_embd=128,
-            n_head=4,
-            n_positions=64,
-            vocab_size=4096,
-            bos_token_id=0,
-            eos_token_id=0,
-            use_cache=False,
-        )
-
+    config = recipe(
+        "GPT2Config",
+        "gpt2",
+        "n_layer",
+        n_layer=2,
+        n_embd=128,
+        n_head=4,
+        n_positions=64,
+        vocab_size=4096,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+    )
     return CausalLMWorkload("gpt-tiny", config, seq_len=64, default_global_batch=16)
