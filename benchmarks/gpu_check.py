@@ -21,7 +21,7 @@ is recorded and the rest go on (benchmarks/gpu_check_phases.py):
   study              autotune run on GPT-2 124M (probes, confirmation, export); its budget is
                      what the phases before left, up to --study-budget
   train_export       the exported config trains 20 steps unedited, through launch.sh
-                     (a dry run: a study of at most 2 probes on gpt-tiny, 8 steps)
+                     (a dry run: 2 probes on gpt-tiny, no confirmation, 8 steps)
   study_dit          a shorter study on a DiT workload, with the time left
 
 The phases before the study stop short of the last --reserve seconds (180 s on a GPU: the
@@ -94,6 +94,7 @@ class Settings:
     reserve_s: float  # kept for the study and the training by the phases before them
     min_probes: int
     study_max_trials: int | None  # the study also stops after this many probes
+    study_confirms: bool  # the study ends with its confirmation round
     train_steps: int  # optimizer steps of the exported config's training
     timeouts: dict[str, float]
     total_s: float
@@ -113,6 +114,7 @@ GPU_SETTINGS = Settings(
     reserve_s=180,  # the study's least budget and overhead, the training's limit, 10 s
     min_probes=3,
     study_max_trials=None,
+    study_confirms=True,
     train_steps=20,
     timeouts={
         "install": 90,
@@ -143,8 +145,10 @@ DRY_RUN_SETTINGS = Settings(
     reserve_s=0,
     min_probes=1,
     # what a dry run checks (a probe measured, an export that trains) needs no more: each
-    # probe and step beyond costs CPU time the rest of the test suite shares
+    # probe and step beyond costs CPU time the rest of the test suite shares (the
+    # confirmation round has tests of its own)
     study_max_trials=2,
+    study_confirms=False,
     train_steps=8,
     timeouts={
         "install": 300,

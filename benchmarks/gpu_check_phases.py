@@ -447,6 +447,7 @@ def study_phase(
     argv += ["--budget", f"{budget:.0f}s", "--seed", "0", *_run_flags(run, study)]
     if run.settings.study_max_trials:
         argv += ["--max-trials", str(run.settings.study_max_trials)]
+    argv += ["--no-confirm"] * (not run.settings.study_confirms)
     code, out = run.run(phase, argv, interrupt_first=True)
     status = status_doc(run, phase, study)
     export = run.work / "trials" / study / "best"
@@ -458,8 +459,9 @@ def study_phase(
         "study": summary,
         "run_tail": out[-3000:],
     }
+    settings = run.settings
     phase.checks += study_checks(
-        status, code, exported, min_probes=run.settings.min_probes, confirm=not run.settings.dry_run
+        status, code, exported, min_probes=settings.min_probes, confirm=settings.study_confirms
     )
     best = summary.get("best") or {}
     phase.summary = (
