@@ -1,4 +1,5 @@
-"""A precompiled torch header for the JIT build of a DeepSpeed op with many torch sources.
+"""The compiler of DeepSpeed's JIT op builds: a precompiled torch header for an op with many
+torch sources, and objects shared between ops that compile the same source.
 
 Each C++ source of an op that includes torch's extension header parses that header again:
 ~28 s of CPU per source on this project's 2-core test machine (torch 2.13, ``-std=c++20``,
@@ -9,15 +10,25 @@ with two compile jobs, ``n`` sources take ``n / 2 * 28`` s of wall time without 
 ``47 + n / 2 * 9.5`` s with it. DeepSpeed's async I/O op (NVMe offload) has 9; its Adam
 and communication ops have two each and are built as torch builds them.
 
-torch runs ninja with the compiler ``CXX`` names. For such an op, :func:`compiling` names a
-wrapper script (``<op folder root>/autotune-pch/<compiler digest>/g++``, which runs this
-file) while the op loads: a torch source is compiled with ``-include`` of a header built,
-once per op and set of flags, with that source's own flags (GCC takes a ``.gch`` only for
-the flags it was built with); every other command runs the compiler unchanged. When the
-header does not build or the compile with it fails, the source is compiled as torch would
-have: the header changes how fast the op builds, not whether it builds. Every load of the
-op names the same wrapper, so ninja sees the same command and does not rebuild. The
-``.gch`` (~800 MB) is removed when the load returns.
+torch runs ninja with the compiler ``CXX`` names. While an op loads, :func:`compiling`
+names a wrapper script (``<folder>/<digest of this Python and the compiler>/g++``, which
+runs this file; the same path for every op folder, so an op folder copied to another root
+is up to date there) and tells it the op folder's root in the environment:
+
+- For such an op, a torch source is compiled with ``-include`` of a header built, once per
+  op and set of flags, with that source's own flags (GCC takes a ``.gch`` only for the
+  flags it was built with). When the header does not build or the compile with it fails,
+  the source is compiled as torch would have: the header changes how fast the op builds,
+  not whether it builds. The ``.gch`` (~800 MB) is removed when the load returns.
+- Every op: an object compiled from the same source with the same flags, but for the
+  extension's name (``-DTORCH_EXTENSION_NAME``, which only a module's own source reads),
+  is copied from the root's store instead of compiled again, while the source and every
+  header its last compile read are as they were then (their sizes and modification times;
+  torch's headers, outside the dependency file, are fixed by the root's torch version).
+  DeepSpeed's Adam ops share ``cpu_adam_impl.cpp`` (~38 s of CPU here).
+
+Every load of an op names the same wrapper, so ninja sees the same command and does not
+rebuild.
 
 This file is run as a script by the wrapper (one process per compile command), so it
 imports only the standard library.
@@ -43,8 +54,11 @@ FOLDER = "autotune-pch"
 HEADER = "torch_ext.h"
 HEADER_TEXT = "#include <torch/extension.h>\n"
 FAILED = "failed.log"  # the header did not build: the op's other sources do not try again
+OBJECTS = "objects"  # the store of shared objects, under the op root's FOLDER
+EXTENSION_NAME = "TORCH_EXTENSION_NAME"
 REAL_CXX_VARIABLE = "AUTOTUNE_PCH_CXX"  # the compiler the wrapper runs
-OP_FOLDER_VARIABLE = "AUTOTUNE_PCH_DIR"  # where the wrapper keeps its headers
+OP_FOLDER_VARIABLE = "AUTOTUNE_PCH_DIR"  # where the wrapper keeps headers and objects
+HEADER_VARIABLE = "AUTOTUNE_PCH_HEADER"  # "1": compile torch sources with the header
 SOURCE_SUFFIXES = (".cpp", ".cc", ".cxx")
 TORCH_INCLUDES = ("torch/", "ATen/", "c10/")
 _INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.MULTILINE)
@@ -88,22 +102,21 @@ def torch_source_count(builder: Any) -> int:
     )
 
 
-def wrapper_path(root: str, real_cxx: str) -> str:
-    """The wrapper for compiler ``real_cxx`` under op folder ``root``; its name ends in
-    ``g++``, which torch's compiler check accepts."""
-    resolved = shutil.which(real_cxx) or real_cxx
-    digest = hashlib.sha1(os.path.realpath(resolved).encode()).hexdigest()[:12]
-    return os.path.join(root, FOLDER, digest, "g++")
+def wrapper_path(folder: str, real_cxx: str) -> str:
+    """The wrapper for compiler ``real_cxx`` under ``folder``; its name ends in ``g++``,
+    which torch's compiler check accepts."""
+    resolved = os.path.realpath(shutil.which(real_cxx) or real_cxx)
+    digest = hashlib.sha1(f"{sys.executable}|{resolved}".encode()).hexdigest()[:12]
+    return os.path.join(folder, digest, "g++")
 
 
-def write_wrapper(root: str, real_cxx: str) -> str:
+def write_wrapper(folder: str, real_cxx: str) -> str:
     """Write (or refresh) the wrapper script for ``real_cxx``; returns its path."""
-    path = wrapper_path(root, real_cxx)
+    path = wrapper_path(folder, real_cxx)
     script = (
         "#!/bin/sh\n"
-        "# autotune: compiles torch sources with a precompiled torch header (autotune/op_pch.py)\n"
+        "# autotune: DeepSpeed's op builds through autotune/op_pch.py\n"
         f"{REAL_CXX_VARIABLE}={shlex.quote(real_cxx)} "
-        f"{OP_FOLDER_VARIABLE}={shlex.quote(os.path.join(root, FOLDER))} "
         f'exec {shlex.quote(sys.executable)} {shlex.quote(os.path.abspath(__file__))} "$@"\n'
     )
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -119,27 +132,32 @@ def write_wrapper(root: str, real_cxx: str) -> str:
 
 
 @contextlib.contextmanager
-def compiling(builder: Any, root: str) -> Iterator[bool]:
-    """While an op loads: the wrapper as torch's compiler when the op has
-    :data:`MIN_TORCH_SOURCES` torch sources or more (yields whether), and its headers
-    removed afterwards."""
+def compiling(builder: Any, root: str, wrappers: str) -> Iterator[bool]:
+    """While an op of op folder ``root`` loads: the wrapper (kept under ``wrappers``) as
+    torch's compiler, with the precompiled header when the op has :data:`MIN_TORCH_SOURCES`
+    torch sources or more (yields whether); the header is removed afterwards."""
     try:
-        wanted = torch_source_count(builder) >= MIN_TORCH_SOURCES
-    except Exception:  # noqa: BLE001 - an op builder of another DeepSpeed: build as torch does
-        wanted = False
-    if not wanted:
-        yield False
-        return
-    before = os.environ.get("CXX")
-    os.environ["CXX"] = write_wrapper(root, before or "c++")
+        header = torch_source_count(builder) >= MIN_TORCH_SOURCES
+    except Exception:  # noqa: BLE001 - an op builder of another DeepSpeed: no header
+        header = False
+    names = ("CXX", OP_FOLDER_VARIABLE, HEADER_VARIABLE)
+    before = {name: os.environ.get(name) for name in names}
+    current = before["CXX"] or "c++"
+    if not current.startswith(os.path.join(wrappers, "")):  # not already ours (a nested load)
+        current = write_wrapper(wrappers, current)
+    os.environ["CXX"] = current
+    os.environ[OP_FOLDER_VARIABLE] = os.path.join(root, FOLDER)
+    os.environ[HEADER_VARIABLE] = "1" if header else "0"
     try:
-        yield True
+        yield header
     finally:
-        if before is None:
-            os.environ.pop("CXX", None)
-        else:
-            os.environ["CXX"] = before
-        remove_headers(root, builder.name)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if header:
+            remove_headers(root, builder.name)
 
 
 def _headers_dir(folder: str, op: str) -> str:
@@ -245,16 +263,100 @@ def _drop_from_depfile(depfile: str | None, folder: str) -> None:
                 handle.write("\n".join(kept) + "\n")
 
 
-def main(argv: list[str]) -> int:
-    """The wrapper: compile a torch source with the header, anything else as asked."""
-    real_cxx = os.environ.get(REAL_CXX_VARIABLE) or "c++"
-    folder = os.environ.get(OP_FOLDER_VARIABLE)
-    command = Compile(argv)
-    if folder and command.is_torch_source():
+_DEPENDENCY = re.compile(r"(?:\\.|[^\s\\])+")
+
+
+def read_depfile(path: str) -> list[str]:
+    """The prerequisites a ``-MMD`` dependency file lists (its target left out)."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().replace("\\\n", " ")
+    _, _, prerequisites = text.partition(": ")
+    return [token.replace("\\ ", " ") for token in _DEPENDENCY.findall(prerequisites)]
+
+
+def write_depfile(path: str, target: str, prerequisites: list[str]) -> None:
+    escaped = [name.replace(" ", "\\ ") for name in [target, *prerequisites]]
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(f"{escaped[0]}: " + " \\\n  ".join(escaped[1:]) + "\n")
+
+
+def _stamps(paths: list[str]) -> list[list[object]]:
+    stamps: list[list[object]] = []
+    for path in paths:
+        status = os.stat(path)
+        stamps.append([path, status.st_size, status.st_mtime_ns])
+    return stamps
+
+
+def _replace_with_copy(source: str, target: str) -> None:
+    partial = f"{target}.{os.getpid()}.tmp"
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)
+
+
+class SharedObject:
+    """The store's entry for one compile command: the object and what its compile read."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.object = os.path.join(directory, "object.o")
+        self.record = os.path.join(directory, "dependencies.json")
+
+    @classmethod
+    def of(cls, real_cxx: str, folder: str, command: Compile) -> SharedObject | None:
+        """The entry of ``command``, or None where its object is not shared: a command
+        that compiles no C++ source to an object with a dependency file, or a source that
+        reads the extension's name (its module definition)."""
+        source = command.source
+        if not (source and command.object and command.depfile) or not source.endswith(
+            SOURCE_SUFFIXES
+        ):
+            return None
+        try:
+            with open(source, encoding="utf-8", errors="replace") as handle:
+                if EXTENSION_NAME in handle.read():
+                    return None
+        except OSError:
+            return None
+        flags = [f for f in command.header_flags() if not f.startswith(f"-D{EXTENSION_NAME}=")]
+        key_text = json.dumps([real_cxx, os.path.realpath(source), *flags])
+        key = hashlib.sha1(key_text.encode()).hexdigest()[:16]
+        return cls(os.path.join(folder, OBJECTS, key))
+
+    def copy_to(self, command: Compile) -> bool:
+        """Copy the stored object to the command's output, with its dependency file, if
+        nothing its compile read has changed since; whether it did."""
+        try:
+            with open(self.record, encoding="utf-8") as handle:
+                record = json.load(handle)
+            if _stamps([path for path, _, _ in record["stamps"]]) != record["stamps"]:
+                return False
+            _replace_with_copy(self.object, str(command.object))
+            write_depfile(str(command.depfile), str(command.object), record["dependencies"])
+            return True
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+
+    def keep(self, command: Compile) -> None:
+        """Store the object the command has just compiled (best effort)."""
+        with contextlib.suppress(OSError, ValueError):
+            dependencies = read_depfile(str(command.depfile))
+            record = {"dependencies": dependencies, "stamps": _stamps(dependencies)}
+            os.makedirs(self.directory, exist_ok=True)
+            _replace_with_copy(str(command.object), self.object)
+            partial = f"{self.record}.{os.getpid()}.tmp"
+            with open(partial, "w", encoding="utf-8") as handle:
+                json.dump(record, handle)
+            os.replace(partial, self.record)
+
+
+def _compile(real_cxx: str, folder: str, command: Compile) -> int:
+    """Compile as asked; a torch source with the header where the op wants it."""
+    if os.environ.get(HEADER_VARIABLE) == "1" and command.is_torch_source():
         header = header_for(real_cxx, folder, command)
         if header is not None:
             done = subprocess.run(
-                [real_cxx, *argv, "-include", header, "-Winvalid-pch"],
+                [real_cxx, *command.args, "-include", header, "-Winvalid-pch"],
                 capture_output=True,
                 text=True,
             )
@@ -263,8 +365,24 @@ def main(argv: list[str]) -> int:
                 sys.stdout.write(done.stdout)
                 sys.stderr.write(done.stderr)
                 return 0
-    os.execvp(real_cxx, [real_cxx, *argv])
-    return 1  # pragma: no cover - execvp does not return
+    return subprocess.run([real_cxx, *command.args]).returncode
+
+
+def main(argv: list[str]) -> int:
+    """The wrapper: an object from the store, else a compile (with the header where the op
+    wants it) whose object is stored; any other command runs the compiler as asked."""
+    real_cxx = os.environ.get(REAL_CXX_VARIABLE) or "c++"
+    folder = os.environ.get(OP_FOLDER_VARIABLE)
+    if not folder:
+        os.execvp(real_cxx, [real_cxx, *argv])
+    command = Compile(argv)
+    shared = SharedObject.of(real_cxx, folder, command)
+    if shared is not None and shared.copy_to(command):
+        return 0
+    code = _compile(real_cxx, folder, command)
+    if code == 0 and shared is not None:
+        shared.keep(command)
+    return code
 
 
 if __name__ == "__main__":

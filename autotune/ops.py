@@ -116,7 +116,8 @@ def guard_op_loads() -> str:
 
     DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
     the lock goes around its one JIT entry point, ``OpBuilder.jit_load``, and so does the
-    precompiled torch header of an op with many torch sources (:mod:`autotune.op_pch`). The
+    compiler it builds with (:mod:`autotune.op_pch`: a precompiled torch header, objects
+    shared between ops). The
     CPU facts each load asks for are asked once per boot (:mod:`autotune.cpu_info`)."""
     root = build_environment()
     remember_cpu_info()
@@ -128,7 +129,8 @@ def guard_op_loads() -> str:
 
     def jit_load(self: Any, verbose: bool = True) -> Any:
         folder = torch_extensions_dir()
-        with op_lock(folder, self.name), op_pch.compiling(self, folder):
+        wrappers = os.path.join(cache_root(), "op-compiler")
+        with op_lock(folder, self.name), op_pch.compiling(self, folder, wrappers):
             _without_debug_info(self)
             return original(self, verbose)
 

@@ -1,4 +1,5 @@
-"""The precompiled torch header of an op build (autotune/op_pch.py), with the real GCC.
+"""The compiler of op builds (autotune/op_pch.py), with the real GCC: the precompiled torch
+header, and objects shared between ops.
 
 torch's own header takes ~47 s to precompile, so these tests stand a small header of their
 own at ``torch/extension.h`` in a folder passed with ``-I``; DeepSpeed's async I/O op is
@@ -32,18 +33,39 @@ def tree(tmp_path: Path, source: str) -> tuple[Path, Path]:
     return include, path
 
 
-def command(compiler: str, include: Path, source: Path, obj: Path) -> list[str]:
+def command(compiler: str, include: Path, source: Path, obj: Path, op: str = "demo") -> list[str]:
     """One compile command as torch's ninja file writes it."""
     return [
-        compiler, "-MMD", "-MF", f"{obj}.d", "-DTORCH_EXTENSION_NAME=demo", f"-I{include}",
+        compiler, "-MMD", "-MF", f"{obj}.d", f"-DTORCH_EXTENSION_NAME={op}", f"-I{include}",
         "-fPIC", "-std=c++17", "-c", str(source), "-o", str(obj),
     ]  # fmt: skip
 
 
-def compile_through(wrapper: str, include: Path, source: Path, obj: Path) -> str:
-    done = subprocess.run(command(wrapper, include, source, obj), capture_output=True, text=True)
+def compile_through(
+    wrapper: str,
+    root: Path,
+    include: Path,
+    source: Path,
+    obj: Path,
+    *,
+    header: bool = True,
+    op: str = "demo",
+) -> str:
+    """Compile through the wrapper as a load of an op of op folder ``root`` does."""
+    env = {
+        **os.environ,
+        op_pch.OP_FOLDER_VARIABLE: str(root / op_pch.FOLDER),
+        op_pch.HEADER_VARIABLE: "1" if header else "0",
+    }
+    done = subprocess.run(
+        command(wrapper, include, source, obj, op), capture_output=True, text=True, env=env
+    )
     assert done.returncode == 0, done.stderr
     return done.stderr
+
+
+def stored(root: Path) -> list[Path]:
+    return sorted((root / op_pch.FOLDER / op_pch.OBJECTS).glob("*/object.o"))
 
 
 def symbols(obj: Path) -> list[str]:
@@ -77,11 +99,11 @@ def test_a_torch_source_compiles_with_the_header_to_the_same_object(tmp_path: Pa
         tmp_path, '#include "local.h"\nint answer() { return torch_answer(); }\n'
     )
     root = tmp_path / "ops"
-    wrapper = op_pch.write_wrapper(str(root), "c++")
+    wrapper = op_pch.write_wrapper(str(tmp_path / "wrappers"), "c++")
     assert wrapper.endswith("g++") and os.access(wrapper, os.X_OK)  # torch's compiler check
-    assert op_pch.write_wrapper(str(root), "c++") == wrapper  # one path per compiler
+    assert op_pch.write_wrapper(str(tmp_path / "wrappers"), "c++") == wrapper  # one per compiler
 
-    compile_through(wrapper, include, source, tmp_path / "with.o")
+    compile_through(wrapper, root, include, source, tmp_path / "with.o")
     built = headers(root)
     assert len(built) == 1 and "demo" in built[0].parts  # one header, under its op
     depfile = (tmp_path / "with.o.d").read_text()
@@ -90,7 +112,7 @@ def test_a_torch_source_compiles_with_the_header_to_the_same_object(tmp_path: Pa
     subprocess.run(command("c++", include, source, tmp_path / "plain.o"), check=True)
     assert symbols(tmp_path / "with.o") == symbols(tmp_path / "plain.o")
 
-    compile_through(wrapper, include, source, tmp_path / "again.o")
+    compile_through(wrapper, root, include, source, tmp_path / "again.o", op="other")
     assert headers(root) == built  # built once, used again
 
     op_pch.remove_headers(str(root), "demo")
@@ -110,8 +132,8 @@ def test_a_source_the_header_breaks_compiles_as_torch_would(tmp_path: Path) -> N
         "constexpr int flavour() { return TORCH_FLAVOUR; }\n"
     )
     root = tmp_path / "ops"
-    wrapper = op_pch.write_wrapper(str(root), "c++")
-    compile_through(wrapper, include, source, tmp_path / "op.o")
+    wrapper = op_pch.write_wrapper(str(tmp_path / "wrappers"), "c++")
+    compile_through(wrapper, root, include, source, tmp_path / "op.o")
     assert len(headers(root)) == 1  # the header built; the source compiled without it
     assert "_Z6answerv" in symbols(tmp_path / "op.o")
 
@@ -125,9 +147,10 @@ def test_a_header_that_does_not_build_is_not_tried_again(tmp_path: Path) -> None
     )
     source.write_text("#define FROM_SOURCE\n" + source.read_text())
     root = tmp_path / "ops"
-    wrapper = op_pch.write_wrapper(str(root), "c++")
-    compile_through(wrapper, include, source, tmp_path / "one.o")
-    compile_through(wrapper, include, source, tmp_path / "two.o")
+    wrapper = op_pch.write_wrapper(str(tmp_path / "wrappers"), "c++")
+    compile_through(wrapper, root, include, source, tmp_path / "one.o")
+    source.write_text(source.read_text() + "int more() { return 1; }\n")  # compiled again
+    compile_through(wrapper, root, include, source, tmp_path / "two.o")
     failed = list((root / op_pch.FOLDER).rglob(op_pch.FAILED))
     assert len(failed) == 1 and "does not build" in failed[0].read_text()
     assert headers(root) == []
@@ -146,8 +169,61 @@ def test_the_compiler_is_named_only_while_the_op_loads(tmp_path: Path, monkeypat
     from deepspeed.ops.op_builder.cpu import AsyncIOBuilder, CPUAdamBuilder
 
     monkeypatch.delenv("CXX", raising=False)
-    with op_pch.compiling(CPUAdamBuilder(), str(tmp_path)) as used:
-        assert not used and "CXX" not in os.environ
-    with op_pch.compiling(AsyncIOBuilder(), str(tmp_path)) as used:
-        assert used and os.environ["CXX"] == op_pch.wrapper_path(str(tmp_path), "c++")
-    assert "CXX" not in os.environ
+    wrappers = str(tmp_path / "wrappers")
+    folder = str(tmp_path / op_pch.FOLDER)
+    with op_pch.compiling(CPUAdamBuilder(), str(tmp_path), wrappers) as header:
+        assert not header and os.environ[op_pch.HEADER_VARIABLE] == "0"
+        assert os.environ["CXX"] == op_pch.wrapper_path(wrappers, "c++")
+        assert os.environ[op_pch.OP_FOLDER_VARIABLE] == folder
+    with op_pch.compiling(AsyncIOBuilder(), str(tmp_path), wrappers) as header:
+        assert header and os.environ[op_pch.HEADER_VARIABLE] == "1"
+        assert os.environ["CXX"] == op_pch.wrapper_path(wrappers, "c++")
+    for name in ("CXX", op_pch.OP_FOLDER_VARIABLE, op_pch.HEADER_VARIABLE):
+        assert name not in os.environ
+
+
+def test_an_object_is_shared_between_ops_while_what_it_read_is_unchanged(tmp_path: Path) -> None:
+    include, source = tree(
+        tmp_path, '#include "local.h"\nint answer() { return torch_answer(); }\n'
+    )
+    root = tmp_path / "ops"
+    wrapper = op_pch.write_wrapper(str(tmp_path / "wrappers"), "c++")
+    compile_through(wrapper, root, include, source, tmp_path / "a.o", header=False, op="a")
+    assert len(stored(root)) == 1
+    stamp = (tmp_path / "a.o").stat().st_mtime_ns
+    compile_through(wrapper, root, include, source, tmp_path / "b.o", header=False, op="b")
+    assert (tmp_path / "b.o").read_bytes() == (tmp_path / "a.o").read_bytes()
+    assert (tmp_path / "a.o").stat().st_mtime_ns == stamp and len(stored(root)) == 1
+    target, _ = (tmp_path / "b.o.d").read_text().split(":", 1)
+    assert target == str(tmp_path / "b.o")  # ninja reads the copy's dependencies
+    read = [str(source), str(tmp_path / "local.h"), str(include / "torch" / "extension.h")]
+    assert op_pch.read_depfile(str(tmp_path / "b.o.d")) == read
+
+    # a header it read changes: compiled again, and the new object kept
+    (tmp_path / "local.h").write_text("#include <torch/extension.h>\nint extra() { return 1; }\n")
+    compile_through(wrapper, root, include, source, tmp_path / "c.o", header=False, op="c")
+    assert "_Z5extrav" in symbols(tmp_path / "c.o") and "_Z5extrav" not in symbols(tmp_path / "b.o")
+    compile_through(wrapper, root, include, source, tmp_path / "d.o", header=False, op="d")
+    assert (tmp_path / "d.o").read_bytes() == (tmp_path / "c.o").read_bytes()
+
+
+def test_a_source_that_reads_the_extension_name_is_compiled_for_each_op(tmp_path: Path) -> None:
+    include, source = tree(
+        tmp_path,
+        "#define STR(x) #x\n#define NAME(x) STR(x)\n"
+        "const char* name() { return NAME(TORCH_EXTENSION_NAME); }\n",
+    )
+    root = tmp_path / "ops"
+    wrapper = op_pch.write_wrapper(str(tmp_path / "wrappers"), "c++")
+    compile_through(wrapper, root, include, source, tmp_path / "a.o", header=False, op="alpha")
+    compile_through(wrapper, root, include, source, tmp_path / "b.o", header=False, op="beta")
+    assert stored(root) == []
+    assert (
+        b"alpha" in (tmp_path / "a.o").read_bytes() and b"beta" in (tmp_path / "b.o").read_bytes()
+    )
+
+
+def test_a_dependency_file_with_spaces_reads_back(tmp_path: Path) -> None:
+    depfile = tmp_path / "x.o.d"
+    op_pch.write_depfile(str(depfile), "x.o", ["/a b/c.cpp", "/d/e.h"])
+    assert op_pch.read_depfile(str(depfile)) == ["/a b/c.cpp", "/d/e.h"]
