@@ -11,8 +11,8 @@ with two compile jobs, ``n`` sources take ``n / 2 * 28`` s of wall time without 
 and communication ops have two each and are built as torch builds them.
 
 torch runs ninja with the compiler ``CXX`` names. While an op loads, :func:`compiling`
-names a wrapper script (``<folder>/<digest of this Python and the compiler>/g++``, which
-runs this file; the same path for every op folder, so an op folder copied to another root
+names a wrapper script (``<folder>/<digest of the compiler>/g++``, which runs this file;
+the same path for every Python and op folder, so that an op folder copied to another root
 is up to date there) and tells it the op folder's root in the environment:
 
 - For such an op, a torch source is compiled with ``-include`` of a header built, once per
@@ -104,9 +104,13 @@ def torch_source_count(builder: Any) -> int:
 
 def wrapper_path(folder: str, real_cxx: str) -> str:
     """The wrapper for compiler ``real_cxx`` under ``folder``; its name ends in ``g++``,
-    which torch's compiler check accepts."""
+    which torch's compiler check accepts. The path names neither the Python that writes it
+    nor the op folder: ninja rebuilds an op whose command changed, and every process that
+    loads the op (another venv's, as in the GPU check, or one loading a copied op folder)
+    must name the same command. The script runs the Python that wrote it last (this file
+    needs only the standard library)."""
     resolved = os.path.realpath(shutil.which(real_cxx) or real_cxx)
-    digest = hashlib.sha1(f"{sys.executable}|{resolved}".encode()).hexdigest()[:12]
+    digest = hashlib.sha1(resolved.encode()).hexdigest()[:12]
     return os.path.join(folder, digest, "g++")
 
 

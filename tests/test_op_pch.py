@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,22 @@ def test_a_dependency_file_with_spaces_reads_back(tmp_path: Path) -> None:
     depfile = tmp_path / "x.o.d"
     op_pch.write_depfile(str(depfile), "x.o", ["/a b/c.cpp", "/d/e.h"])
     assert op_pch.read_depfile(str(depfile)) == ["/a b/c.cpp", "/d/e.h"]
+
+
+def test_every_python_names_the_same_wrapper(tmp_path: Path) -> None:
+    """ninja rebuilds an op whose command changed: a process of another venv (the GPU
+    check's) must name the same compiler script as this one, whichever wrote it last."""
+    other = getattr(sys, "_base_executable", sys.executable)
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('op_pch', sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        "print(module.write_wrapper(sys.argv[2], 'c++'))\n"
+    )
+    done = subprocess.run(
+        [other, "-c", code, op_pch.__file__, str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    path = done.stdout.strip()
+    assert path == op_pch.write_wrapper(str(tmp_path), "c++")
+    assert sys.executable in Path(path).read_text()  # the last writer's Python runs it
