@@ -117,8 +117,8 @@ def guard_op_loads() -> str:
     DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
     the lock goes around its one JIT entry point, ``OpBuilder.jit_load``, and so does the
     compiler it builds with (:mod:`autotune.op_pch`: a precompiled torch header, objects
-    shared between ops). The
-    CPU facts each load asks for are asked once per boot (:mod:`autotune.cpu_info`)."""
+    shared between ops). The CPU facts each load asks for are asked once per boot
+    (:mod:`autotune.cpu_info`)."""
     root = build_environment()
     remember_cpu_info()
     from deepspeed.ops.op_builder.builder import OpBuilder

@@ -20,6 +20,18 @@ class ConfigRecipe:
     layers_key: str = field(metadata={"doc": "the keyword that sets the number of blocks"})
     kwargs: tuple[tuple[str, Any], ...] = field(metadata={"doc": "the config's keywords"})
 
+    @property
+    def keywords(self) -> dict[str, Any]:
+        return dict(self.kwargs)
+
+    @property
+    def layers(self) -> int:
+        return int(self.keywords[self.layers_key])
+
+    def with_keyword(self, name: str, value: Any) -> ConfigRecipe:
+        kwargs = tuple(sorted({**self.keywords, name: value}.items()))
+        return ConfigRecipe(self.config_class, self.model_type, self.layers_key, kwargs)
+
     def build(self) -> PretrainedConfig:
         import transformers
 

@@ -55,23 +55,20 @@ class CausalLMWorkload(Workload):
             config.num_hidden_layers = self._layers
         return config
 
-    def _recipe_keywords(self) -> dict[str, Any] | None:
-        """The recipe's keywords with the layer override, or None for a config built by
-        a function (a user's config file)."""
+    def _recipe(self) -> ConfigRecipe | None:
+        """The recipe with the layer override, or None for a config built by a function
+        (a user's config file)."""
         make = self._make_config
         if not isinstance(make, ConfigRecipe):
             return None
-        keywords = dict(make.kwargs)
-        if self._layers is not None:
-            keywords[make.layers_key] = self._layers
-        return keywords
+        if self._layers is None:
+            return make
+        return make.with_keyword(make.layers_key, self._layers)
 
     @property
     def num_layers(self) -> int:
-        keywords = self._recipe_keywords()
-        if keywords is not None:
-            return int(keywords[self._make_config.layers_key])  # type: ignore[union-attr]
-        return int(self.config().num_hidden_layers)
+        recipe = self._recipe()
+        return recipe.layers if recipe else int(self.config().num_hidden_layers)
 
     def with_layers(self, layers: int) -> CausalLMWorkload:
         """The same model with ``layers`` transformer blocks: the memory model traces two
@@ -137,9 +134,9 @@ class CausalLMWorkload(Workload):
     def trace_fingerprint(self) -> dict[str, Any] | None:
         # A recipe's keywords name the model; the library versions in the trace cache's key
         # (transformers' among them) stand for the defaults of the keywords left out.
-        keywords = self._recipe_keywords()
-        if keywords is not None:
-            config: dict[str, Any] = {"recipe": self._make_config.config_class, **keywords}  # type: ignore[union-attr]
+        recipe = self._recipe()
+        if recipe is not None:
+            config: dict[str, Any] = {"recipe": recipe.config_class, **recipe.keywords}
         else:
             config = self.config().to_dict()
         return {
@@ -149,11 +146,10 @@ class CausalLMWorkload(Workload):
         }
 
     def describe(self) -> str:
-        keywords = self._recipe_keywords()
-        if keywords is not None:
-            make = self._make_config
-            facts: Any = SimpleNamespace(**keywords)
-            model_type, layers = make.model_type, keywords[make.layers_key]  # type: ignore[union-attr]
+        recipe = self._recipe()
+        if recipe is not None:
+            facts: Any = SimpleNamespace(**recipe.keywords)
+            model_type, layers = recipe.model_type, recipe.layers
         else:
             facts = self.config()
             model_type, layers = facts.model_type, facts.num_hidden_layers
