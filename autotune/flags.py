@@ -1,15 +1,15 @@
-"""The flags of ``autotune run``, as a user types them: the one source of their defaults.
+"""The flags of ``autotune run``, as a user types them.
 
 :class:`RunFlags` drives the command line (each field is an option, its description the
 help, its default the one shown), what a study stores (the flags it was started with) and
-what a continued study takes back: model defaults, then the study's stored flags, then the
-flags given on this command line. :meth:`RunFlags.settings` turns them into the typed
-:class:`~autotune.settings.RunSettings` (units parsed, paths absolute).
+what a continued study takes back (:mod:`autotune.stored_flags`): model defaults, then the
+study's stored flags, then the flags given on this command line. :meth:`RunFlags.settings`
+turns them into the typed :class:`~autotune.settings.RunSettings` (units parsed, paths
+absolute), which holds every default: a flag takes its default from its setting.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from pathlib import Path
@@ -18,14 +18,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import SettingsError
-from autotune.settings import DEFAULT_STORAGE, RunSettings, parse_duration, parse_size
+from autotune.settings import (
+    DEFAULT_BUDGET_S,
+    RunSettings,
+    format_duration,
+    parse_duration,
+    parse_size,
+)
+from autotune.stored_flags import HOST_KEY, PER_RUN, inherited
 
-# Flags that concern one run, not what a study measures: never stored with the study.
-PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet", "retry_failed")
-PER_RUN += ("ray_address",)  # the cluster one run uses; the next may use another
-PER_RUN += ("shared",)  # how this driver joins the study, not what the study measures
 # Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
 PATHS = ("base_config", "nvme_path", "trials_dir", "script")
+
+
+def _default(setting: str) -> Any:
+    """The default of a :class:`RunSettings` field: the settings model holds every default,
+    a flag shows it (a flag that negates a setting shows its negation)."""
+    return RunSettings.model_fields[setting].default
 
 
 class RunFlags(BaseModel):
@@ -57,7 +66,7 @@ class RunFlags(BaseModel):
         "the Hugging Face Trainer's flags are known).",
     )
     space: str = Field(
-        default="default", description="Search space: a YAML path or a built-in name."
+        default=_default("space"), description="Search space: a YAML path or a built-in name."
     )
     gpus: int = Field(
         default=1, gt=0, description="Devices the study may use (CPU ranks without GPUs)."
@@ -88,7 +97,8 @@ class RunFlags(BaseModel):
     budget: str | None = Field(
         default=None,
         description="The study's total wall-clock budget: 90s, 30m, 2h, 1h30m. A new study "
-        "gets 30m; a continued one keeps what is left of its own unless given a new total.",
+        f"gets {format_duration(DEFAULT_BUDGET_S)}; a continued one keeps what is left of its "
+        "own unless given a new total.",
     )
     max_trials: int | None = Field(
         default=None, gt=0, description="Stop after this many new candidates are probed."
@@ -99,11 +109,13 @@ class RunFlags(BaseModel):
         "with the flags it was started with.",
     )
     storage: str = Field(
-        default=DEFAULT_STORAGE, description="Optuna storage URL (any SQLAlchemy URL Optuna takes)."
+        default=_default("storage_url"),
+        description="Optuna storage URL (any SQLAlchemy URL Optuna takes).",
     )
-    seed: int | None = Field(default=None, description="Sampler seed.")
+    seed: int | None = Field(default=_default("seed"), description="Sampler seed.")
     executor: Literal["ray", "local"] = Field(
-        default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
+        default=_default("executor"),
+        description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray).",
     )
     ray_address: str | None = Field(
         default=None,
@@ -115,13 +127,15 @@ class RunFlags(BaseModel):
         description="Hard limit of one probe, e.g. 5m (default: derived from the workload).",
     )
     cold_probes: bool = Field(
-        default=False,
+        default=not _default("warm_workers"),
         description="Start every probe as a new launch (as DeepSpeed's autotuner does) "
         "instead of keeping warm workers.",
     )
-    no_prune: bool = Field(default=False, description="Probe even what the memory model rules out.")
+    no_prune: bool = Field(
+        default=not _default("prune"), description="Probe even what the memory model rules out."
+    )
     memory_margin: float = Field(
-        default=0.05,
+        default=_default("memory_margin"),
         ge=0.0,
         lt=1.0,
         description="Prune above the limit minus this share of it (0.05 = 5%).",
@@ -130,44 +144,49 @@ class RunFlags(BaseModel):
         default="auto", description="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's)."
     )
     warmup_steps: int = Field(
-        default=2, gt=0, description="Untimed optimizer steps per probe, at least."
+        default=_default("warmup_steps"),
+        gt=0,
+        description="Untimed optimizer steps per probe, at least.",
     )
     timed_steps: int = Field(
-        default=3, gt=0, description="Timed optimizer steps per probe, at least."
+        default=_default("timed_steps"),
+        gt=0,
+        description="Timed optimizer steps per probe, at least.",
     )
     max_timed_steps: int = Field(
-        default=20,
+        default=_default("max_timed_steps"),
         gt=0,
         description="Timed steps at most; a probe stops once its spread is under 2%.",
     )
     sampler: Literal["autotune", "tpe", "gp", "random", "grid"] = Field(
-        default="autotune",
+        default=_default("sampler"),
         description="autotune (model-guided), tpe, gp, random, or grid (every valid candidate "
         "once).",
     )
     no_confirm: bool = Field(
-        default=False,
+        default=not _default("confirm"),
         description="Skip the confirmation round (re-probing the top candidates, interleaved).",
     )
     no_early_stop: bool = Field(
-        default=False, description="Time every probe in full, even when clearly slower."
+        default=not _default("early_stop"),
+        description="Time every probe in full, even when clearly slower.",
     )
     shared: bool = Field(
-        default=False,
+        default=_default("shared"),
         description="Run side by side with other drivers of this study (a database they all "
         "reach, e.g. PostgreSQL): each takes its own proposals, none probes a candidate "
         "another has, and each runs for its own --budget.",
     )
     tf32: bool = Field(
-        default=False,
+        default=_default("tf32"),
         description="Let fp32 matmuls use TF32 on GPUs, as your training does if it sets "
         "torch.set_float32_matmul_precision('high') (default: IEEE fp32, PyTorch's default).",
     )
     trials_dir: str = Field(
-        default="trials", description="Folder for per-trial logs and the export."
+        default=str(_default("trials_dir")), description="Folder for per-trial logs and the export."
     )
     retry_failed: bool = Field(
-        default=False,
+        default=_default("retry_failed"),
         description="Probe once more the candidates whose probes failed (error, timeout), "
         "e.g. after fixing what failed: autotune run --study S --retry-failed.",
     )
@@ -186,7 +205,7 @@ class RunFlags(BaseModel):
         """Model defaults, then a continued study's stored flags, then the flags given;
         checked whole (units, relations, the study's name) before any file is opened."""
         given = {k: v for k, v in given.items() if v is not None and v is not False and v != []}
-        values = {**inherited(stored, given), **given}
+        values = {**inherited(stored, given, flags=cls.model_fields), **given}
         try:
             flags = cls(**values)
         except ValueError as exc:
@@ -322,11 +341,6 @@ class RunFlags(BaseModel):
 MAX_BUDGET_S = 30 * 24 * 3600  # a month: past it, a typo (99999h), not a plan
 # A study name becomes a folder under --trials-dir and text in shell scripts: keep it plain.
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-HOST_KEY = "_host"  # in a study's stored flags: the host it was started on
-# Stored flags that name files or code: taken back only on the host that stored them, and
-# only where the file is this user's (a shared database must not choose what is imported
-# or where files go).
-FILE_FLAGS = ("workload", "script", "space", "base_config", "nvme_path", "trials_dir")
 
 
 def check_study_name(name: str, *, flag: str) -> str:
@@ -336,56 +350,6 @@ def check_study_name(name: str, *, flag: str) -> str:
             "starting with a letter or digit (it names a folder under --trials-dir)"
         )
     return name
-
-
-def _names_a_file(flag: str, value: Any) -> bool:
-    if value is None:
-        return False
-    if flag == "workload":
-        return ":" in str(value)  # path/to/file.py:fn or package.module:fn: code to import
-    if flag == "space":
-        return Path(str(value)).suffix in (".yaml", ".yml") or "/" in str(value)
-    return True
-
-
-def _owned_here(value: str) -> bool:
-    """The file (or the nearest folder above it that exists) belongs to this user."""
-    path = Path(value.rpartition(":")[0] if ":" in value else value)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return path.stat().st_uid == os.getuid()
-    except OSError:
-        return False
-
-
-def inherited(stored: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
-    """The stored flags a continue takes back; refuses, in one line, a stored file or code
-    reference from another host or another user's file (give those flags explicitly)."""
-    known = {k: v for k, v in stored.items() if k in RunFlags.model_fields and k not in PER_RUN}
-    if not known:
-        return {}
-    same_host = stored.get(HOST_KEY) == socket.gethostname()
-    foreign = [
-        flag
-        for flag in FILE_FLAGS
-        if flag not in given
-        and _names_a_file(flag, known.get(flag))
-        and not (same_host and _owned_here(str(known[flag])))
-    ]
-    if foreign == ["trials_dir"]:
-        known.pop("trials_dir")  # this host's default folder, not the stored one
-    elif foreign:
-        origin = stored.get(HOST_KEY) or "an unknown host"
-        shown = " ".join(
-            f"--{f.replace('_', '-')} {known[f]}" for f in foreign if f != "trials_dir"
-        )
-        raise SettingsError(
-            f"this study was started on {origin} with files this run will not take from the "
-            f"database ({shown}); give them explicitly to continue here, e.g. "
-            + " ".join(f"--{f.replace('_', '-')} PATH" for f in foreign if f != "trials_dir")
-        )
-    return known
 
 
 def parse_global_batch(text: str | None) -> int | str | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SettingsError
+from autotune.settings import DEFAULT_BUDGET_S, format_duration
 
 PROJECT_FILE = "autotune.yaml"
 PYPROJECT = "pyproject.toml"
@@ -137,7 +138,9 @@ def layer(given: dict[str, Any], folder: Path) -> tuple[dict[str, Any], str | No
     return {**project, **typed}, name
 
 
-def render(script: str, args: list[str], *, gpus: int, folder: Path, budget: str = "30m") -> str:
+def render(
+    script: str, args: list[str], *, gpus: int, folder: Path, budget: str | None = None
+) -> str:
     """A commented project file for ``script`` and its arguments."""
     from autotune.script_args import flag_value, parse_script
 
@@ -179,7 +182,7 @@ def render(script: str, args: list[str], *, gpus: int, folder: Path, budget: str
         "# Search space: default, or a YAML file (autotune space --help).",
         "space: default",
         "# The study's total wall-clock budget (a continued study runs on what is left).",
-        f"budget: {budget}",
+        f"budget: {budget or format_duration(DEFAULT_BUDGET_S)}",
         "",
     ]
     return "\n".join(lines)

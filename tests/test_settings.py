@@ -82,27 +82,55 @@ def test_a_continue_takes_stored_files_only_from_this_host_and_user(tmp_path) ->
     import socket
 
     from autotune.errors import SettingsError
-    from autotune.flags import HOST_KEY, RunFlags, inherited
+    from autotune.flags import RunFlags
+    from autotune.stored_flags import HOST_KEY, inherited
 
     workload = tmp_path / "mine.py"
     workload.write_text("def make(): ...\n")
     here = socket.gethostname()
     stored = RunFlags(workload=f"{workload}:make", gpus=2).stored()
     assert stored[HOST_KEY] == here
-    assert inherited(stored, {})["workload"] == f"{workload}:make"  # same host, own file
+    assert (
+        inherited(stored, {}, flags=RunFlags.model_fields)["workload"] == f"{workload}:make"
+    )  # same host, own file
     # another host: refused, naming the flag and how to continue
     with pytest.raises(SettingsError, match=r"started on elsewhere.*--workload PATH"):
-        inherited({**stored, HOST_KEY: "elsewhere"}, {})
+        inherited({**stored, HOST_KEY: "elsewhere"}, {}, flags=RunFlags.model_fields)
     # given explicitly, it is the user's choice
-    assert inherited({**stored, HOST_KEY: "elsewhere"}, {"workload": "gpt-tiny"})["gpus"] == 2
+    assert (
+        inherited(
+            {**stored, HOST_KEY: "elsewhere"}, {"workload": "gpt-tiny"}, flags=RunFlags.model_fields
+        )["gpus"]
+        == 2
+    )
     # a built-in workload is no file: taken back from anywhere; the trials folder falls back
     # to this host's default
     builtin = {**RunFlags(workload="gpt-tiny").stored(), HOST_KEY: "elsewhere"}
-    assert inherited(builtin, {}) == {
+    assert inherited(builtin, {}, flags=RunFlags.model_fields) == {
         k: v for k, v in builtin.items() if k not in (HOST_KEY, "trials_dir")
     }
     # another user's file on this host: refused
     if os.getuid() == 0:
         os.chown(workload, 65534, 65534)
         with pytest.raises(SettingsError, match="--workload"):
-            inherited(stored, {})
+            inherited(stored, {}, flags=RunFlags.model_fields)
+
+
+def test_every_flag_left_out_resolves_to_the_settings_default():
+    """The settings model holds the defaults: a run given only its workload gets, for every
+    setting a flag sets, that setting's default (a negating flag such as --no-prune its
+    negation), so the command line and the library cannot drift apart."""
+    from autotune.flags import RunFlags
+    from autotune.settings import RunSettings
+
+    resolved = RunFlags(workload="gpt-tiny").settings()
+    # set from the flags but not defaults of their own: the workload, its study name, the
+    # required device count, and 'auto' sizes resolved later
+    own = {"workload", "study_name", "gpus"}
+    checked = 0
+    for name, field in RunSettings.model_fields.items():
+        if name in own or field.is_required():
+            continue
+        assert getattr(resolved, name) == field.get_default(call_default_factory=True), name
+        checked += 1
+    assert checked >= 25
