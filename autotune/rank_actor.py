@@ -21,13 +21,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.held_folder import HeldFolder
 from autotune.launch import (
     _CLEAN_SIGNALS_EXEC,
     ProbeJob,
@@ -88,7 +88,8 @@ class RankActor:
 
     def __init__(self) -> None:
         restore_child_signals()  # a Ray worker ignores SIGCHLD: the rank is our child
-        self._home = Path(tempfile.mkdtemp(prefix="autotune-rank-"))
+        self._folder = HeldFolder("autotune-rank-")  # a lost actor's: removed by a later one
+        self._home = self._folder.path
         self._process: subprocess.Popen[bytes] | None = None
         self._log: Any = None
         self._inbox = self._home
@@ -224,4 +225,4 @@ class RankActor:
     def close(self) -> None:
         self.kill()
         self._store = None
-        shutil.rmtree(self._home, ignore_errors=True)
+        self._folder.remove()

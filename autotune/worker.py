@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from autotune.held_folder import HeldFolder
 from autotune.launch import (
     ProbeJob,
     kill_process_group,
@@ -47,7 +46,8 @@ class WarmWorker:
 
     def __init__(self, visible_devices: str | None = None) -> None:
         self.visible_devices = visible_devices
-        self._home = Path(tempfile.mkdtemp(prefix="autotune-worker-"))
+        self._folder = HeldFolder("autotune-worker-")  # removed by close, or by a later
+        self._home = self._folder.path  # worker if this process is killed first
         self._process: subprocess.Popen[bytes] | None = None
         self._shape: tuple[object, ...] | None = None
         self._posted = 0
@@ -184,7 +184,7 @@ class WarmWorker:
             except subprocess.TimeoutExpired:
                 pass
         self._kill()
-        shutil.rmtree(self._home, ignore_errors=True)
+        self._folder.remove()
 
 
 def _tail_since(path: Path, offset: int, limit: int = 3000) -> str:
