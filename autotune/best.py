@@ -41,42 +41,56 @@ def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best |
 
     A trial measured after the round was decided that beats the winner's confirmed estimate
     outright (above its 95% interval) takes its place: a continued study's search found
-    something faster, and the next round will confirm it."""
+    something faster, and the next round will confirm it. A single probe the round ranked
+    below the winner never does, however fast it once measured. A winner that is not feasible
+    now leaves its place to the next contender in the round's order that is."""
     ranked = ranked_feasible(trials)
     if not ranked:
         return None
-    fastest = ranked[0]
-    raw = Best(
-        trial=fastest.number,
-        label=fastest.label,
-        samples_per_s=float(fastest.value or 0.0),
-        confirmed=False,
-        reason=f"fastest of {len(ranked)} feasible configuration(s) measured",
-    )
+    fastest = f"fastest of {len(ranked)} feasible configuration(s) measured"
     if verdict is None or verdict.winner is None or not verdict.contenders:
-        return raw
+        return _unconfirmed(ranked[0], fastest)
     by_number = {t.number: t for t in ranked}
-    winner = by_number.get(verdict.winner)
-    leader = verdict.contenders[0]
-    newer = [t for t in ranked if t.number > verdict.after_trial]
-    if winner is None or (newer and (newer[0].value or 0.0) > leader.estimate + leader.half_width):
-        return raw.model_copy(
-            update={"reason": raw.reason + ", measured after the confirmation round"}
+    standing = [c for c in verdict.contenders if c.trial in by_number]
+    if not standing:
+        return _unconfirmed(
+            ranked[0], fastest + "; no contender of the confirmation round is feasible any more"
         )
+    leader = standing[0]
+    newer = [t for t in ranked if t.number > verdict.after_trial]
+    if newer and (newer[0].value or 0.0) > leader.estimate + leader.half_width:
+        return _unconfirmed(
+            newer[0],
+            f"measured after the confirmation round, above the {leader.estimate:.1f} "
+            f"samples/s ±{leader.half_width:.1f} of its winner (trial {leader.trial})",
+        )
+    reason = (
+        f"confirmed over {len(leader.samples_per_s)} interleaved probes of "
+        f"{len(verdict.contenders)} contenders"
+    )
+    if leader.trial != verdict.winner:
+        reason += f"; the round's winner, trial {verdict.winner}, is not feasible now"
+    elif verdict.steadier_over is not None:
+        reason += ", the steadier within noise of the fastest"
     return Best(
-        trial=winner.number,
-        label=winner.label,
+        trial=leader.trial,
+        label=by_number[leader.trial].label,
         samples_per_s=leader.estimate,
         half_width=leader.half_width,
         probes=len(leader.samples_per_s),
         confirmed=True,
-        reason=f"confirmed over {len(leader.samples_per_s)} interleaved probes of "
-        f"{len(verdict.contenders)} contenders"
-        + (
-            ", the steadier within noise of the fastest"
-            if verdict.steadier_over is not None
-            else ""
-        ),
+        reason=reason,
+    )
+
+
+def _unconfirmed(trial: TrialView, reason: str) -> Best:
+    """``trial`` as the best on its single probe's measurement."""
+    return Best(
+        trial=trial.number,
+        label=trial.label,
+        samples_per_s=float(trial.value or 0.0),
+        confirmed=False,
+        reason=reason,
     )
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from autotune.protocol import ProbeResult
 
 if TYPE_CHECKING:
     from autotune.confirm import Confirmation
+    from autotune.lock import Holder
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,54 @@ class Event:
 
 
 @dataclass(frozen=True)
-class SetupProgress(Event):
-    """Set-up before the first probe (DeepSpeed's ops, Ray), told as it happens."""
+class OpBuildStarted(Event):
+    """DeepSpeed's ``op`` is not built for this environment: compiling it starts."""
 
-    message: str
+    op: str
+
+
+@dataclass(frozen=True)
+class OpBuildWaiting(Event):
+    """Another process is building or loading ``op``: this one waits for its lock."""
+
+    op: str
+
+
+@dataclass(frozen=True)
+class OpBuildFinished(Event):
+    """``op`` was compiled in ``seconds`` and is cached from now on."""
+
+    op: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BuildLockCleared(Event):
+    """A process killed while building ``op`` left torch's build lock; it was removed."""
+
+    op: str
+
+
+@dataclass(frozen=True)
+class OpUnavailable(Event):
+    """An optional op does not build here, and what the run does without it.
+
+    ``fallback``: ``torch_adam`` (FusedAdam: the probes step with torch's Adam) or
+    ``no_nvme`` (async I/O: NVMe offload cannot be used)."""
+
+    op: str
+    cause: str  # the build error's first line
+    log_dir: str  # the op's build folder, with the compiler's log
+    fallback: Literal["torch_adam", "no_nvme"]
+
+
+@dataclass(frozen=True)
+class OpsBuilt(Event):
+    """The ops this run compiled before its first probe, once per environment; the
+    budget's clock leaves their ``seconds`` out."""
+
+    ops: tuple[str, ...]
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -33,12 +78,16 @@ class DriverTakenOver(Event):
     """This run took the study over from a driver that stopped without releasing it."""
 
     study_name: str
-    holder: str
+    holder: Holder
 
 
 @dataclass(frozen=True)
-class Warning(Event):
-    message: str
+class HeartbeatNotWritten(Event):
+    """The driver lock's heartbeat failed once (the main loop reports lasting storage
+    faults); ``error_type`` and ``error`` are the exception's class name and text."""
+
+    error_type: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -55,6 +104,14 @@ class TrialsRecovered(Event):
 
     interrupted: list[int]
     retries: int
+
+
+@dataclass(frozen=True)
+class FailedRequeued(Event):
+    """``--retry-failed``: the failed trials whose candidates are queued to be probed once
+    more (empty: the study has none to retry)."""
+
+    trial_numbers: list[int]
 
 
 @dataclass(frozen=True)
@@ -81,7 +138,7 @@ class CandidatesScreened(Event):
 class ProbeStarted(Event):
     trial: int | None  # None: a confirmation re-probe (not a trial of its own)
     label: str
-    step: str = ""  # e.g. "round 2 of 3" for a confirmation probe
+    reprobe_of: int | None = None  # a confirmation re-probe: the trial it measures again
 
 
 @dataclass(frozen=True)
@@ -176,9 +233,9 @@ class ConfirmationProgress(Event):
 
 @dataclass(frozen=True)
 class ConfirmationDone(Event):
-    description: str
-    rounds: int
-    seconds: float
+    """The round decided; ``verdict`` holds its rounds, seconds and standings."""
+
+    verdict: Confirmation
 
 
 @dataclass(frozen=True)

@@ -132,9 +132,8 @@ class RunState:
     def _(self, event: events.ProbeStarted) -> None:
         self._clock_runs()
         who = "confirmation" if event.trial is None else f"trial {event.trial}"
-        self.running[_key(event.trial, event.label)] = Running(
-            who, event.label, event.step, self.now()
-        )
+        step = "" if event.reprobe_of is None else f"re-probe of {event.reprobe_of}"
+        self.running[_key(event.trial, event.label)] = Running(who, event.label, step, self.now())
 
     @apply.register
     def _(self, event: events.ProbeProgress) -> None:

@@ -7,10 +7,10 @@ a lock file so that it works the same for drivers on different hosts sharing a P
 study, and its heartbeat is the database's clock (``CURRENT_TIMESTAMP``), so hosts whose
 clocks disagree judge it alike. A holder is dead when it stopped heart-beating for
 :data:`STALE_S`, or at once when it ran on this host and its pid is gone (a driver killed
-with -9); a dead holder is taken over with a note. Optuna's storage has no
-compare-and-swap, so acquisition writes, waits :data:`SETTLE_S` and reads back: of two
-drivers starting in the same instant the later writer wins and the other refuses; every
-heartbeat checks the token again.
+with -9); a dead holder is taken over (:attr:`DriverLock.took_over`, which the session
+reports). Optuna's storage has no compare-and-swap, so acquisition writes, waits
+:data:`SETTLE_S` and reads back: of two drivers starting in the same instant the later
+writer wins and the other refuses; every heartbeat checks the token again.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune import events
 from autotune.errors import StorageError
 
 if TYPE_CHECKING:
@@ -57,12 +59,31 @@ def holder_state(holder: dict[str, Any] | None, db_now: float) -> str:
     return "live"
 
 
-def describe_holder(holder: dict[str, Any], db_now: float) -> str:
-    beat_s = max(0.0, db_now - float(holder.get("heartbeat", db_now)))
-    return (
-        f"pid {holder.get('pid')} on host {holder.get('host')}, running since "
-        f"{holder.get('since')} (last heartbeat {beat_s:.0f} s ago)"
-    )
+@dataclass(frozen=True)
+class Holder:
+    """A driver that holds (or held) the study, as another driver sees it."""
+
+    host: str
+    pid: int
+    since: str  # when it started, ISO 8601 with the UTC offset
+    heartbeat_age_s: float  # by the database's clock
+
+    @classmethod
+    def of(cls, record: dict[str, Any], db_now: float) -> Holder:
+        """The holder of a lock record as stored; ``db_now`` as in :func:`holder_state`."""
+        return cls(
+            host=str(record.get("host", "")),
+            pid=int(record.get("pid", 0)),
+            since=str(record.get("since", "")),
+            heartbeat_age_s=max(0.0, db_now - float(record.get("heartbeat", db_now))),
+        )
+
+    def describe(self) -> str:
+        """One phrase: errors name the holder with it, and so does the CLI."""
+        return (
+            f"pid {self.pid} on host {self.host}, running since {self.since} (last heartbeat "
+            f"{self.heartbeat_age_s:.0f} s ago)"
+        )
 
 
 class DatabaseClock:
@@ -112,16 +133,16 @@ class DriverLock:
         *,
         shared: bool = False,
         on_beat: Callable[[], None] | None = None,
-        on_warning: Callable[[str], None] | None = None,
+        emit: events.Emit = events.ignore,
     ) -> None:
         self.study_name = study_name
         self.shared = shared
         self.on_beat = on_beat
-        self.on_warning = on_warning
+        self.emit = emit  # a heartbeat that fails: HeartbeatNotWritten, from its thread
         self.token = uuid.uuid4().hex
         self.since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self.lost: str = ""  # set by the heartbeat thread when another driver took the study
-        self.took_over: str = ""  # the dead holder this driver replaced, if any
+        self.took_over: Holder | None = None  # the dead holder this driver replaced, if any
         self._key = f"{LOCK_ATTR}:{self.token}" if shared else LOCK_ATTR
         self._clock = clock
         self._stop = threading.Event()
@@ -166,12 +187,12 @@ class DriverLock:
             if state == "live" and blocking:
                 raise StorageError(
                     f"study {self.study_name!r} is being run by another driver: "
-                    f"{describe_holder(holder, now)}; wait for it to finish or stop it, pass "
+                    f"{Holder.of(holder, now).describe()}; wait for it to finish or stop it, pass "
                     "--shared to every driver to run them side by side, or pass --study "
                     "NEW_NAME to start a separate study"
                 )
             if state == "dead":
-                self.took_over = describe_holder(holder, now)
+                self.took_over = Holder.of(holder, now)
                 self._storage.set_study_user_attr(self._study_id, key, None)
         self._write(self._record())
         time.sleep(SETTLE_S)
@@ -179,7 +200,7 @@ class DriverLock:
         if not now_holder or now_holder.get("token") != self.token:
             raise StorageError(
                 f"study {self.study_name!r} was taken by another driver starting at the same "
-                f"time ({describe_holder(now_holder or {}, self._clock.now())}); pass --study "
+                f"time ({Holder.of(now_holder or {}, self._clock.now()).describe()}); pass --study "
                 "NEW_NAME to start a separate study"
             )
         self._thread = threading.Thread(target=self._beat, name="autotune-heartbeat", daemon=True)
@@ -190,14 +211,13 @@ class DriverLock:
             try:
                 holder = self._read()
                 if holder and holder.get("token") != self.token:
-                    self.lost = describe_holder(holder, self._clock.now())
+                    self.lost = Holder.of(holder, self._clock.now()).describe()
                     return
                 if self.on_beat is not None:
                     self.on_beat()
                 self._write(self._record())
             except Exception as exc:  # noqa: BLE001 - the main loop reports storage faults
-                if self.on_warning is not None:
-                    self.on_warning(f"heartbeat not written ({type(exc).__name__}: {exc})")
+                self.emit(events.HeartbeatNotWritten(type(exc).__name__, str(exc)))
 
     def release(self) -> None:
         """Stop heart-beating and clear the record if it is still ours."""

@@ -1,7 +1,8 @@
 """DeepSpeed's JIT-compiled ops on this machine: building them once, with progress, before
 any probe needs them; the build tools those builds use; and the optional DeepSpeed features
 (async I/O, partial offload) a space may ask for. Every build or load holds the op's kernel
-lock (:mod:`autotune.op_locks`).
+lock (:mod:`autotune.op_locks`). What happens meanwhile is told as typed events
+(:mod:`autotune.events`), which the CLI renders.
 
 Heavy imports (torch, deepspeed) stay inside functions: the CLI imports this module.
 """
@@ -14,11 +15,11 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune import op_pch
+from autotune import events, op_pch
 from autotune.cache_dir import cache_root
 from autotune.cpu_info import remember_cpu_info
 from autotune.errors import HardwareError
@@ -27,14 +28,9 @@ from autotune.op_locks import op_lock
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
 
-Progress = Callable[[str], None]
-
 # Part of the op folder's name: ops built with other flags (DeepSpeed's own, with debug
 # information) live in another folder and are not rebuilt in place.
 BUILD_FLAGS = "no-debug-info"
-
-# The JIT build of one op: one to three minutes on 2 busy cores (CPU Adam is the longest).
-BUILD_ESTIMATE = "one time, 1-3 min"
 
 
 class OpsReport(BaseModel):
@@ -50,7 +46,10 @@ class OpsReport(BaseModel):
         description="FusedAdam does not build here: configs must use torch's Adam "
         "(see use_torch_adam).",
     )
-    notes: list[str] = Field(default_factory=list, description="One line each, for the user.")
+    unavailable: list[str] = Field(
+        default_factory=list,
+        description="Optional ops that do not build here (each told as OpUnavailable).",
+    )
 
 
 def torch_extensions_dir() -> str:
@@ -198,7 +197,7 @@ def ensure_deepspeed_ops(
     hardware: Hardware,
     *,
     offload_targets: Iterable[str] | None = None,
-    on_progress: Progress | None = None,
+    emit: events.Emit = events.ignore,
     cpu_offload: bool | None = None,
     create_builder: Callable[[str], Any] | None = None,
 ) -> OpsReport:
@@ -207,8 +206,9 @@ def ensure_deepspeed_ops(
     budget clock after this returns.
 
     ``offload_targets``: the devices candidates offload to (``cpu``, ``nvme``);
-    ``cpu_offload=True`` is the same as ``{"cpu"}``. ``on_progress`` gets one line before
-    each op that must be compiled, and when waiting for another process's build.
+    ``cpu_offload=True`` is the same as ``{"cpu"}``. ``emit`` is told before and after each
+    op that must be compiled, when waiting for another process's build, when a killed
+    build's lock is cleared and when an optional op does not build.
     ``create_builder`` maps a DeepSpeed builder class name to a builder (default: the
     accelerator's). A FusedAdam that does not build (on CUDA: nvcc missing or not matching
     torch's CUDA) sets ``torch_adam`` instead of failing; any other op that does not build
@@ -231,16 +231,15 @@ def ensure_deepspeed_ops(
             raise HardwareError(f"cannot import DeepSpeed ({exc}); pip install deepspeed") from None
         create_builder = get_accelerator().create_op_builder
     report = OpsReport()
-    say = on_progress or (lambda line: None)
     for name in _builder_names(hardware.accelerator, targets):
         builder = create_builder(name)
         if builder is not None:
-            _ensure_op(builder, root, report, say)
+            _ensure_op(builder, root, report, emit)
     report.seconds = time.monotonic() - started
     return report
 
 
-def _ensure_op(builder: Any, root: str, report: OpsReport, say: Progress) -> None:
+def _ensure_op(builder: Any, root: str, report: OpsReport, emit: events.Emit) -> None:
     """Load one op (compiling it when it is not cached) and record what happened."""
     op = builder.name
     before = _built_at(root, op)
@@ -248,42 +247,39 @@ def _ensure_op(builder: Any, root: str, report: OpsReport, say: Progress) -> Non
         problem = build_tool_problem(os.environ["PATH"], compiler=True)
         if problem:
             raise HardwareError(problem)
-        say(f"building DeepSpeed's {op} op ({BUILD_ESTIMATE}) ...")
+        emit(events.OpBuildStarted(op))
     started = time.monotonic()
-
-    def waiting() -> None:
-        say(f"waiting for another process that is building or loading DeepSpeed's {op} op ...")
-
     try:
-        with op_lock(root, op, on_wait=waiting) as cleared:
+        with op_lock(root, op, on_wait=lambda: emit(events.OpBuildWaiting(op))) as cleared:
             if cleared:
-                report.notes.append(f"removed the build lock a killed process left in {op}/")
+                emit(events.BuildLockCleared(op))
             builder.load(verbose=False)
     except Exception as exc:  # noqa: BLE001 - compiler errors come in many types
-        _op_failed(builder, op, exc, root, report)
+        _op_failed(builder, op, exc, root, report, emit)
         return
     after = _built_at(root, op)
     if after is not None and after != before:
         report.built.append(op)
-        say(f"built DeepSpeed's {op} op in {time.monotonic() - started:.0f} s (cached from now on)")
+        emit(events.OpBuildFinished(op, time.monotonic() - started))
     else:
         report.cached.append(op)
 
 
-def _op_failed(builder: Any, op: str, exc: Exception, root: str, report: OpsReport) -> None:
+def _op_failed(
+    builder: Any, op: str, exc: Exception, root: str, report: OpsReport, emit: events.Emit
+) -> None:
     """FusedAdam and async I/O may be missing (torch's Adam, no NVMe); other ops may not."""
     why = _first_line(exc)
     kind = type(builder).__name__
+    fallback: Literal["torch_adam", "no_nvme"] | None = None
     if op == "fused_adam" or kind == "FusedAdamBuilder":
         report.torch_adam = True
-        report.notes.append(
-            f"DeepSpeed's FusedAdam does not build here ({why}; log in {root}/{op}/): probes "
-            "and the exported config use torch's Adam (optimizer.params.torch_adam); install "
-            "the CUDA toolkit matching torch's CUDA for FusedAdam"
-        )
-        return
-    if op == "async_io" or kind == "AsyncIOBuilder":
-        report.notes.append(f"NVMe offload is unavailable: DeepSpeed's async I/O op ({why})")
+        fallback = "torch_adam"
+    elif op == "async_io" or kind == "AsyncIOBuilder":
+        fallback = "no_nvme"
+    if fallback is not None:
+        report.unavailable.append(op)
+        emit(events.OpUnavailable(op, why, os.path.join(root, op), fallback))
         return
     raise HardwareError(
         f"DeepSpeed cannot build its {op} op here ({why}; log in {root}/{op}/); fix the "
@@ -345,6 +341,7 @@ def _main(argv: list[str] | None = None) -> int:
     import argparse
 
     from autotune.hardware import detect
+    from autotune.render import line
 
     parser = argparse.ArgumentParser(prog="python -m autotune.ops", description=__doc__)
     parser.add_argument(
@@ -359,13 +356,11 @@ def _main(argv: list[str] | None = None) -> int:
     hardware = detect()
     try:
         report = ensure_deepspeed_ops(
-            hardware, offload_targets={"cpu", "nvme"}, on_progress=lambda line: print(line)
+            hardware, offload_targets={"cpu", "nvme"}, emit=lambda event: print(line(event))
         )
     except HardwareError as exc:
         print(f"autotune: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    for note in report.notes:
-        print(f"note: {note}")
     print(
         f"DeepSpeed ops in {torch_extensions_dir()}: built {', '.join(report.built) or 'none'}, "
         f"cached {', '.join(report.cached) or 'none'} ({report.seconds:.0f} s)"

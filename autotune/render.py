@@ -8,6 +8,9 @@ from functools import singledispatch
 from autotune import events
 from autotune.settings import format_bytes, format_duration
 
+# The JIT build of one op: one to three minutes on 2 busy cores (CPU Adam is the longest).
+BUILD_ESTIMATE = "one time, 1-3 min"
+
 
 @singledispatch
 def line(event: events.Event) -> str | None:
@@ -16,18 +19,55 @@ def line(event: events.Event) -> str | None:
 
 
 @line.register
-def _(event: events.SetupProgress) -> str:
-    return event.message
+def _(event: events.OpBuildStarted) -> str:
+    return f"building DeepSpeed's {event.op} op ({BUILD_ESTIMATE}) ..."
+
+
+@line.register
+def _(event: events.OpBuildWaiting) -> str:
+    return f"waiting for another process that is building or loading DeepSpeed's {event.op} op ..."
+
+
+@line.register
+def _(event: events.OpBuildFinished) -> str:
+    return f"built DeepSpeed's {event.op} op in {event.seconds:.0f} s (cached from now on)"
+
+
+@line.register
+def _(event: events.BuildLockCleared) -> str:
+    return f"note: removed the build lock a killed process left in {event.op}/"
+
+
+@line.register
+def _(event: events.OpUnavailable) -> str:
+    if event.fallback == "torch_adam":
+        return (
+            f"note: DeepSpeed's FusedAdam does not build here ({event.cause}; log in "
+            f"{event.log_dir}/): probes and the exported config use torch's Adam "
+            "(optimizer.params.torch_adam); install the CUDA toolkit matching torch's CUDA "
+            "for FusedAdam"
+        )
+    return f"note: NVMe offload is unavailable: DeepSpeed's async I/O op ({event.cause})"
+
+
+@line.register
+def _(event: events.OpsBuilt) -> str:
+    return (
+        f"built DeepSpeed's {', '.join(event.ops)} op(s) in {event.seconds:.0f} s, once for "
+        "this environment (not charged to the budget)"
+    )
 
 
 @line.register
 def _(event: events.DriverTakenOver) -> str:
-    return f"taking over study {event.study_name!r} from a stopped driver: {event.holder}"
+    return (
+        f"taking over study {event.study_name!r} from a stopped driver: {event.holder.describe()}"
+    )
 
 
 @line.register
-def _(event: events.Warning) -> str:
-    return f"warning: {event.message}"
+def _(event: events.HeartbeatNotWritten) -> str:
+    return f"warning: heartbeat not written ({event.error_type}: {event.error})"
 
 
 @line.register
@@ -45,6 +85,17 @@ def _(event: events.TrialsRecovered) -> str:
     return (
         f"trial(s) {numbers} were left running by a stopped driver: recorded as interrupted; "
         "each candidate is probed again, once"
+    )
+
+
+@line.register
+def _(event: events.FailedRequeued) -> str:
+    if not event.trial_numbers:
+        return "--retry-failed: no failed candidate to retry; the search goes on"
+    numbers = ", ".join(str(n) for n in event.trial_numbers)
+    return (
+        f"requeued {len(event.trial_numbers)} failed candidate(s): trial(s) {numbers}; each "
+        "is probed once more"
     )
 
 
@@ -150,4 +201,7 @@ def _(event: events.ConfirmationStarted) -> str:
 
 @line.register
 def _(event: events.ConfirmationDone) -> str:
-    return f"confirmation ({event.rounds} round(s), {event.seconds:.0f} s): {event.description}"
+    verdict = event.verdict
+    return (
+        f"confirmation ({verdict.rounds} round(s), {verdict.seconds:.0f} s): {verdict.describe()}"
+    )

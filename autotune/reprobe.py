@@ -18,6 +18,7 @@ from autotune.budget import probe_estimate_s
 from autotune.records import TrialRecord, ranked_feasible
 
 if TYPE_CHECKING:
+    from autotune.records import TrialView
     from autotune.search import Search
 
 
@@ -47,37 +48,8 @@ def run_confirmation(search: Search) -> confirm.Confirmation | None:
         if search.session.stopping or search.clock.probing_left_s < needed_s:
             return False
         for number in numbers:
-            original = by_number[number]
-            contender = by_trial[number]
-            candidate = original.candidate
-            record = TrialRecord(
-                candidate=candidate,
-                candidate_key=candidate.key,
-                label=candidate.label,
-                vram_limit_bytes=search.plan.config.vram_limit_bytes,
-            )
-            job = search.dispatcher.submit(
-                candidate,
-                record,
-                trial=None,
-                folder=f"confirm-{number:04d}-{len(contender.samples_per_s)}",
-            )
-            search.emit(events.ProbeStarted(None, candidate.label, step=f"re-probe of {number}"))
-            result = search.wait_for(job)
-            if result is None:
+            if not _reprobe(search, by_number[number], by_trial[number]):
                 return False
-            search.emit(
-                events.ProbeFinished(
-                    None,
-                    candidate.label,
-                    result,
-                    search.plan.config.vram_limit_bytes,
-                    f"{job.record.trial_dir}/probe.log",
-                )
-            )
-            if result.status == "ok":
-                contender.samples_per_s.append(result.samples_per_s)
-                contender.step_spreads.append(round(result.spread, 4))
             search.emit(events.ConfirmationProgress.of(verdict))
         return True
 
@@ -85,5 +57,40 @@ def run_confirmation(search: Search) -> confirm.Confirmation | None:
     verdict.seconds = round(time.monotonic() - started, 1)
     verdict.after_trial = max(t.number for t in records.views(search.study))
     confirm.store(search.study, verdict)
-    search.emit(events.ConfirmationDone(verdict.describe(), verdict.rounds, verdict.seconds))
+    search.emit(events.ConfirmationDone(verdict))
     return verdict
+
+
+def _reprobe(search: Search, original: TrialView, contender: confirm.Contender) -> bool:
+    """Probe ``original``'s candidate once more; a measured samples/s joins ``contender``.
+    False when the probe was stopped (the run is stopping)."""
+    candidate = original.candidate
+    record = TrialRecord(
+        candidate=candidate,
+        candidate_key=candidate.key,
+        label=candidate.label,
+        vram_limit_bytes=search.plan.config.vram_limit_bytes,
+    )
+    job = search.dispatcher.submit(
+        candidate,
+        record,
+        trial=None,
+        folder=f"confirm-{original.number:04d}-{len(contender.samples_per_s)}",
+    )
+    search.emit(events.ProbeStarted(None, candidate.label, reprobe_of=original.number))
+    result = search.wait_for(job)
+    if result is None:
+        return False
+    search.emit(
+        events.ProbeFinished(
+            None,
+            candidate.label,
+            result,
+            search.plan.config.vram_limit_bytes,
+            f"{job.record.trial_dir}/probe.log",
+        )
+    )
+    if result.status == "ok":
+        contender.samples_per_s.append(result.samples_per_s)
+        contender.step_spreads.append(round(result.spread, 4))
+    return True

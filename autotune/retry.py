@@ -27,12 +27,22 @@ def retried(trial: TrialView) -> bool:
     return trial.is_evaluation and (trial.status in RETRIED_STATUSES or stopped)
 
 
+def queued_retries(trials: list[TrialView]) -> set[str]:
+    """Keys of the candidates whose retry is queued (a WAITING trial linked to one of their
+    trials, by ``--retry-failed`` or by the retry of an interrupted probe): the search probes
+    them once more instead of taking their earlier trial as their evaluation."""
+    linked = {t.frozen.system_attrs.get("failed_trial") for t in trials if t.state == "WAITING"}
+    return {t.record.candidate_key for t in trials if t.number in linked and t.record.candidate}
+
+
 def failed_candidates(trials: list[TrialView]) -> list[TrialView]:
-    """The last retried trial of each candidate no probe has measured (in trial order)."""
+    """The last retried trial of each candidate no probe has measured and no retry is
+    queued for yet (in trial order)."""
     measured = {t.record.candidate_key for t in trials if t.is_evaluation and t.status == "ok"}
+    skipped = measured | queued_retries(trials)
     last: dict[str, TrialView] = {}
     for trial in trials:
-        if retried(trial) and trial.record.candidate_key not in measured:
+        if retried(trial) and trial.record.candidate_key not in skipped:
             last[trial.record.candidate_key] = trial
     return sorted(last.values(), key=lambda t: t.number)
 

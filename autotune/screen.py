@@ -212,8 +212,9 @@ class MemoryScreen:
             self.calibration.add(record.candidate, record.predicted_raw_bytes, measured)
 
     def forget_failures(self) -> None:
-        """Failed probes no longer stop their precision (``--retry-failed``)."""
-        self.failures = SameFailures()
+        """The study's failed probes stop their precision no more (``--retry-failed``: their
+        candidates are probed again); the precisions measured stay measured."""
+        self.failures = SameFailures(fitted=set(self.failures.fitted))
 
     def verdict(self, candidate: Candidate) -> Verdict:
         """Whether to probe ``candidate``, with the prediction a trial records."""

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from autotune import confirm, events, records
 from autotune.budget import probe_estimate_s
 from autotune.records import TrialRecord, TrialView, ranked_feasible
+from autotune.retry import queued_retries, retried
 
 if TYPE_CHECKING:
     import optuna
@@ -86,12 +87,16 @@ class Search:
         self.reserve_s = 0.0
 
     def load(self, trials: list[TrialView]) -> None:
-        """Take what the study measured before this run (the screen learns it elsewhere)."""
+        """Take what the study measured before this run (the screen learns it elsewhere).
+        A candidate with a queued retry (an interrupted probe, ``--retry-failed``) is not
+        known yet: its retry is its probe, not a duplicate."""
+        retrying = queued_retries(trials)
         for trial in trials:
             if not trial.is_evaluation or trial.state not in ("COMPLETE", "PRUNED", "FAIL"):
                 continue
-            if trial.status != "interrupted":
-                self.known.setdefault(trial.record.candidate_key, trial)
+            key = trial.record.candidate_key
+            if trial.status != "interrupted" and key not in retrying:
+                self.known.setdefault(key, trial)
             if trial.record.probe_wall_s is not None:
                 self._stages_probed.add(trial.candidate.zero_stage)
             if trial.feasible:
@@ -207,6 +212,7 @@ class Search:
             if t.is_evaluation
             and t.record.candidate_key == candidate.key
             and t.status not in ("interrupted", "duplicate")
+            and not (record.retry_of is not None and retried(t))  # what a retry probes again
         ]
         if not holders:
             return True

@@ -151,7 +151,7 @@ class DriverSession:
             self._clock,
             shared=self.plan.settings.shared,
             on_beat=self._on_beat,
-            on_warning=lambda text: self._emit(events.Warning(text)),
+            emit=self._emit,
         )
         self._lock.acquire()
         if self._lock.took_over:

@@ -229,7 +229,8 @@ class RunSettings(BaseModel):
     )
     retry_failed: bool = Field(
         default=False,
-        description="Probe once more the candidates whose probes failed (error, timeout).",
+        description="Probe once more the candidates whose probes failed (error, timeout) "
+        "or that failures of their precision left unprobed.",
     )
 
     @classmethod

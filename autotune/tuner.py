@@ -32,10 +32,11 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.best import Best
+    from autotune.confirm import Confirmation
     from autotune.dispatch import InFlight
     from autotune.executor import Executor
     from autotune.plan import Plan
-    from autotune.records import TrialRecord
+    from autotune.records import TrialRecord, TrialView
     from autotune.sampler import CandidatePolicy
     from autotune.search import Search
     from autotune.session import DriverSession
@@ -56,8 +57,29 @@ class RunSummary:
     best: Best | None = None
     best_record: TrialRecord | None = None
     export_dir: str | None = None
-    confirmation: str = ""
+    confirmation: Confirmation | None = None  # the round's verdict, None without a round
     interrupted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Heartbeat:
+    """What the study lock's heartbeat thread keeps fresh, each part set once the run has
+    it: the study's clock, and the heartbeats of the trials being probed."""
+
+    session: DriverSession | None = None
+    clock: BudgetClock | None = None
+    search: Search | None = None
+
+    def beat(self) -> None:
+        """One heartbeat (in the lock's heartbeat thread)."""
+        session = self.session
+        if session is None:
+            return
+        if self.clock is not None:
+            self.clock.store(session.study)
+        if self.search is not None:
+            trials = [job.trial for job in self.search.dispatcher.inflight if job.trial]
+            session.record_heartbeats(trials)
 
 
 class Tuner:
@@ -94,39 +116,34 @@ class Tuner:
             use_model=settings.prune,
         )
         self.reserve = ReservePolicy(enabled=settings.confirm)
-        self.policy: CandidatePolicy | None = None
 
     def run(self) -> RunSummary:
         from autotune.session import DriverSession
 
-        sampler = self.make_sampler()
+        sampler, policy = self.make_sampler()
         summary = RunSummary(
             study_name=self.plan.study_name, vram_limit_bytes=self.plan.config.vram_limit_bytes
         )
-        clock: list[BudgetClock] = []  # set once the study's budget is read
-
-        def beat() -> None:  # in the lock's heartbeat thread
-            if clock:
-                clock[0].store(session.study)
-            if search_ref:
-                trials = [j.trial for j in search_ref[0].dispatcher.inflight if j.trial]
-                session.record_heartbeats(trials)
-
-        search_ref: list[Search] = []
+        heartbeat = Heartbeat()
         with (
             DriverSession(
-                self.plan, sampler=sampler, run_flags=self.run_flags, emit=self.emit, on_beat=beat
+                self.plan,
+                sampler=sampler,
+                run_flags=self.run_flags,
+                emit=self.emit,
+                on_beat=heartbeat.beat,
             ) as session,
             session.storage_faults(),
         ):
             settings = self.plan.settings
             stored = read_budget(session.study)
-            clock.append(BudgetClock(stored, settings.budget_s, shared=settings.shared))
-            self._search(session, clock[0], summary, search_ref)
+            clock = BudgetClock(stored, settings.budget_s, shared=settings.shared)
+            heartbeat.session, heartbeat.clock = session, clock
+            self._search(session, clock, policy, summary, heartbeat)
             self._finish(session.study, summary)
-            clock[0].finished()
-            summary.elapsed_s = clock[0].elapsed_s
-            clock[0].store(session.study)
+            clock.finished()
+            summary.elapsed_s = clock.elapsed_s
+            clock.store(session.study)
         self.emit(events.RunFinished(summary, summary.interrupted))
         return summary
 
@@ -134,20 +151,14 @@ class Tuner:
         self,
         session: DriverSession,
         clock: BudgetClock,
+        policy: CandidatePolicy | None,
         summary: RunSummary,
-        search_ref: list[Search],
+        heartbeat: Heartbeat,
     ) -> None:
         from autotune.dispatch import Dispatcher
-        from autotune.reprobe import run_confirmation
         from autotune.search import Search
 
-        interrupted = session.recover()
-        trials = records.views(session.study)
-        for trial in trials:
-            if trial.is_evaluation:
-                self.screen.learn(trial)
-        if interrupted:
-            self.emit(events.TrialsRecovered(interrupted, retries=len(interrupted)))
+        trials = self._recover(session)
         evaluated = {t.record.candidate_key for t in trials if t.is_evaluation}
         self.emit(
             events.RunStarted(
@@ -170,23 +181,53 @@ class Tuner:
         ops_build_s = self._prepare_ops()
         dispatcher = Dispatcher(self.plan, self._executor_factory(self.plan), fault=self._fault)
         search = Search(
-            self.plan, session, dispatcher, self.screen, clock, self.reserve, self.policy, self.emit
+            self.plan, session, dispatcher, self.screen, clock, self.reserve, policy, self.emit
         )
-        search_ref.append(search)
+        heartbeat.search = search
         clock.start(None if self._started_s is None else self._started_s + ops_build_s)
         search.load(trials)  # its first BudgetUpdated counts the set-up the clock charged
+        self._probe(session, search, summary)
+
+    def _recover(self, session: DriverSession) -> list[TrialView]:
+        """The study's trials, once those a stopped driver left running are failed and
+        queued once more (and with ``--retry-failed`` every failed candidate too); the
+        memory screen learns what they showed."""
+        from autotune.retry import requeue_failed
+
+        interrupted = session.recover()
+        trials = records.views(session.study)
+        for trial in trials:
+            if trial.is_evaluation:
+                self.screen.learn(trial)
+        if interrupted:
+            self.emit(events.TrialsRecovered(interrupted, retries=len(interrupted)))
+        if self.plan.settings.retry_failed:
+            requeued = requeue_failed(session.study, trials)
+            # after the replay above, which stopped the precisions their failures stop
+            self.screen.forget_failures()
+            self.emit(events.FailedRequeued(requeued))
+            if requeued:
+                trials = records.views(session.study)
+        return trials
+
+    def _probe(self, session: DriverSession, search: Search, summary: RunSummary) -> None:
+        """The search and its confirmation round; the probes still out when it ends are
+        stopped, recorded interrupted and queued once more."""
+        from autotune.reprobe import run_confirmation
+
+        dispatcher = search.dispatcher
         try:
             summary.stop = search.run()
             self.emit(summary.stop)
             if summary.stop.kind != "interrupted" and self.plan.settings.confirm:
                 verdict = run_confirmation(search)
-                summary.confirmation = verdict.describe() if verdict else ""
+                summary.confirmation = verdict
         except ExecutorError:
             # the executor is gone (a lost cluster): probes still out are interrupted
             self._interrupted(session, dispatcher.cancel_all(), summary)
             raise
         finally:
-            clock.probing_done()
+            search.clock.probing_done()
             stopped = dispatcher.cancel_all()
             dispatcher.close()
             summary.probes = search.counts.probes
@@ -219,27 +260,29 @@ class Tuner:
         exported = export(study, self.plan.trials_dir / "best")
         summary.export_dir = str(exported.folder)
 
-    def make_sampler(self) -> optuna.samplers.BaseSampler:
+    def make_sampler(self) -> tuple[optuna.samplers.BaseSampler, CandidatePolicy | None]:
+        """The study's sampler, and autotune's candidate policy behind it (None under
+        Optuna's own samplers): the search's confirmation reserve waits for its coverage."""
         import optuna
 
         settings = self.plan.settings
         seed = settings.seed
         if settings.sampler == "tpe":
-            return optuna.samplers.TPESampler(seed=seed)
+            return optuna.samplers.TPESampler(seed=seed), None
         if settings.sampler == "gp":
-            return optuna.samplers.GPSampler(seed=seed)
+            return optuna.samplers.GPSampler(seed=seed), None
         if settings.sampler == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
+            return optuna.samplers.RandomSampler(seed=seed), None
         from autotune.sampler import CandidatePolicy, CandidateSampler
 
         mode = "grid" if settings.sampler == "grid" else "model"
-        self.policy = CandidatePolicy(
+        policy = CandidatePolicy(
             list(self.plan.space.candidates()),
             cost=self._cost_model() if mode == "model" else None,
             may_fit=self.screen.may_fit if settings.prune else None,
             mode=mode,
         )
-        return CandidateSampler(self.plan.space, self.policy, seed=seed)
+        return CandidateSampler(self.plan.space, policy, seed=seed), policy
 
     def _cost_model(self) -> Any:
         from autotune.cost import CostModel, WorkloadFacts
@@ -296,21 +339,9 @@ class Tuner:
             for c in self.plan.space.candidates()
             for device in (c.offload_optimizer, c.offload_param)
         } - {"none"}
-        report = ensure_deepspeed_ops(
-            self.plan.hardware,
-            offload_targets=targets,
-            on_progress=lambda text: self.emit(events.SetupProgress(text)),
-        )
-        for note in report.notes:
-            self.emit(events.SetupProgress(f"note: {note}"))
+        report = ensure_deepspeed_ops(self.plan.hardware, offload_targets=targets, emit=self.emit)
         if report.built:
-            self.emit(
-                events.SetupProgress(
-                    f"built DeepSpeed's {', '.join(report.built)} op(s) in "
-                    f"{report.seconds:.0f} s, once for this environment (not charged to the "
-                    "budget)"
-                )
-            )
+            self.emit(events.OpsBuilt(tuple(report.built), report.seconds))
         self.plan.torch_adam = report.torch_adam
         return report.seconds if report.built else 0.0
 

@@ -186,6 +186,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     from autotune.hardware import detect
     from autotune.ops import ensure_deepspeed_ops
+    from autotune.render import line as rendered
 
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
 
@@ -198,7 +199,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         deadline = time.monotonic() + SEED_WAIT_S
         while not seeded_ops_marker().exists() and time.monotonic() < deadline:
             time.sleep(1)
-    ensure_deepspeed_ops(detect(), offload_targets=targets, on_progress=show)
+    ensure_deepspeed_ops(detect(), offload_targets=targets, emit=lambda e: show(rendered(e) or ""))
     _OPS_READY.update(targets)
 
 

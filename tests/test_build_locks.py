@@ -10,6 +10,7 @@ built ops, so other runs on this machine never wait on them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -19,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.op_locks import op_lock, remove_stale_build_locks
+from autotune.op_locks import LOCK_SUFFIX, op_lock
 from autotune.ops import ensure_deepspeed_ops
 from tests.conftest import copy_built_ops
 
-OLD_S = 3600  # far older than any age rule a lock sweeper ever used
+OLD_S = 3600  # an hour: a lock whose holder lives stays, however old
 
 HOLDER = """
 import sys, time
@@ -54,8 +55,9 @@ get_accelerator().create_op_builder("FusedAdamBuilder").load(verbose=False)
 NEXT_RUN = """
 from autotune.hardware import detect
 from autotune.ops import ensure_deepspeed_ops
-report = ensure_deepspeed_ops(detect(), offload_targets=set(), on_progress=print)
-print("notes:", report.notes, "built:", report.built, flush=True)
+from autotune.render import line
+report = ensure_deepspeed_ops(detect(), offload_targets=set(), emit=lambda e: print(line(e)))
+print("built:", report.built, flush=True)
 """
 
 
@@ -84,6 +86,23 @@ def _until_holding(process: subprocess.Popen[str]) -> None:
     raise AssertionError(f"the holder exited with {process.wait()} before holding the lock")
 
 
+def _clear_unheld_locks(root: Path) -> list[str]:
+    """Remove each op's ``lock`` under ``root`` whose ``<op>.autotune-lock`` no live process
+    holds, as :func:`autotune.op_locks.op_lock` does for its own op; the ops cleared."""
+    cleared = []
+    for op_dir in sorted(path for path in root.iterdir() if (path / "lock").exists()):
+        fd = os.open(root / (op_dir.name + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            (op_dir / "lock").unlink()
+            cleared.append(op_dir.name)
+        except BlockingIOError:
+            pass  # a live process holds it
+        finally:
+            os.close(fd)
+    return cleared
+
+
 def _kill(process: subprocess.Popen[str]) -> None:
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
@@ -101,11 +120,11 @@ def test_a_lock_without_a_live_holder_goes_one_with_a_live_holder_stays(tmp_path
         _until_holding(holder)
         live = root / "fused_adam" / "lock"
         _age(live, OLD_S)
-        assert remove_stale_build_locks(str(root)) == ["cpu_adam"]
+        assert _clear_unheld_locks(root) == ["cpu_adam"]
         assert live.exists() and not leftover.exists()
         os.kill(holder.pid, signal.SIGKILL)  # killed while holding: its lock is now a leftover
         holder.wait()
-        assert remove_stale_build_locks(str(root)) == ["fused_adam"]
+        assert _clear_unheld_locks(root) == ["fused_adam"]
         assert not live.exists()
     finally:
         _kill(holder)
@@ -118,7 +137,7 @@ def test_op_lock_clears_a_leftover_and_nests_within_one_process(tmp_path: Path) 
     with op_lock(str(root), "fused_adam") as cleared, op_lock(str(root), "fused_adam") as inner:
         assert cleared and not inner
         assert not (root / "fused_adam" / "lock").exists()
-        assert remove_stale_build_locks(str(root)) == []
+        assert _clear_unheld_locks(root) == []
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import best, budget, confirm, records
+from autotune import best, budget, confirm, events, records
+from autotune.render import line
 
 
 def _best_label(study: optuna.Study) -> str:
@@ -259,6 +260,69 @@ def test_export_takes_the_confirmed_winner() -> None:
     assert _best_label(study) == "c"
 
 
+def _measured(number: int, samples_per_s: float) -> records.TrialView:
+    """Trial ``number``, measured in full at ``samples_per_s`` by its single probe."""
+    from autotune.candidate import Candidate
+
+    candidate = Candidate(
+        precision="fp32",
+        zero_stage=0,
+        micro_batch_size=number,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+    )
+    record = records.TrialRecord(
+        candidate=candidate,
+        candidate_key=candidate.key,
+        label=f"t{number}",
+        status="ok",
+        feasible=True,
+    )
+    return records.TrialView(number, "COMPLETE", samples_per_s, record, None)  # type: ignore[arg-type]
+
+
+def _round_of_t3_over_t15() -> confirm.Confirmation:
+    """t3 confirmed near 100 samples/s; t15, a lucky 120 in the search, a runner-up near 91."""
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=3, label="t3", samples_per_s=[100.0, 101.0, 99.0, 100.0]),
+            confirm.Contender(trial=15, label="t15", samples_per_s=[120.0, 90.0, 92.0, 91.0]),
+        ],
+        rounds=3,
+        after_trial=16,
+    )
+    verdict.decide()
+    assert verdict.winner == 3
+    return verdict
+
+
+def test_a_trial_after_the_round_beats_the_winner_not_a_runner_up_the_round_ruled_out() -> None:
+    verdict = _round_of_t3_over_t15()
+    trials = [_measured(3, 100.0), _measured(15, 120.0)]
+    decided = best.decide_best(trials, verdict)
+    assert decided is not None and decided.trial == 3 and decided.confirmed
+    # t20, measured after the round, beats t3's interval: t20 is the best, not t15's old 120
+    decided = best.decide_best([*trials, _measured(20, 110.0)], verdict)
+    assert decided is not None and decided.trial == 20 and not decided.confirmed
+    assert decided.samples_per_s == 110.0
+    assert "measured after the confirmation round" in decided.reason
+    # within t3's interval it does not
+    decided = best.decide_best([*trials, _measured(20, 101.0)], verdict)
+    assert decided is not None and decided.trial == 3
+
+
+def test_a_winner_not_feasible_now_leaves_the_best_to_the_next_contender() -> None:
+    verdict = _round_of_t3_over_t15()
+    decided = best.decide_best([_measured(15, 120.0), _measured(7, 95.0)], verdict)
+    assert decided is not None and decided.trial == 15 and decided.confirmed
+    assert decided.samples_per_s == pytest.approx(91.5)
+    assert "trial 3, is not feasible now" in decided.reason
+    # no contender feasible: the fastest feasible, on its single probe
+    decided = best.decide_best([_measured(7, 95.0), _measured(8, 97.0)], verdict)
+    assert decided is not None and decided.trial == 8 and not decided.confirmed
+    assert "no contender of the confirmation round is feasible" in decided.reason
+
+
 def _tuner(tmp_path, space_yaml: str | None = None, executor=None, **settings: object):
     """A Tuner on gpt-tiny with 2 ranks, its study in ``tmp_path``; ``space_yaml`` the text
     of its space file, ``executor`` the stand-in every probe goes to."""
@@ -349,9 +413,9 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
         budget_s=600,
         early_stop=False,
     )
-    tuner.run()
+    run = tuner.run()
     verdict = confirm.load(_load(tmp_path))
-    assert verdict is not None
+    assert verdict is not None and run.confirmation == verdict  # the run returns it typed
     confirmation_probes = scripted.order[3:]
     # two rounds of all three; z2 then is out of the winner's noise and leaves the race
     assert "z2 fp32 mb8x1" not in confirmation_probes[6:]
@@ -468,8 +532,8 @@ def test_stage_coverage_decides_when_the_reserve_starts(tmp_path) -> None:
         "offload_param: [none]\nmicro_batch_size: [4, 8]\nactivation_checkpointing: [false]\n",
         global_batch=16,
     )
-    tuner.make_sampler()
-    assert tuner.policy is not None
+    _, policy = tuner.make_sampler()
+    assert policy is not None
 
     def candidate(stage: int, micro_batch: int) -> dict[str, object]:
         return Candidate(
@@ -485,11 +549,11 @@ def test_stage_coverage_decides_when_the_reserve_starts(tmp_path) -> None:
     study.add_trial(
         _study_with({"b": [0.3, 0.3, 0.3]}, probe_wall_s=3.0, candidate=candidate(1, 4)).trials[0]
     )
-    assert not tuner.policy.covered(History.of(records.views(study)))
+    assert not policy.covered(History.of(records.views(study)))
     study.add_trial(
         _study_with({"c": [0.4, 0.4, 0.4]}, probe_wall_s=3.0, candidate=candidate(0, 4)).trials[0]
     )
-    assert tuner.policy.covered(History.of(records.views(study)))
+    assert policy.covered(History.of(records.views(study)))
 
 
 def test_one_winner_everywhere_when_the_confirmed_winner_is_not_the_raw_maximum(
@@ -609,3 +673,18 @@ def test_chance_spreads_of_a_few_probes_do_not_make_a_contender_steadier() -> No
     steady = confirm.Contender(trial=3, label="c", samples_per_s=[97.0, 97.2, 96.9, 97.1])
     steady.summarize()
     assert confirm.markedly_steadier(steady, leader)
+
+
+def test_the_cli_words_the_verdict_the_round_reports() -> None:
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=1, label="a", samples_per_s=[60.0, 62.0, 61.0]),
+            confirm.Contender(trial=2, label="b", samples_per_s=[68.0, 70.0, 69.0]),
+        ],
+        rounds=2,
+        seconds=31.4,
+    )
+    verdict.decide()
+    text = line(events.ConfirmationDone(verdict))
+    assert text == f"confirmation (2 round(s), 31 s): {verdict.describe()}"
+    assert text.startswith("confirmation (2 round(s), 31 s): winner b: 69.0 samples/s ±3.1")

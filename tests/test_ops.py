@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from autotune import events
 from autotune.errors import HardwareError
 from autotune.hardware import Hardware
 from autotune.ops import (
-    BUILD_ESTIMATE,
     _without_debug_info,
     build_tool_problem,
     ensure_deepspeed_ops,
@@ -26,6 +26,7 @@ from autotune.ops import (
     torch_extensions_dir,
     use_torch_adam,
 )
+from autotune.render import BUILD_ESTIMATE, line
 
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -164,21 +165,29 @@ def test_progress_comes_before_each_build_and_cached_ops_are_not_rebuilt(ops_roo
         op = {"FusedAdamBuilder": "fused_adam", "CPUAdamBuilder": "cpu_adam"}.get(name, name)
         return builders.setdefault(name, BuilderDouble(ops_root, op))
 
-    lines: list[str] = []
+    told: list[events.Event] = []
     report = ensure_deepspeed_ops(
-        hardware("cuda"), offload_targets={"cpu"}, on_progress=lines.append, create_builder=create
+        hardware("cuda"), offload_targets={"cpu"}, emit=told.append, create_builder=create
     )
     assert report.built == ["fused_adam", "cpu_adam"] and report.cached == []
+    assert [type(event) for event in told] == [
+        events.OpBuildStarted,
+        events.OpBuildFinished,
+        events.OpBuildStarted,
+        events.OpBuildFinished,
+    ]
+    lines = [line(event) for event in told]
     assert lines[0] == f"building DeepSpeed's fused_adam op ({BUILD_ESTIMATE}) ..."
-    assert f"building DeepSpeed's cpu_adam op ({BUILD_ESTIMATE}) ..." in lines
+    assert lines[2] == f"building DeepSpeed's cpu_adam op ({BUILD_ESTIMATE}) ..."
+    assert lines[3] is not None and lines[3].startswith("built DeepSpeed's cpu_adam op in ")
     assert not report.torch_adam and report.seconds >= 0
 
-    lines.clear()
+    told.clear()
     again = ensure_deepspeed_ops(
-        hardware("cuda"), offload_targets={"cpu"}, on_progress=lines.append, create_builder=create
+        hardware("cuda"), offload_targets={"cpu"}, emit=told.append, create_builder=create
     )
     assert again.built == [] and again.cached == ["fused_adam", "cpu_adam"]
-    assert lines == []
+    assert told == []
 
 
 @pytest.mark.parametrize(
@@ -220,11 +229,40 @@ def test_a_fused_adam_that_does_not_build_falls_back_to_torch_adam(ops_root: Pat
             return FailingFusedAdamBuilderDouble(ops_root, "fused_adam", error=nvcc_error)
         return BuilderDouble(ops_root, "cpu_adam") if name == "CPUAdamBuilder" else None
 
-    report = ensure_deepspeed_ops(hardware("cuda"), offload_targets={"cpu"}, create_builder=create)
+    told: list[events.Event] = []
+    report = ensure_deepspeed_ops(
+        hardware("cuda"), offload_targets={"cpu"}, emit=told.append, create_builder=create
+    )
     assert report.torch_adam
-    assert report.built == ["cpu_adam"]
-    assert len(report.notes) == 1 and "torch's Adam" in report.notes[0]
-    assert "nvcc fatal" in report.notes[0] and "\n" not in report.notes[0]
+    assert report.built == ["cpu_adam"] and report.unavailable == ["fused_adam"]
+    unavailable = [event for event in told if isinstance(event, events.OpUnavailable)]
+    assert unavailable == [
+        events.OpUnavailable(
+            "fused_adam", f"RuntimeError: {nvcc_error}", str(ops_root / "fused_adam"), "torch_adam"
+        )
+    ]
+    note = line(unavailable[0])
+    assert note is not None and note.startswith("note: DeepSpeed's FusedAdam does not build here")
+    assert "torch's Adam" in note and "nvcc fatal" in note and "\n" not in note
+    assert f"log in {ops_root}/fused_adam/)" in note
+
+
+def test_an_async_io_op_that_does_not_build_leaves_nvme_out(ops_root: Path) -> None:
+    def create(name: str) -> BuilderDouble | None:
+        if name == "AsyncIOBuilder":
+            return BuilderDouble(ops_root, "async_io", error="libaio.so: not found\nmore")
+        return None
+
+    told: list[events.Event] = []
+    report = ensure_deepspeed_ops(
+        hardware("cuda"), offload_targets={"nvme"}, emit=told.append, create_builder=create
+    )
+    assert report.unavailable == ["async_io"] and not report.torch_adam
+    assert [line(event) for event in told] == [
+        f"building DeepSpeed's async_io op ({BUILD_ESTIMATE}) ...",
+        "note: NVMe offload is unavailable: DeepSpeed's async I/O op (RuntimeError: "
+        "libaio.so: not found)",
+    ]
 
 
 def test_any_other_op_that_does_not_build_stops_with_one_line(ops_root: Path) -> None:

@@ -232,7 +232,8 @@ def test_sampler_flag_selects_the_sampler(name: str, kind: str, tmp_path) -> Non
     settings = RunSettings.build(
         workload="gpt-tiny", gpus=2, sampler=name, trials_dir=tmp_path / "trials"
     )
-    sampler = Tuner(plan_run(settings)).make_sampler()
+    sampler, policy = Tuner(plan_run(settings)).make_sampler()
     assert type(sampler).__name__ == kind
+    assert (policy is None) == (kind != "CandidateSampler")
     if name == "grid":
-        assert sampler.policy.mode == "grid" and sampler.policy.cost is None
+        assert policy is sampler.policy and policy.mode == "grid" and policy.cost is None

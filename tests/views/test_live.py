@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 
 from autotune import cli, events
+from autotune.confirm import Confirmation
 from autotune.live import LiveView, RunState, draw
 from autotune.protocol import ProbeResult
 from tests.views.conftest import RealStudy
@@ -74,7 +75,7 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
 
     state.apply(events.SearchStopped("budget", spent_s=500, total_s=600, reserve_s=60))
     state.apply(events.ConfirmationStarted(["a", "b"]))
-    state.apply(events.ProbeStarted(None, "z0 fp32 mb4x2", step="re-probe of 3"))
+    state.apply(events.ProbeStarted(None, "z0 fp32 mb4x2", reprobe_of=3))
     standings = [
         events.Standing(6, "z0 fp32 mb2x4", 88.0, 3.0, 4),
         events.Standing(3, "z0 fp32 mb4x2", 82.0, 2.5, 4),
@@ -84,7 +85,7 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
     assert "confirming 2 contenders" in screen
     assert "confirmation z0 fp32 mb4x2 [re-probe of 3]" in screen
     assert re.search(r"1\s+6\s+z0 fp32 mb2x4\s+88\.0\s+3\.0\s+4", screen)
-    state.apply(events.ConfirmationDone("...", 3, 100.0))
+    state.apply(events.ConfirmationDone(Confirmation(contenders=[], rounds=3, seconds=100.0)))
     state.apply(events.RunFinished(object()))
     screen = _screen(state)
     assert "· done" in screen and "trial 6 z0 fp32 mb2x4: 88.0 ±3.0 samples/s" in screen

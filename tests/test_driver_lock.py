@@ -1,0 +1,81 @@
+"""The study's driver lock tells what it does as typed events: the dead driver it took the
+study over from, a heartbeat it could not write; the CLI's renderer words them."""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+import pytest
+
+from autotune import events, lock
+from autotune.lock import DriverLock, Holder
+from autotune.render import line
+
+NOW_S = 1_000_000.0
+
+
+class FixedClock:
+    """The database's clock, stopped at ``NOW_S``."""
+
+    def now(self) -> float:
+        return NOW_S
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def storage(monkeypatch: pytest.MonkeyPatch) -> optuna.storages.BaseStorage:
+    monkeypatch.setattr(lock, "SETTLE_S", 0.0)
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.02)
+    memory = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=memory, study_name="s")
+    return memory
+
+
+def test_a_dead_holder_is_taken_over_and_named_with_its_fields(
+    storage: optuna.storages.BaseStorage,
+) -> None:
+    study_id = storage.get_study_id_from_name("s")
+    dead = {
+        "host": "elsewhere",
+        "pid": 4242,
+        "since": "2025-01-02T03:04:05+00:00",
+        "heartbeat": NOW_S - 120,  # past STALE_S: dead
+        "token": "old",
+        "shared": False,
+    }
+    storage.set_study_user_attr(study_id, lock.LOCK_ATTR, dead)
+    driver = DriverLock(storage, "s", FixedClock())  # type: ignore[arg-type]
+    driver.acquire()
+    try:
+        assert driver.took_over == Holder("elsewhere", 4242, "2025-01-02T03:04:05+00:00", 120.0)
+        event = events.DriverTakenOver("s", driver.took_over)
+        assert line(event) == (
+            "taking over study 's' from a stopped driver: pid 4242 on host elsewhere, running "
+            "since 2025-01-02T03:04:05+00:00 (last heartbeat 120 s ago)"
+        )
+    finally:
+        driver.release()
+
+
+def test_a_heartbeat_that_fails_is_told_as_an_event(
+    storage: optuna.storages.BaseStorage,
+) -> None:
+    told: list[events.Event] = []
+
+    def failing_beat() -> None:
+        raise OSError("disk full")
+
+    driver = DriverLock(storage, "s", FixedClock(), on_beat=failing_beat, emit=told.append)  # type: ignore[arg-type]
+    driver.acquire()
+    try:
+        deadline = time.monotonic() + 10
+        while not told and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        driver.release()
+    assert told and told[0] == events.HeartbeatNotWritten("OSError", "disk full")
+    assert line(told[0]) == "warning: heartbeat not written (OSError: disk full)"
+    assert driver.took_over is None
