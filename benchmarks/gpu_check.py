@@ -39,302 +39,27 @@ as overhead in every probe).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_check_report import render_markdown  # noqa: E402
+from gpu_check_phases import PHASES
+from gpu_check_report import render_markdown
+from gpu_check_run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
+from gpu_check_settings import DRY_RUN_SETTINGS, GPU_SETTINGS
 
-MARKER = "AUTOTUNE_GPU_CHECK_RUN"  # in the environment of every process the check starts
 BEFORE_STUDY = ("install", "env", "ops", "memory", "precision_offload", "gpu_tests", "oom")
-
-
-class Skip(Exception):
-    """The phase does not apply here; the message says why."""
-
-
-class OverTime(Exception):
-    """A command of the phase ran past the phase's limit (or the whole budget's); ``output``
-    holds what it printed until it was stopped."""
-
-    def __init__(self, message: str, output: str = "") -> None:
-        super().__init__(message)
-        self.output = output
-
-
-@dataclasses.dataclass
-class Settings:
-    """What a mode (GPU or CPU dry run) checks with."""
-
-    dry_run: bool
-    workload: str
-    global_batch: int
-    memory_micro_batches: tuple[int, int]
-    memory_precisions: tuple[str, str]
-    oom_precision: str
-    oom_budget_s: float  # the out-of-memory study's budget, at most
-    study_budget_max_s: float
-    study_budget_min_s: float
-    study_overhead_s: float  # start, plan, the last probe, export, report beyond the budget
-    reserve_s: float  # kept for the study and the training by the phases before them
-    min_probes: int
-    study_max_trials: int | None  # the study also stops after this many probes
-    study_confirms: bool  # the study ends with its confirmation round
-    train_steps: int  # optimizer steps of the exported config's training
-    timeouts: dict[str, float]
-    total_s: float
-
-
-GPU_SETTINGS = Settings(
-    dry_run=False,
-    workload="gpt2",
-    global_batch=32,
-    memory_micro_batches=(4, 16),
-    memory_precisions=("bf16", "fp16"),
-    oom_precision="bf16",
-    oom_budget_s=75,
-    study_budget_max_s=180,
-    study_budget_min_s=60,
-    study_overhead_s=50,
-    reserve_s=180,  # the study's least budget and overhead, the training's limit, 10 s
-    min_probes=3,
-    study_max_trials=None,
-    study_confirms=True,
-    train_steps=20,
-    timeouts={
-        "install": 90,
-        "env": 45,
-        "ops": 180,
-        "memory": 150,
-        "precision_offload": 5,
-        "oom": 120,
-        "gpu_tests": 200,
-        "train_export": 60,
-    },
-    total_s=480,
-)
-# CPU ranks share two slow cores here with other work: limits are bounds, not targets
-DRY_RUN_SETTINGS = Settings(
-    dry_run=True,
-    workload="gpt-tiny",
-    global_batch=16,
-    memory_micro_batches=(2, 4),
-    memory_precisions=("bf16", "fp32"),  # DeepSpeed's CPU accelerator refuses fp16 here
-    oom_precision="fp32",
-    oom_budget_s=240,
-    # room for a first probe beside other busy test files, which takes 20 s or more there
-    # (the launcher's imports, the ranks, DeepSpeed's set-up)
-    study_budget_max_s=45,
-    study_budget_min_s=45,
-    study_overhead_s=300,
-    reserve_s=0,
-    min_probes=1,
-    # what a dry run checks (a probe measured, an export that trains) needs no more: each
-    # probe and step beyond costs CPU time the rest of the test suite shares (the
-    # confirmation round has tests of its own)
-    study_max_trials=2,
-    study_confirms=False,
-    train_steps=8,
-    timeouts={
-        "install": 300,
-        "env": 120,
-        "ops": 300,
-        "memory": 400,
-        "precision_offload": 5,
-        "oom": 400,
-        "gpu_tests": 120,
-        "train_export": 300,
-    },
-    total_s=1800,
-)
-
-
-@dataclasses.dataclass
-class Phase:
-    name: str
-    status: str = "passed"  # passed | failed | timeout | skipped
-    seconds: float = 0.0
-    timeout_s: float = 0.0
-    reason: str = ""
-    summary: str = ""
-    checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)
-    commands: list[str] = dataclasses.field(default_factory=list)
-    gpu_memory_used_mib_after: float | None = None
-    deadline: float = 0.0
-
-
-@dataclasses.dataclass
-class Run:
-    """One check: where it works, what it has learnt, what it ran."""
-
-    args: argparse.Namespace
-    settings: Settings
-    out: Path
-    work: Path
-    console: TextIO
-    started: float = dataclasses.field(default_factory=time.monotonic)
-    python: str = sys.executable  # the venv's, once installed
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    facts: dict[str, Any] = dataclasses.field(default_factory=dict)
-    phases: list[Phase] = dataclasses.field(default_factory=list)
-
-    @property
-    def deadline(self) -> float:
-        return self.started + self.settings.total_s
-
-    def left_s(self) -> float:
-        return self.deadline - time.monotonic()
-
-    def say(self, line: str) -> None:
-        text = f"[{time.monotonic() - self.started:6.1f} s] {line}"
-        print(text, flush=True)
-        self.console.write(text + "\n")
-        self.console.flush()
-
-    @property
-    def cuda(self) -> bool:
-        return self.facts.get("accelerator") == "cuda"
-
-    def phase(self, name: str) -> Phase | None:
-        return next((p for p in self.phases if p.name == name), None)
-
-    # ------------------------------------------------------------ commands
-
-    def run(
-        self,
-        phase: Phase,
-        argv: list[str],
-        *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        interrupt_first: bool = False,
-        stdout_only: bool = False,
-    ) -> tuple[int, str]:
-        """Run ``argv`` to its end within the phase's limit; (exit code, its output, or its
-        stdout alone with ``stdout_only``: a JSON document). Past the limit: SIGINT first
-        when ``interrupt_first`` (autotune run exports what it has), then SIGTERM and
-        SIGKILL to its process group, and OverTime."""
-        json_path = self.work / "logs" / f"stdout-{uuid.uuid4().hex[:8]}.txt"
-        process, log, offset = self.start(
-            phase, argv, env=env, stdout=json_path if stdout_only else None
-        )
-        limit = min(timeout_s or float("inf"), phase.deadline - time.monotonic())
-        try:
-            code = process.wait(timeout=max(limit, 0.1))
-        except subprocess.TimeoutExpired:
-            self.stop(process, interrupt_first)
-            log.close()
-            text = read_from(Path(log.name), offset)
-            raise OverTime(f"{shlex.join(argv[:4])} ... ran past {limit:.0f} s", text) from None
-        finally:
-            log.close()
-        if stdout_only:
-            text = json_path.read_text(errors="replace")
-            json_path.unlink()
-            return code, text
-        return code, read_from(Path(log.name), offset)
-
-    def start(
-        self,
-        phase: Phase,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        stdout: Path | None = None,
-    ) -> tuple[subprocess.Popen[bytes], Any, int]:
-        """Start ``argv`` in its own process group, its output appended to the phase's log
-        (stdout to ``stdout`` instead, when given)."""
-        phase.commands.append(shlex.join(argv))
-        logs = self.work / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log = open(logs / f"{len(self.phases):02d}-{phase.name}.log", "ab")  # noqa: SIM115
-        log.write(f"\n$ {shlex.join(argv)}\n".encode())
-        log.flush()
-        offset = log.tell()
-        with contextlib.ExitStack() as stack:
-            out = stack.enter_context(open(stdout, "wb")) if stdout else log
-            process = subprocess.Popen(
-                argv,
-                cwd=REPO,
-                env=env or self.env,
-                stdout=out,
-                stderr=log if stdout else subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return process, log, offset
-
-    def stop(self, process: subprocess.Popen[bytes], interrupt_first: bool) -> None:
-        steps = [(signal.SIGINT, 30.0)] if interrupt_first else []
-        for sig, wait_s in [*steps, (signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            try:
-                process.wait(timeout=wait_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.kill_leftovers()
-
-    def leftovers(self) -> list[tuple[int, str]]:
-        """Processes this check started that still run (they carry its marker)."""
-        found = []
-        token = f"{MARKER}={self.env.get(MARKER, '')}".encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                if token in (entry / "environ").read_bytes().split(b"\0"):
-                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                    found.append((int(entry.name), cmd.strip()[:200]))
-            except OSError:
-                continue
-        return found
-
-    def kill_leftovers(self) -> list[str]:
-        lines = []
-        for pid, cmd in self.leftovers():
-            lines.append(f"{pid} {cmd}")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return lines
-
-
-def read_from(path: Path, offset: int) -> str:
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        return handle.read().decode(errors="replace")
-
-
-def gpu_memory_used_mib() -> float | None:
-    """The device's used memory as nvidia-smi sees it (None without one)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout.split()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return float(out[0]) if out else None
 
 
 def run_phase(run: Run, name: str, body: Callable[[Run, Phase], None]) -> Phase:
@@ -430,8 +155,6 @@ def make_run(args: argparse.Namespace) -> Run:
 
 
 def write_report(run: Run) -> dict[str, Any]:
-    from gpu_check_phases import archive_trials, collect_logs
-
     versions = run.facts.get("versions", {})
     report = {
         "kind": "autotune.gpu_check",
@@ -457,9 +180,30 @@ def write_report(run: Run) -> dict[str, Any]:
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    from gpu_check_phases import PHASES
+def collect_logs(folder: Path, target: Path, keep_bytes: int = 400_000) -> None:
+    """Every phase's log in one file, each cut to its last ``keep_bytes``."""
+    with open(target, "w", encoding="utf-8") as out:
+        for log in sorted(folder.glob("*.log")) if folder.is_dir() else []:
+            text = log.read_bytes()[-keep_bytes:].decode(errors="replace")
+            out.write(f"\n===== {log.name} =====\n{text}")
 
+
+def archive_trials(work: Path, target: Path, max_file_bytes: int = 2_000_000) -> None:
+    """The studies' database, trial folders and the memory probes' reports, small files only
+    (no swap or op build files)."""
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if info.isfile() and info.size > max_file_bytes else info
+
+    with tarfile.open(target, "w:gz") as tar:
+        names = ("studies.db", "trials", "memory", "memory.json", "memory-nvme.json")
+        for name in (*names, "oom_space.yaml"):
+            path = work / name
+            if path.exists():
+                tar.add(path, arcname=name, filter=keep)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = make_run(args)
     mode = "CPU dry run" if args.dry_run else "GPU"
@@ -484,8 +228,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # run as the module the phases import, not as a second copy named __main__ (whose Skip
-    # and OverTime would be other classes than the ones the phases raise)
-    import gpu_check
-
-    sys.exit(gpu_check.main())
+    sys.exit(main())

@@ -106,6 +106,22 @@ def measure(
 
 
 def main() -> int:
+    args = parse_args()
+    if args.repredict:
+        return repredict(args.repredict)
+    records = []
+    for name in args.workloads:
+        records += measure_workload(name, args)
+    errors = [(r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"] for r in records]
+    if not errors:
+        return 1
+    _summary(errors, args.workloads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(records, indent=1))
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), choices=WORKLOADS
@@ -127,58 +143,53 @@ def main() -> int:
     parser.add_argument(
         "--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"]
     )
-    args = parser.parse_args()
-    if args.repredict:
-        return repredict(args.repredict)
-    errors: list[float] = []
+    return parser.parse_args()
+
+
+def measure_workload(name: str, args: argparse.Namespace) -> list[dict]:
+    """Probe and predict workload ``name``'s candidates; print its table, and return a
+    record of each candidate measured."""
+    ref, batch, mbs = WORKLOADS[name]
+    with tempfile.TemporaryDirectory(prefix="autotune-memory-") as tmp:
+        rows = measure(
+            ref,
+            batch,
+            mbs,
+            Path(tmp),
+            args.warmup_steps,
+            tuple(args.stages),
+            tuple(args.precisions),
+        )
+    print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
+    print("| candidate | phase | predicted MiB | measured MiB | error |")
+    print("|---|---|---|---|---|")
     records = []
-    for name in args.workloads:
-        ref, batch, mbs = WORKLOADS[name]
-        with tempfile.TemporaryDirectory(prefix="autotune-memory-") as tmp:
-            rows = measure(
-                ref,
-                batch,
-                mbs,
-                Path(tmp),
-                args.warmup_steps,
-                tuple(args.stages),
-                tuple(args.precisions),
-            )
-        print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
-        print("| candidate | phase | predicted MiB | measured MiB | error |")
-        print("|---|---|---|---|---|")
-        for candidate, estimate, predict_s, result, measured in rows:
-            predicted = estimate.tracked_bytes("cpu")
-            if result.status != "ok" or not measured:
-                print(
-                    f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
-                    f"{result.status}: {result.error[:60]} | |"
-                )
-                continue
-            error = (predicted - measured) / measured
-            errors.append(error)
-            records.append(
-                {
-                    "candidate_json": candidate.model_dump(mode="json"),
-                    "workload": name,
-                    "candidate": candidate.label,
-                    "predicted_bytes": predicted,
-                    "measured_bytes": measured,
-                    "phase": estimate.phase,
-                    "predict_s": predict_s,
-                    "measured_on": datetime.date.today().isoformat(),
-                }
-            )
+    for candidate, estimate, predict_s, result, measured in rows:
+        predicted = estimate.tracked_bytes("cpu")
+        if result.status != "ok" or not measured:
             print(
                 f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
-                f"{measured / 2**20:.1f} | {100 * error:+.1f}% |"
+                f"{result.status}: {result.error[:60]} | |"
             )
-    if not errors:
-        return 1
-    _summary(errors, args.workloads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(records, indent=1))
-    return 0
+            continue
+        error = (predicted - measured) / measured
+        records.append(
+            {
+                "candidate_json": candidate.model_dump(mode="json"),
+                "workload": name,
+                "candidate": candidate.label,
+                "predicted_bytes": predicted,
+                "measured_bytes": measured,
+                "phase": estimate.phase,
+                "predict_s": predict_s,
+                "measured_on": datetime.date.today().isoformat(),
+            }
+        )
+        print(
+            f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
+            f"{measured / 2**20:.1f} | {100 * error:+.1f}% |"
+        )
+    return records
 
 
 def repredict(paths: list[Path]) -> int:

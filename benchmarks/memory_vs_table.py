@@ -5,6 +5,7 @@ python benchmarks/memory_vs_table.py benchmarks/data/table_gpt2-seq32.json
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -18,8 +19,15 @@ from autotune.workloads import get_workload
 
 
 def main() -> int:
-    source = sys.argv[1] if len(sys.argv) > 1 else "benchmarks/data/table_gpt2-seq32.json"
-    table = json.loads(Path(source).read_text())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "table",
+        type=Path,
+        nargs="?",
+        default=Path("benchmarks/data/table_gpt2-seq32.json"),
+        help="a table written by search_efficiency.py dump",
+    )
+    table = json.loads(parser.parse_args().table.read_text())
     model = MemoryModel(get_workload(table["workload"]))
     errors = []
     print("| candidate | phase | predicted MiB | measured MiB | error |")

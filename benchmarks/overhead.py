@@ -34,7 +34,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.records import TrialView
 
 
 def main() -> int:
@@ -62,12 +67,45 @@ def main() -> int:
 
 
 def measure(args: argparse.Namespace, address: str | None, env: dict[str, str]) -> int:
+    """Run the study, then print each evaluated trial's times and their summary."""
     import os
 
     import optuna
 
+    from autotune import records
+
     workdir = Path(tempfile.mkdtemp(prefix="autotune-overhead-"))
-    command = [
+    command = run_command(args, address)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    run = subprocess.run(
+        command, cwd=workdir, capture_output=True, text=True, env={**os.environ, **env}
+    )
+    run_wall_s = time.monotonic() - started
+    if run.returncode != 0:
+        print(run.stdout, run.stderr, sep="\n")
+        return run.returncode
+    study = optuna.load_study(
+        study_name=args.workload, storage=f"sqlite:///{workdir}/trials/autotune.db"
+    )
+    rows = trial_rows(records.views(study))
+    where = f"a {args.cluster} Ray cluster on this machine" if args.cluster else args.executor
+    print(
+        f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
+        f"{where}, {'cold launches' if args.cold else 'warm workers'}, {len(rows)} probes"
+    )
+    print(f"command: (cd {workdir} && autotune {' '.join(command[3:])})")
+    print_summary(rows)
+    print(f"whole run (incl. driver start, Ray start, export): {run_wall_s:.1f} s")
+    after = os.getloadavg()
+    print(f"load average (1/5/15 min) before: {load_before}, after: {after}")
+    return 0
+
+
+def run_command(args: argparse.Namespace, address: str | None) -> list[str]:
+    """``autotune run`` of fixed-length probes (2 warm-up, 5 timed steps, no early stop,
+    no confirmation), so that runs compare with the baseline."""
+    return [
         sys.executable,
         "-m",
         "autotune.cli",
@@ -99,53 +137,60 @@ def measure(args: argparse.Namespace, address: str | None, env: dict[str, str]) 
         *(["--cold-probes"] if args.cold else []),
         *(["--ray-address", address] if address else []),
     ]
-    load_before = os.getloadavg()
-    started = time.monotonic()
-    run = subprocess.run(
-        command, cwd=workdir, capture_output=True, text=True, env={**os.environ, **env}
-    )
-    run_wall_s = time.monotonic() - started
-    if run.returncode != 0:
-        print(run.stdout, run.stderr, sep="\n")
-        return run.returncode
-    study = optuna.load_study(
-        study_name=args.workload, storage=f"sqlite:///{workdir}/trials/autotune.db"
-    )
+
+
+@dataclass(frozen=True)
+class TrialTimes:
+    """One probed trial's times, in seconds."""
+
+    number: int
+    label: str
+    status: str
+    trial_wall_s: float  # Optuna's datetime_complete - datetime_start
+    probe_wall_s: float  # torchrun launch -> exit, as the executor measured it
+    init_s: float  # rank start -> end of deepspeed.initialize
+    timed_s: float  # the sum of the timed optimizer steps
+    trial_dir: str
+
+    @property
+    def overhead_s(self) -> float:
+        return self.trial_wall_s - self.timed_s
+
+
+def trial_rows(trials: list[TrialView]) -> list[TrialTimes]:
+    """The times of every trial that ran a probe of its own (no repeated proposal)."""
     rows = []
-    for trial in study.get_trials():
-        attrs = trial.user_attrs
-        if "duplicate_of" in attrs or "probe_wall_s" not in attrs:
+    for trial in trials:
+        record = trial.record
+        if record.duplicate_of is not None or record.probe_wall_s is None:
             continue
-        trial_wall_s = (trial.datetime_complete - trial.datetime_start).total_seconds()
-        timed_s = attrs["probe_timed_s"]
+        frozen = trial.frozen
         rows.append(
-            (
-                trial.number,
-                attrs["label"],
-                attrs["status"],
-                trial_wall_s,
-                attrs["probe_wall_s"],
-                attrs["probe_init_s"],
-                timed_s,
-                trial_wall_s - timed_s,
+            TrialTimes(
+                number=trial.number,
+                label=record.label,
+                status=record.status,
+                trial_wall_s=(frozen.datetime_complete - frozen.datetime_start).total_seconds(),
+                probe_wall_s=record.probe_wall_s,
+                init_s=record.probe_init_s,
+                timed_s=record.probe_timed_s,
+                trial_dir=record.trial_dir,
             )
         )
+    return rows
 
-    where = f"a {args.cluster} Ray cluster on this machine" if args.cluster else args.executor
-    print(
-        f"# autotune per-trial overhead: {args.workload}, 2 CPU ranks, --executor "
-        f"{where}, {'cold launches' if args.cold else 'warm workers'}, {len(rows)} probes"
-    )
-    print(f"command: (cd {workdir} && autotune {' '.join(command[3:])})")
+
+def print_summary(rows: list[TrialTimes]) -> None:
+    """The table of the trials' times and their medians."""
     print(
         "| trial | candidate | status | trial wall s | probe wall s | init s | timed s | "
         "overhead s |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for number, label, status, wall, probe, init, timed, overhead in rows:
+    for r in rows:
         print(
-            f"| {number} | {label} | {status} | {wall:.1f} | {probe:.1f} | {init:.1f} | "
-            f"{timed:.2f} | {overhead:.1f} |"
+            f"| {r.number} | {r.label} | {r.status} | {r.trial_wall_s:.1f} | "
+            f"{r.probe_wall_s:.1f} | {r.init_s:.1f} | {r.timed_s:.2f} | {r.overhead_s:.1f} |"
         )
 
     def stat(values: list[float]) -> str:
@@ -153,35 +198,30 @@ def measure(args: argparse.Namespace, address: str | None, env: dict[str, str]) 
             f"median {statistics.median(values):.1f} (min {min(values):.1f}, max {max(values):.1f})"
         )
 
-    overheads = [r[7] for r in rows]
-    timed = [r[6] for r in rows]
-    walls = [r[3] for r in rows]
+    overheads = [r.overhead_s for r in rows]
+    walls = [r.trial_wall_s for r in rows]
     print()
     print(f"trial wall s: {stat(walls)}")
-    print(f"timed steps s: {stat(timed)}")
+    print(f"timed steps s: {stat([r.timed_s for r in rows])}")
     print(f"overhead s (trial wall - timed): {stat(overheads)}")
     print(f"overhead share of trial wall: {100 * sum(overheads) / sum(walls):.0f}%")
     if len(rows) > 2:  # the first probe starts the warm ranks; the others reuse them
         print(f"overhead s, probes after the first: {stat(overheads[1:])}")
         print(
-            f"probe wall - timed s, probes after the first: {stat([r[4] - r[6] for r in rows[1:]])}"
+            "probe wall - timed s, probes after the first: "
+            f"{stat([r.probe_wall_s - r.timed_s for r in rows[1:]])}"
         )
-        launcher = [r[4] - slowest_rank_s(study, r[0]) for r in rows[1:]]
+        launcher = [r.probe_wall_s - slowest_rank_s(r.trial_dir) for r in rows[1:]]
         print(f"launcher s (probe wall - slowest rank's wall), after the first: {stat(launcher)}")
-    print(f"whole run (incl. driver start, Ray start, export): {run_wall_s:.1f} s")
-    after = os.getloadavg()
-    print(f"load average (1/5/15 min) before: {load_before}, after: {after}")
-    return 0
 
 
-def slowest_rank_s(study: object, number: int) -> float:
-    """The longest rank wall time of trial ``number`` (job start to report, in the rank):
-    what the probe's wall time holds beyond it is the launcher's (posting the job, noticing
-    the reports, collecting them; Ray calls on a cluster)."""
+def slowest_rank_s(trial_dir: str) -> float:
+    """The longest rank wall time of a trial (job start to report, in the rank): what the
+    probe's wall time holds beyond it is the launcher's (posting the job, noticing the
+    reports, collecting them; Ray calls on a cluster)."""
     import json
 
-    folder = Path(study.trials[number].user_attrs["trial_dir"])  # type: ignore[attr-defined]
-    walls = [json.loads(p.read_text())["wall_s"] for p in folder.glob("rank-*.json")]
+    walls = [json.loads(p.read_text())["wall_s"] for p in Path(trial_dir).glob("rank-*.json")]
     return max(walls, default=0.0)
 
 

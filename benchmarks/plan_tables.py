@@ -33,6 +33,15 @@ GPUS = (1, 2, 4, 8)
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
 BEGIN, END = "<!-- plan_tables:begin -->", "<!-- plan_tables:end -->"
+# Llama 70B's rows: (optimizer offload, parameter offload, checkpointing, per-GPU batch)
+LLAMA_SHAPES = (
+    ("cpu", "none", True, 1),
+    ("cpu", "none", True, 4),
+    ("cpu", "none", False, 1),
+    ("cpu", "cpu", True, 1),
+    ("cpu", "cpu", True, 4),
+    ("cpu", "cpu", False, 1),
+)
 
 
 def _candidate(precision: str, stage: int, per_gpu: int, gpus: int, ckpt: bool, **kw):
@@ -117,6 +126,11 @@ def _gib(value: float, budget_gb: float | None = None) -> str:
 
 
 def dit_tables(rows: list[dict]) -> str:
+    return "\n".join(dit_batch_tables(rows) + dit_fit_table(rows)) + "\n"
+
+
+def dit_batch_tables(rows: list[dict]) -> list[str]:
+    """Per model: GiB per GPU on 1 GPU by per-GPU batch, by the paper and by DeepSpeed."""
     from autotune.memory import model_facts
     from autotune.workloads import get_workload
 
@@ -155,15 +169,20 @@ def dit_tables(rows: list[dict]) -> str:
                 f"{_gib(fp32['deepspeed_gib'], claim)} | "
                 f"{_gib(bf16['deepspeed_gib'], claim / 2)} |"
             )
-    out.append(
+    return out
+
+
+def dit_fit_table(rows: list[dict]) -> list[str]:
+    """The largest per-GPU batch within the write-up's figure, by ZeRO stage and GPUs."""
+    header = " | ".join(f"{g} GPU{'s' if g > 1 else ''}" for g in GPUS)
+    out = [
         "\n### Largest per-GPU batch within the figure, by ZeRO stage and GPUs\n\n"
         "The largest per-GPU batch of 8-256 whose predicted DeepSpeed peak fits the "
         "write-up's figure (fp32) or half of it (16-bit); in brackets with activation "
-        "checkpointing. The global batch is this times the GPUs. `-`: not even 8.\n"
-    )
-    header = " | ".join(f"{g} GPU{'s' if g > 1 else ''}" for g in GPUS)
-    out.append(f"| model | ZeRO | fp32: {header} | 16-bit: {header} |")
-    out.append("|---|---|" + "---|" * (2 * len(GPUS)))
+        "checkpointing. The global batch is this times the GPUs. `-`: not even 8.\n",
+        f"| model | ZeRO | fp32: {header} | 16-bit: {header} |",
+        "|---|---|" + "---|" * (2 * len(GPUS)),
+    ]
     for name, claim in DIT_CLAIMS.items():
         for stage in STAGES:
             cells = []
@@ -184,7 +203,7 @@ def dit_tables(rows: list[dict]) -> str:
                         best.append(str(max(fitting)) if fitting else "-")
                     cells.append(f"{best[0]} ({best[1]})")
             out.append(f"| {name} | {stage} | " + " | ".join(cells) + " |")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def llama_tables() -> str:
@@ -200,21 +219,12 @@ def llama_tables() -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     gpus = 4
-    shapes = (
-        # (optimizer offload, parameter offload, checkpointing, per-GPU batch)
-        ("cpu", "none", True, 1),
-        ("cpu", "none", True, 4),
-        ("cpu", "none", False, 1),
-        ("cpu", "cpu", True, 1),
-        ("cpu", "cpu", True, 4),
-        ("cpu", "cpu", False, 1),
-    )
     for name in ("llama-70b", "llama3-70b"):
         workload = get_workload(name)
         model = MemoryModel(workload)
         facts = model_facts(workload, 100_000)
         largest = largest_layer_params(workload)
-        for opt, param, ckpt, batch in shapes:
+        for opt, param, ckpt, batch in LLAMA_SHAPES:
             candidate = _candidate(
                 "bf16",
                 3,

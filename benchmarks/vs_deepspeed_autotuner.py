@@ -47,192 +47,22 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-WORKLOAD = "gpt-tiny"
-RANKS = 2
-GLOBAL_BATCH = 16
-COMPARABLE_SPACE = HERE / "spaces" / "ds_comparable.yaml"
-
-# DeepSpeed's autotuner cleans up after each experiment with
-# ``pdsh -f N -w HOSTS pkill -f EXP_NAME`` (autotuning/scheduler.py, clean_up) and exits if
-# that fails; on one machine without pdsh this stand-in runs the command here.
-PDSH_SHIM = """#!/bin/sh
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -f|-w) shift 2 ;;
-    *) break ;;
-  esac
-done
-exec "$@"
-"""
-
-
-def _threads_per_rank() -> int:
-    return max(1, (os.cpu_count() or RANKS) // RANKS)
-
-
-def run_deepspeed_autotuner(workdir: Path) -> dict[str, Any]:
-    """DeepSpeed's autotuner, fast mode, every ZeRO stage; its pick and what it cost."""
-    from autotune.candidate import DEFAULT_BASE_CONFIG
-
-    workdir.mkdir(parents=True)
-    bin_dir = workdir / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "pdsh").write_text(PDSH_SHIM)
-    (bin_dir / "pdsh").chmod(0o755)
-    config = {
-        **DEFAULT_BASE_CONFIG,
-        "train_micro_batch_size_per_gpu": 1,
-        "bf16": {"enabled": True},
-        "zero_optimization": {"stage": "all"},
-        "autotuning": {
-            "enabled": True,
-            "fast": True,
-            "metric": "throughput",
-            "max_train_batch_size": GLOBAL_BATCH,
-            "results_dir": str(workdir / "autotuning_results"),
-            "exps_dir": str(workdir / "autotuning_exps"),
-            "overwrite": True,
-        },
-    }
-    config_path = workdir / "ds_config.json"
-    config_path.write_text(json.dumps(config, indent=2))
-    threads = str(_threads_per_rank())
-    env = {
-        **os.environ,
-        "DS_ACCELERATOR": "cpu",
-        "LOCAL_SIZE": str(RANKS),
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-        "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
-    }
-    env.pop("MLFLOW_RUN_ID", None)
-    command = [
-        "deepspeed",
-        "--autotuning",
-        "tune",
-        "--num_gpus",
-        str(RANKS),
-        str(HERE / "ds_autotuner_train.py"),
-        "--workload",
-        WORKLOAD,
-        "--deepspeed_config",
-        str(config_path),
-    ]
-    started = time.monotonic()
-    with open(workdir / "autotuner.log", "wb") as log:
-        returncode = subprocess.run(
-            command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
-        ).returncode
-    wall_s = time.monotonic() - started
-    results = workdir / "autotuning_results"
-    optimal = results / "ds_config_optimal.json"
-    experiments = sorted(p.parent.name for p in results.glob("*/exp.json"))
-    if returncode != 0 or not optimal.exists():
-        tail = (workdir / "autotuner.log").read_text(errors="replace")[-3000:]
-        raise SystemExit(f"DeepSpeed's autotuner failed (exit {returncode}):\n{tail}")
-    chosen = json.loads(optimal.read_text())
-    candidate = {
-        "precision": "bf16",
-        "zero_stage": int(chosen.get("zero_optimization", {}).get("stage", 0)),
-        "micro_batch_size": int(chosen["train_micro_batch_size_per_gpu"]),
-        "gradient_accumulation_steps": int(chosen.get("gradient_accumulation_steps", 1)),
-        "data_parallel_size": RANKS,
-    }
-    return {
-        "tuner": "deepspeed",
-        "wall_s": wall_s,
-        "probes": len(experiments),
-        "experiments": experiments,
-        "candidate": candidate,
-    }
-
-
-def user_config(workdir: Path) -> Path:
-    """The config the user's script trains with: DeepSpeed's autotuner's, without its
-    ``autotuning`` section (which would make the engine exit after its profiled steps)."""
-    config = json.loads((workdir / "ds_config.json").read_text())
-    config.pop("autotuning", None)
-    path = workdir / "user_ds_config.json"
-    path.write_text(json.dumps(config, indent=2))
-    return path
-
-
-def run_autotune(
-    workdir: Path, space: str, budget_s: float, seed: int, script_config: Path | None = None
-) -> dict[str, Any]:
-    """``autotune run`` as a user types it (with ``script_config``: on the same unmodified
-    script DeepSpeed's autotuner ran, ``--script``); its pick (the exported trial) and cost."""
-    import optuna
-
-    from autotune import best, confirm, records
-
-    workdir.mkdir(parents=True)
-    storage = f"sqlite:///{workdir / 'autotune.db'}"
-    source = ["--workload", WORKLOAD]
-    if script_config is not None:
-        source = ["--script", str(HERE / "ds_autotuner_train.py")]
-    command = [
-        sys.executable,
-        "-m",
-        "autotune.cli",
-        "run",
-        *source,
-        "--gpus",
-        str(RANKS),
-        "--global-batch",
-        str(GLOBAL_BATCH),
-        "--space",
-        space,
-        "--budget",
-        f"{int(budget_s)}s",
-        "--seed",
-        str(seed),
-        "--study",
-        "vs-ds",
-        "--storage",
-        storage,
-    ]
-    if script_config is not None:  # no Ray: each probe is a launch of the script anyway
-        command += ["--executor", "local", "--", "--workload", WORKLOAD]
-        command += ["--deepspeed_config", str(script_config)]
-    started = time.monotonic()
-    with open(workdir / "autotune.log", "wb") as log:
-        returncode = subprocess.run(
-            command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, check=False
-        ).returncode
-    wall_s = time.monotonic() - started
-    if returncode != 0:
-        tail = (workdir / "autotune.log").read_text(errors="replace")[-3000:]
-        raise SystemExit(f"autotune run failed (exit {returncode}):\n{tail}")
-    study = optuna.load_study(study_name="vs-ds", storage=storage)
-    trials = records.views(study)
-    decided = best.decide_best(trials, confirm.load(study))
-    if decided is None:
-        raise SystemExit(f"autotune run found no feasible config; see {workdir}/autotune.log")
-    probed = [t.record for t in trials if t.record.probe_wall_s is not None]
-    verdict = confirm.load(study)
-    reprobes = sum(len(c.samples_per_s) - 1 for c in verdict.contenders) if verdict else 0
-    mode = "--script" if script_config is not None else "workload"
-    return {
-        "tuner": f"autotune {mode} ({Path(space).stem})",
-        "wall_s": wall_s,
-        "probes": len(probed) + reprobes,
-        "probe_wall_s": statistics.mean(r.probe_wall_s or 0.0 for r in probed),
-        "probe_overhead_s": statistics.mean(
-            (r.probe_wall_s or 0.0) - r.probe_timed_s for r in probed
-        ),
-        "candidate": trials[decided.trial].candidate.model_dump(mode="json"),
-    }
+from vs_deepspeed_tuners import (
+    COMPARABLE_SPACE,
+    GLOBAL_BATCH,
+    HERE,
+    RANKS,
+    WORKLOAD,
+    run_autotune,
+    run_deepspeed_autotuner,
+    threads_per_rank,
+    user_config,
+)
 
 
 def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
@@ -257,7 +87,7 @@ def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str
                 timed_steps=6,
                 timeout_s=300,
                 ranks=RANKS,
-                threads_per_rank=_threads_per_rank(),
+                threads_per_rank=threads_per_rank(),
             )
             for job, result in zip(jobs, launch_probes(jobs), strict=True):
                 if result.status == "ok" and result.samples_per_s:
@@ -353,37 +183,14 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="autotune-vs-ds-"))
     runs: list[dict[str, Any]] = []
     for repeat in range(1, args.repeats + 1):
-        load = os.getloadavg()[0]  # other work on the machine, for the record
-        ds = run_deepspeed_autotuner(scratch / f"r{repeat}-deepspeed")
-        runs.append({"repeat": repeat, "load_before": load, **ds})
-        print(
-            f"repeat {repeat}: deepspeed {ds['wall_s']:.0f} s, {ds['probes']} experiments, "
-            f"pick {ds['candidate']}",
-            flush=True,
-        )
-        spaces = [str(COMPARABLE_SPACE)] + ([] if args.no_full_space else ["default"])
-        for space in spaces:
-            name = Path(space).stem
-            budget_s = ds["wall_s"] * min(1.0, args.budget_fraction)
-            script_config = user_config(scratch / f"r{repeat}-deepspeed") if args.script else None
-            load = os.getloadavg()[0]
-            at = run_autotune(
-                scratch / f"r{repeat}-{name}", space, budget_s, seed=repeat,
-                script_config=script_config,
-            )  # fmt: skip
-            runs.append({"repeat": repeat, "load_before": load, **at})
-            print(
-                f"repeat {repeat}: {at['tuner']} {at['wall_s']:.0f} s, {at['probes']} probes, "
-                f"pick {at['candidate']}",
-                flush=True,
-            )
+        runs += run_repeat(args, scratch, repeat)
     grid_candidates = grid()
     measured = harness(grid_candidates + [run["candidate"] for run in runs], args.rounds)
     data = {
         "workload": WORKLOAD,
         "ranks": RANKS,
         "global_batch": GLOBAL_BATCH,
-        "threads_per_rank": _threads_per_rank(),
+        "threads_per_rank": threads_per_rank(),
         "rounds": args.rounds,
         "budget_fraction": min(1.0, args.budget_fraction),
         "script": args.script,
@@ -396,6 +203,35 @@ def main() -> int:
     report(data)
     print(f"\nwritten to {args.out}; logs in {scratch}")
     return 0
+
+
+def run_repeat(args: argparse.Namespace, scratch: Path, repeat: int) -> list[dict[str, Any]]:
+    """One repeat: DeepSpeed's autotuner, then autotune on each space within its wall time."""
+    load = os.getloadavg()[0]  # other work on the machine, for the record
+    ds = run_deepspeed_autotuner(scratch / f"r{repeat}-deepspeed")
+    runs = [{"repeat": repeat, "load_before": load, **ds}]
+    print(
+        f"repeat {repeat}: deepspeed {ds['wall_s']:.0f} s, {ds['probes']} experiments, "
+        f"pick {ds['candidate']}",
+        flush=True,
+    )
+    spaces = [str(COMPARABLE_SPACE)] + ([] if args.no_full_space else ["default"])
+    for space in spaces:
+        name = Path(space).stem
+        budget_s = ds["wall_s"] * min(1.0, args.budget_fraction)
+        script_config = user_config(scratch / f"r{repeat}-deepspeed") if args.script else None
+        load = os.getloadavg()[0]
+        at = run_autotune(
+            scratch / f"r{repeat}-{name}", space, budget_s, seed=repeat,
+            script_config=script_config,
+        )  # fmt: skip
+        runs.append({"repeat": repeat, "load_before": load, **at})
+        print(
+            f"repeat {repeat}: {at['tuner']} {at['wall_s']:.0f} s, {at['probes']} probes, "
+            f"pick {at['candidate']}",
+            flush=True,
+        )
+    return runs
 
 
 if __name__ == "__main__":

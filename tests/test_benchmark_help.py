@@ -13,6 +13,7 @@ COMMANDS = [
     ["gpu_check.py"],
     ["launch_cost.py"],
     ["memory_accuracy.py"],
+    ["memory_vs_table.py"],
     ["overhead.py"],
     ["plan_tables.py"],
     ["prepare_gpu_wheels.py"],

@@ -19,7 +19,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_check_report as report  # noqa: E402
 import prepare_gpu_wheels  # noqa: E402
-from gpu_check import DRY_RUN_SETTINGS  # noqa: E402
+from gpu_check_memory_checks import memory_checks, precision_offload_checks  # noqa: E402
+from gpu_check_oom_checks import oom_checks, oom_limit  # noqa: E402
+from gpu_check_settings import DRY_RUN_SETTINGS  # noqa: E402
+from gpu_check_study_checks import (  # noqa: E402
+    gpu_tests_checks,
+    pytest_outcomes,
+    study_checks,
+    train_checks,
+)
 
 MiB = 2**20
 PHASES = [
@@ -163,16 +171,16 @@ def judged(checks: list[dict[str, Any]]) -> dict[str, bool | None]:
 
 
 def test_the_oom_limit_lies_between_the_family_that_fits_and_the_next() -> None:
-    limit = report.oom_limit(oom_plan(), overhead_bytes=512 * MiB)
+    limit = oom_limit(oom_plan(), overhead_bytes=512 * MiB)
     assert limit["fits"] == "z2 bf16 mb1 opt:cpu ckpt"
     assert limit["limit_bytes"] == ((1400 + 2800) // 2 + 512) * MiB
     flat = {"candidates": [dict(e, device_bytes=1000 * MiB) for e in oom_plan()["candidates"]]}
     with pytest.raises(ValueError, match="no clear gap"):
-        report.oom_limit(flat, overhead_bytes=0)
+        oom_limit(flat, overhead_bytes=0)
 
 
 def test_an_oom_study_that_went_right_passes_every_check() -> None:
-    checks = report.oom_checks(
+    checks = oom_checks(
         oom_study(), oom_plan(), CLEAN, accelerator="cuda", exit_code=0, leftovers=[]
     )
     assert all(c["ok"] for c in checks), checks
@@ -186,7 +194,7 @@ def test_an_oom_study_shows_each_way_it_can_go_wrong() -> None:
     study["trials"][1] = dict(z0_mb2, status="ok", pruned_by="")  # probed after its oom
     zombie = {3: {"leaked_bytes": 0, "device_overhead_bytes": 2600 * MiB}, 4: CLEAN[4]}
     checks = judged(
-        report.oom_checks(
+        oom_checks(
             study, oom_plan(), zombie, accelerator="cuda", exit_code=3, leftovers=["77 torchrun"]
         )
     )
@@ -199,9 +207,7 @@ def test_an_oom_study_shows_each_way_it_can_go_wrong() -> None:
     cpu_text = {
         "trials": [dict(t, error="rank 0: rank tensor memory ...") for t in oom_study()["trials"]]
     }
-    cuda = report.oom_checks(
-        cpu_text, oom_plan(), CLEAN, accelerator="cuda", exit_code=0, leftovers=[]
-    )
+    cuda = oom_checks(cpu_text, oom_plan(), CLEAN, accelerator="cuda", exit_code=0, leftovers=[])
     assert judged(cuda)["a probe over the limit is recorded oom with CUDA's message"] is False
 
 
@@ -225,17 +231,17 @@ def memory_row(precision: str, stage: int, predicted: int, allocated: int, **ext
 def test_memory_targets_are_judged_against_allocated_on_cuda_only() -> None:
     rows = [memory_row("bf16", s % 4, 1020 * MiB, 1000 * MiB) for s in range(15)]
     rows.append(memory_row("fp16", 3, 1100 * MiB, 1000 * MiB, loss_scale=0))  # +10%: worst
-    checks = judged(report.memory_checks(rows, "cuda", min_candidates=16))
+    checks = judged(memory_checks(rows, "cuda", min_candidates=16))
     assert checks["at least 16 design candidates measured"]
     assert checks["median |error| vs allocated <= 3%"]
     assert checks["worst |error| vs allocated <= 8%"] is False
     assert checks["error vs reserved (reported beside allocated)"] is None
     assert checks["no candidate starts with memory an earlier one left allocated"]
     rows[3]["leaked_bytes"] = 128 * MiB
-    on_cpu = judged(report.memory_checks(rows, "cpu", min_candidates=16))
+    on_cpu = judged(memory_checks(rows, "cpu", min_candidates=16))
     assert on_cpu["worst |error| vs allocated <= 8%"] is None
     assert on_cpu["no candidate starts with memory an earlier one left allocated"] is None
-    on_cuda = judged(report.memory_checks(rows, "cuda", min_candidates=16))
+    on_cuda = judged(memory_checks(rows, "cuda", min_candidates=16))
     assert on_cuda["no candidate starts with memory an earlier one left allocated"] is False
 
 
@@ -245,14 +251,12 @@ def test_precision_and_offload_checks_read_the_memory_probes() -> None:
         memory_row("bf16", 1, 1, 1),
         memory_row("bf16", 2, 1, 1, offload_optimizer="cpu", pin_memory=True),
     ]
-    checks = judged(report.precision_offload_checks(rows, "cuda", "no libaio"))
+    checks = judged(precision_offload_checks(rows, "cuda", "no libaio"))
     assert checks["fp16 (dynamic loss scale) runs"]
     assert checks["bf16 runs"] and checks["optimizer offload to CPU (pinned) runs"]
     assert checks["NVMe offload runs"] is None
     rows[0]["loss_scale"] = 1024  # a static scale is not what the check asks for
-    assert not judged(report.precision_offload_checks(rows, "cuda", ""))[
-        "fp16 (dynamic loss scale) runs"
-    ]
+    assert not judged(precision_offload_checks(rows, "cuda", ""))["fp16 (dynamic loss scale) runs"]
 
 
 def test_study_checks_need_the_confirmation_round_on_a_gpu() -> None:
@@ -266,19 +270,17 @@ def test_study_checks_need_the_confirmation_round_on_a_gpu() -> None:
         },
         "best": {"trial": 0, "label": "a", "samples_per_s": 10.5},
     }
-    assert all(
-        report.study_checks(status, 0, True, min_probes=3, confirm=True)[i]["ok"] for i in range(4)
-    )
+    assert all(study_checks(status, 0, True, min_probes=3, confirm=True)[i]["ok"] for i in range(4))
     status["confirmation"] = None
-    checks = judged(report.study_checks(status, 0, True, min_probes=3, confirm=True))
+    checks = judged(study_checks(status, 0, True, min_probes=3, confirm=True))
     assert checks["confirmation round interleaved the top candidates"] is False
-    dry = judged(report.study_checks(status, 0, True, min_probes=1, confirm=False))
+    dry = judged(study_checks(status, 0, True, min_probes=1, confirm=False))
     assert dry["confirmation round interleaved the top candidates"] is None
 
 
 def test_pytest_outcomes_come_from_the_verbose_lines_and_the_short_summary() -> None:
     killed = "tests/test_gpu_paths.py::test_deepspeed_sees_the_limit_not_the_card PASSED [ 11%]\n"
-    assert report.pytest_outcomes(killed) == {
+    assert pytest_outcomes(killed) == {
         "tests/test_gpu_paths.py::test_deepspeed_sees_the_limit_not_the_card": "PASSED"
     }
     out = """
@@ -288,23 +290,21 @@ XFAIL tests/test_gpu_paths.py::test_memory_model_matches_cuda_attention[4] - rea
 XPASS tests/test_gpu_paths.py::test_memory_model_matches_cuda_attention[16] reason
 SKIPPED [1] tests/test_gpu_paths.py:40: needs a CUDA GPU
 """
-    outcomes = report.pytest_outcomes(out)
+    outcomes = pytest_outcomes(out)
     name = "tests/test_gpu_paths.py::test_fp16_overflow_skipped_steps_are_not_timed"
     assert outcomes[name] == "FAILED"
     assert (
         outcomes["tests/test_gpu_paths.py::test_memory_model_matches_cuda_attention[16]"] == "XPASS"
     )
-    checks = report.gpu_tests_checks(outcomes, exit_code=1)
+    checks = gpu_tests_checks(outcomes, exit_code=1)
     assert checks[0]["ok"] is False and name in checks[0]["detail"]
     assert checks[1]["ok"] is None and "[16]" in checks[1]["detail"]
 
 
 def test_the_training_line_is_read_and_judged() -> None:
-    checks, data = report.train_checks(
-        "TRAINED global_steps=20 loss=7.1234 samples_per_s=55.5\n", 0, 20
-    )
+    checks, data = train_checks("TRAINED global_steps=20 loss=7.1234 samples_per_s=55.5\n", 0, 20)
     assert all(c["ok"] for c in checks) and data["samples_per_s"] == 55.5
-    checks, _ = report.train_checks("TRAINED global_steps=20 loss=nan samples_per_s=1\n", 0, 20)
+    checks, _ = train_checks("TRAINED global_steps=20 loss=nan samples_per_s=1\n", 0, 20)
     assert checks[1]["ok"] is False
 
 

@@ -1,6 +1,6 @@
-"""The search-efficiency replay (benchmarks/search_efficiency.py) on a measured table: every
-strategy runs, the confirmed export stays inside the budget and is never infeasible, and the
-DeepSpeed-fast re-implementation only ever probes its own subspace."""
+"""The search-efficiency replay (benchmarks/search_efficiency_replay.py) on a measured
+table: every strategy runs, the confirmed export stays inside the budget and is never
+infeasible, and the DeepSpeed-fast re-implementation only ever probes its own subspace."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import search_efficiency as se  # noqa: E402
+import search_efficiency_replay as replay  # noqa: E402
+import search_efficiency_strategies as strategies  # noqa: E402
+from search_efficiency_table import Models, Search, Table  # noqa: E402
 
 TABLE = ROOT / "benchmarks" / "data" / "table_gpt-tiny.json"
 MiB = 2**20
@@ -21,7 +23,7 @@ MiB = 2**20
 
 def test_replay_reports_every_strategy(tmp_path: Path) -> None:
     out = tmp_path / "replay.json"
-    report = se.replay(TABLE, 64 * 2**30, repeats=2, max_probes=20, out=out)
+    report = replay.replay(TABLE, 64 * 2**30, repeats=2, max_probes=20, out=out)
     names = set(report["results"])
     assert names == {
         "autotune",
@@ -32,7 +34,7 @@ def test_replay_reports_every_strategy(tmp_path: Path) -> None:
         "deepspeed-fast (bf16)",
     }
     for name, result in report["results"].items():
-        for budget in se.BUDGETS:
+        for budget in replay.BUDGETS:
             assert 0 < result["worst"][budget] <= result["median"][budget] <= 1, name
     assert json.loads(out.read_text())["best_label"] == report["best_label"]
     # what the replay is for: on this table (the best is in DeepSpeed's own subspace, fp32),
@@ -45,12 +47,12 @@ def test_replay_reports_every_strategy(tmp_path: Path) -> None:
         assert results[name]["median"][5] <= results["autotune"]["median"][5], name
 
 
-@pytest.mark.parametrize("budget", se.BUDGETS)
+@pytest.mark.parametrize("budget", replay.BUDGETS)
 def test_confirmed_export_is_feasible_and_within_the_budget(budget: int) -> None:
     # 48 MiB leaves 10 of 108 candidates feasible: the memory screen and the confirmation
     # must never hand over one of the others (autotune_confirmed asserts it).
-    table = se.Table.load(TABLE, 48 * MiB)
-    models = se.Models(table)
+    table = Table.load(TABLE, 48 * MiB)
+    models = Models(table)
     probes: list[int] = []
     real_probe = table.probe
 
@@ -61,17 +63,17 @@ def test_confirmed_export_is_feasible_and_within_the_budget(budget: int) -> None
     table.probe = counted  # type: ignore[method-assign]
     for seed in range(3):
         probes.clear()
-        value = se.autotune_confirmed(table, models, seed, budget)
+        value = strategies.autotune_confirmed(table, models, seed, budget)
         assert 0 < value <= table.best_possible()
         assert len(probes) <= budget
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_deepspeed_fast_keeps_the_users_precision_and_no_offload(precision: str) -> None:
-    table = se.Table.load(TABLE, 64 * 2**30)
-    models = se.Models(table)
-    search = se.Search(table, models.may_fit, seed=0)
-    se.run_deepspeed_fast(table, search, 40, precision)
+    table = Table.load(TABLE, 64 * 2**30)
+    models = Models(table)
+    search = Search(table, models.may_fit, seed=0)
+    strategies.run_deepspeed_fast(table, search, 40, precision)
     probed = [table.candidate(key) for key in search.status]
     assert probed
     for candidate in probed:

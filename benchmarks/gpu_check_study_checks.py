@@ -1,0 +1,143 @@
+"""The GPU check's study, training and pytest checks, over the `autotune status --json`
+document, the exported config's training output and pytest's lines.
+
+Pure functions over data, standard library only (the check's driver imports this before
+anything is installed); tests/test_gpu_check.py feeds them recorded shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from gpu_check_report import check
+
+
+def study_summary(status: dict[str, Any]) -> dict[str, Any]:
+    trials = status.get("trials", [])
+    confirmation = status.get("confirmation") or {}
+    return {
+        "best": status.get("best"),
+        "budget": status.get("budget"),
+        "counts": status.get("counts"),
+        "statuses": _count(t.get("status", "?") for t in trials),
+        "contenders": [
+            {
+                "trial": c.get("trial"),
+                "label": c.get("label"),
+                "samples_per_s": c.get("samples_per_s", []),
+                "estimate": c.get("estimate"),
+                "half_width": c.get("half_width"),
+            }
+            for c in confirmation.get("contenders", [])
+        ],
+        "rounds": confirmation.get("rounds"),
+        "trials": [
+            {
+                key: t.get(key)
+                for key in (
+                    "number",
+                    "label",
+                    "status",
+                    "samples_per_s",
+                    "peak_bytes",
+                    "predicted_peak_bytes",
+                    "probe_wall_s",
+                    "pruned_by",
+                    "error",
+                )
+            }
+            for t in trials
+        ],
+    }
+
+
+def _count(values: Iterable[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def study_checks(
+    status: dict[str, Any], exit_code: int, exported: bool, *, min_probes: int, confirm: bool
+) -> list[dict[str, Any]]:
+    trials = status.get("trials", [])
+    ok = [t for t in trials if t.get("status") == "ok"]
+    failed = [
+        f"trial {t['number']} {t['label']}: {t['status']} {(t.get('error') or '')[:160]}"
+        for t in trials
+        if t.get("status") in ("error", "timeout")
+    ]
+    contenders = (status.get("confirmation") or {}).get("contenders", [])
+    return [
+        check(
+            "the run exported a config (exit code 0)",
+            exit_code == 0 and exported,
+            f"exit code {exit_code}",
+        ),
+        check(f"at least {min_probes} probe(s) measured", len(ok) >= min_probes, f"{len(ok)} ok"),
+        check("no probe failed (error, timeout)", not failed, "; ".join(failed)),
+        check(
+            "confirmation round interleaved the top candidates",
+            len(contenders) >= 2 if confirm else (len(contenders) >= 2 or None),
+            f"{len(contenders)} contender(s)"
+            + ("" if confirm else " (not required in a dry run's short budget)"),
+        ),
+    ]
+
+
+TRAINED = re.compile(r"TRAINED global_steps=(\d+) loss=(\S+) samples_per_s=(\S+)")
+
+
+def train_checks(output: str, exit_code: int, steps: int) -> tuple[list[dict[str, Any]], dict]:
+    match = TRAINED.search(output)
+    data: dict[str, Any] = {}
+    if match:
+        data = {
+            "global_steps": int(match[1]),
+            "loss": float(match[2]),
+            "samples_per_s": float(match[3]),
+        }
+    return [
+        check("the exported config trains unedited", exit_code == 0, f"exit code {exit_code}"),
+        check(
+            f"{steps} optimizer steps with a finite loss",
+            bool(data) and data["global_steps"] == steps and math.isfinite(data["loss"]),
+            str(data) if data else "no TRAINED line in the output",
+        ),
+    ], data
+
+
+# ---------------------------------------------------------------- pytest -m gpu
+
+OUTCOMES = "PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED"
+# "-rA" short summary lines, and "-v" lines as each test ends (all a killed run leaves)
+SUMMARY_LINE = re.compile(rf"^({OUTCOMES})\s+(?:\[\d+\]\s+)?(\S+)", re.M)
+VERBOSE_LINE = re.compile(rf"^(\S+::\S+)\s+({OUTCOMES})\b", re.M)
+
+
+def pytest_outcomes(output: str) -> dict[str, str]:
+    """Each test's outcome, from pytest's ``-v`` lines and its ``-rA`` short summary."""
+    outcomes = {name: outcome for name, outcome in VERBOSE_LINE.findall(output)}
+    outcomes.update({name.rstrip(":"): o for o, name in SUMMARY_LINE.findall(output)})
+    return outcomes
+
+
+def gpu_tests_checks(outcomes: dict[str, str], exit_code: int) -> list[dict[str, Any]]:
+    bad = [f"{n}: {o}" for n, o in outcomes.items() if o in ("FAILED", "ERROR")]
+    xpass = [n for n, o in outcomes.items() if o == "XPASS"]
+    checks = [
+        check(
+            "every gpu test passed (or failed as marked xfail)",
+            not bad and exit_code == 0,
+            "; ".join(bad) or f"pytest exit code {exit_code}",
+        ),
+    ]
+    if xpass:
+        checks.append(
+            check("xfail tests that now pass (drop their marker)", None, ", ".join(xpass))
+        )
+    return checks

@@ -1,0 +1,168 @@
+"""Replays: every strategy searches a measured table many times; how close each gets.
+
+Each strategy (benchmarks/search_efficiency_strategies.py) searches the table once per
+seed; for budgets of 5, 10 and 20 probes the report gives best-found / best-possible
+(median, mean and worst over the repeats) and the probes needed to get within 2% of the
+best, printed as a table and written as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+
+from search_efficiency_strategies import (
+    RULE_IN_USE,
+    autotune_confirmed,
+    run_autotune,
+    run_deepspeed_fast,
+    run_optuna,
+)
+from search_efficiency_table import NOISE, ROOT, Bimodal, Models, Search, Table
+
+BUDGETS = (5, 10, 20)
+WITHIN = 0.02
+
+
+def replay(
+    path: Path,
+    limit_bytes: int,
+    repeats: int,
+    max_probes: int,
+    out: Path | None,
+    noise: float = NOISE,
+    bimodal: Bimodal | None = None,
+) -> dict:
+    """Every strategy, ``repeats`` searches each, on the table at ``path`` under
+    ``limit_bytes``; the report, printed and (with ``out``) written as JSON."""
+    table = Table.load(path, limit_bytes, noise, bimodal)
+    models = Models(table)
+    best = table.best_possible()
+    results: dict[str, dict] = {}
+    for name, strategy in strategies(table, models, max_probes).items():
+        results[name] = scores(table, models, strategy, best, repeats)
+        if name == "autotune":
+            # The export of a run of each budget: search and confirmation within it.
+            results["autotune, confirmed"] = confirmed_scores(table, models, best, repeats)
+    report = {
+        "table": str(path.resolve().relative_to(ROOT))
+        if path.resolve().is_relative_to(ROOT)
+        else str(path),
+        "limit_bytes": limit_bytes,
+        "candidates": len(table.rows),
+        "feasible": sum(table.feasible(k) for k in table.rows),
+        "best_samples_per_s": best,
+        "best_label": next(
+            table.rows[k]["label"]
+            for k in table.rows
+            if table.feasible(k) and table.truth(k) == best
+        ),
+        "repeats": repeats,
+        "noise": noise,
+        "bimodal": None if bimodal is None else {"share": bimodal.share, "slow": bimodal.slow},
+        "confirmation_rule": RULE_IN_USE[0],
+        "results": results,
+    }
+    print_report(report)
+    if out:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def strategies(
+    table: Table, models: Models, max_probes: int
+) -> dict[str, Callable[[Search], None]]:
+    """Each strategy by its report name, as one search of at most ``max_probes``."""
+    named: dict[str, Callable[[Search], None]] = {
+        "autotune": lambda s: run_autotune(table, s, max_probes, models),
+        "optuna-tpe": lambda s: run_optuna(table, s, max_probes, "tpe"),
+        "random": lambda s: run_optuna(table, s, max_probes, "random"),
+    }
+    precisions = sorted({c.precision for c in table.candidates}, key=lambda p: p != "fp32")
+    for precision in precisions:  # fp32 first: DeepSpeed's default when the config says none
+        named[f"deepspeed-fast ({precision})"] = lambda s, precision=precision: run_deepspeed_fast(
+            table, s, max_probes, precision
+        )
+    return named
+
+
+def scores(
+    table: Table,
+    models: Models,
+    strategy: Callable[[Search], None],
+    best: float,
+    repeats: int,
+) -> dict:
+    """One strategy's result over ``repeats`` seeds: fractions of ``best`` per budget, and
+    the probes it needed to get within 2% of it."""
+    fractions: dict[int, list[float]] = {b: [] for b in BUDGETS}
+    needed: list[int | None] = []
+    probes_used: list[int] = []
+    for seed in range(repeats):
+        search = Search(table, models.may_fit, seed)
+        strategy(search)
+        probes_used.append(search.probes)
+        for budget in BUDGETS:
+            fractions[budget].append(search.trajectory.at(budget) / best)
+        within = [
+            i + 1 for i, v in enumerate(search.trajectory.believed) if v >= best * (1 - WITHIN)
+        ]
+        needed.append(within[0] if within else None)
+    reached = [n for n in needed if n is not None]
+    return {
+        **fraction_summary(fractions),
+        "probes_to_within_2pct_median": statistics.median(reached)
+        if len(reached) > repeats // 2
+        else None,
+        "reached_within_2pct": f"{len(reached)}/{repeats}",
+        "probes_used_median": statistics.median(probes_used),
+    }
+
+
+def confirmed_scores(table: Table, models: Models, best: float, repeats: int) -> dict:
+    """What a run of each budget exports (:func:`autotune_confirmed`), as fractions of
+    ``best`` over ``repeats`` seeds."""
+    confirmed = {
+        b: [autotune_confirmed(table, models, seed, b) / best for seed in range(repeats)]
+        for b in BUDGETS
+    }
+    return {
+        **fraction_summary(confirmed),
+        "probes_to_within_2pct_median": None,
+        "reached_within_2pct": "-",
+        "probes_used_median": None,
+    }
+
+
+def fraction_summary(fractions: dict[int, list[float]]) -> dict:
+    """Median, worst and mean of the fractions per budget."""
+    return {
+        "median": {b: statistics.median(fractions[b]) for b in BUDGETS},
+        "worst": {b: min(fractions[b]) for b in BUDGETS},
+        "mean": {b: statistics.fmean(fractions[b]) for b in BUDGETS},
+    }
+
+
+def print_report(report: dict) -> None:
+    from autotune.settings import format_bytes
+
+    print(
+        f"{report['table']}: {report['candidates']} candidates, {report['feasible']} feasible "
+        f"under {format_bytes(report['limit_bytes'])}; best {report['best_label']} "
+        f"{report['best_samples_per_s']:.1f} samples/s; {report['repeats']} repeats, "
+        f"{100 * report['noise']:.1f}% probe noise"
+        + (" (bimodal offload probes)" if report.get("bimodal") else "")
+    )
+    header = "| strategy | " + " | ".join(f"{b} probes: median / mean (worst)" for b in BUDGETS)
+    print(header + " | probes to within 2% (median; runs that got there) |")
+    print("|" + " --- |" * (len(BUDGETS) + 2))
+    for name, r in report["results"].items():
+        cells = [
+            f"{r['median'][b]:.3f} / {r['mean'][b]:.3f} ({r['worst'][b]:.3f})" for b in BUDGETS
+        ]
+        needed = r["probes_to_within_2pct_median"]
+        needed_text = f"{needed:g}" if needed is not None else "-"
+        reached = r["reached_within_2pct"]
+        print(f"| {name} | " + " | ".join(cells) + f" | {needed_text} ({reached}) |")
