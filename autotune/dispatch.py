@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from autotune.executor import Executor
     from autotune.launch import ProbeJob
     from autotune.plan import Plan
-    from autotune.protocol import ProbeResult
+    from autotune.protocol import ProbeResult, ScriptRun
+    from autotune.script_args import ScriptConfig
 
 
 @dataclass(eq=False)  # one probe is itself: compared and hashed by identity
@@ -117,34 +118,14 @@ class Dispatcher:
 
         plan = self.plan
         settings = plan.settings
-        nvme_dir = None
-        if plan.config.nvme_path and "nvme" in (
-            candidate.offload_optimizer,
-            candidate.offload_param,
-        ):
-            # Concurrent probes must not share DeepSpeed's swap folders.
-            nvme_dir = str(
-                Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name
-            )
+        nvme_dir = _probe_nvme_dir(plan, candidate, trial_dir)
         ds_config = plan.ds_config(candidate, nvme_dir)
         script, cwd = None, str(Path.cwd())
         if plan.config.script is not None:
-            # the script's own program runs with the candidate's arguments, which name the
-            # config the launch writes into the trial folder
-            from autotune.protocol import ScriptRun
             from autotune.script_plan import script_ds_config
 
             ds_config = script_ds_config(ds_config, plan.config.script)
-            script = ScriptRun(
-                path=plan.config.script.path,
-                argv=plan.config.script.argv(
-                    candidate,
-                    str(trial_dir / "ds_config.json"),
-                    cpu=plan.hardware.accelerator == "cpu",
-                ),
-                nvme_path=nvme_dir or plan.config.nvme_path,
-                torch_adam=plan.torch_adam,
-            )
+            script = _script_run(plan, plan.config.script, candidate, trial_dir, nvme_dir)
             cwd = plan.config.script.cwd
         spec = ProbeSpec(
             workload=plan.workload_ref,
@@ -184,6 +165,40 @@ class Dispatcher:
 
     def close(self) -> None:
         self.executor.close()
+
+
+def _probe_nvme_dir(plan: Plan, candidate: Candidate, trial_dir: Path) -> str | None:
+    """The probe's own NVMe swap folder, if it offloads to NVMe: concurrent probes must not
+    share DeepSpeed's swap folders."""
+    if plan.config.nvme_path and "nvme" in (
+        candidate.offload_optimizer,
+        candidate.offload_param,
+    ):
+        return str(Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name)
+    return None
+
+
+def _script_run(
+    plan: Plan,
+    script: ScriptConfig,
+    candidate: Candidate,
+    trial_dir: Path,
+    nvme_dir: str | None,
+) -> ScriptRun:
+    """How a script probe runs the script's own program: with the candidate's arguments,
+    which name the config the launch writes into the trial folder."""
+    from autotune.protocol import ScriptRun
+
+    return ScriptRun(
+        path=script.path,
+        argv=script.argv(
+            candidate,
+            str(trial_dir / "ds_config.json"),
+            cpu=plan.hardware.accelerator == "cpu",
+        ),
+        nvme_path=nvme_dir or plan.config.nvme_path,
+        torch_adam=plan.torch_adam,
+    )
 
 
 def workload_folders(ref: str) -> list[str]:

@@ -229,9 +229,7 @@ def _launch(
     restore_child_signals()
     spec_paths = [prepare_trial_dir(job) for job in jobs]
     log_path = Path(first.trial_dir) / "probe.log"
-    timeout_s = sum(job.timeout_s for job in jobs)
     started = time.perf_counter()
-    timed_out = False
     with open(log_path, "wb") as log:
         try:
             process = subprocess.Popen(
@@ -246,22 +244,36 @@ def _launch(
         except OSError as exc:
             failed = ProbeResult(status="error", error=f"cannot start torchrun: {exc}")
             return [failed.model_copy() for _ in jobs], 0
-        track_group(process.pid)
-        try:
-            exit_code: int | None = _wait(process, timeout_s, cancel)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            exit_code = None
-            kill_process_group(process)
-        except BaseException:
-            kill_process_group(process)
-            raise
-        finally:
-            # Ranks that outlived torchrun (e.g. after a crash) die with the group.
-            signal_group(process.pid, signal.SIGKILL)
-            untrack_group(process.pid)
+        exit_code, timed_out = _wait_group(process, sum(job.timeout_s for job in jobs), cancel)
     wall_s = time.perf_counter() - started
-    log_tail = read_tail(log_path)
+    return _launch_results(jobs, exit_code, timed_out, wall_s, read_tail(log_path))
+
+
+def _wait_group(
+    process: subprocess.Popen[bytes], timeout_s: float, cancel: threading.Event | None
+) -> tuple[int | None, bool]:
+    """Torchrun's exit code (None if it was killed) and whether it ran past ``timeout_s``;
+    its whole process group is killed once it ends, whatever ended it."""
+    track_group(process.pid)
+    try:
+        return _wait(process, timeout_s, cancel), False
+    except subprocess.TimeoutExpired:
+        kill_process_group(process)
+        return None, True
+    except BaseException:
+        kill_process_group(process)
+        raise
+    finally:
+        # Ranks that outlived torchrun (e.g. after a crash) die with the group.
+        signal_group(process.pid, signal.SIGKILL)
+        untrack_group(process.pid)
+
+
+def _launch_results(
+    jobs: list[ProbeJob], exit_code: int | None, timed_out: bool, wall_s: float, log_tail: str
+) -> tuple[list[ProbeResult], int]:
+    """Each job's result from its ranks' reports, up to the first (not the launch's first)
+    whose ranks were unclean, and the bytes those found left behind (0 if none were)."""
     results: list[ProbeResult] = []
     for index, job in enumerate(jobs):
         reports = read_reports(job)

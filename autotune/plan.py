@@ -87,40 +87,19 @@ def check_nvme_path(path: Path | None) -> str | None:
 
 def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     """Check and resolve everything a run needs before any process is started."""
-    from autotune.hardware import detect
     from autotune.space import load_space
 
     space_spec = load_space(settings.space)
     nvme_path = check_nvme_path(settings.nvme_path)
-    if settings.global_batch == "auto" and settings.max_global_batch is None:
-        raise SettingsError(
-            "--global-batch auto needs --max-global-batch N, the largest global batch "
-            "your training may use"
-        )
-    if hardware is None and settings.ray_address is not None:
-        from autotune.cluster import cluster_hardware
-
-        hardware = cluster_hardware(settings.ray_address)  # a node's, not this machine's
-    hardware = hardware or detect()
-    if settings.ray_address is None:  # a cluster's devices are checked as it is joined
-        hardware.check_ranks(settings.gpus)
-    per_trial = settings.gpus_per_trial or settings.gpus
-    if per_trial > settings.gpus:
-        raise SettingsError(
-            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
-            "more devices than the study has"
-        )
+    _check_batch_flags(settings)
+    hardware = _run_hardware(settings, hardware)
+    per_trial = _gpus_per_trial(settings)
     inputs = (
         _script_inputs(settings, space_spec, per_trial)
         if settings.script is not None
         else _workload_inputs(settings, space_spec)
     )
-    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
-    if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
-        raise SettingsError(
-            f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
-            f"{format_bytes(hardware.device_memory_bytes)} of each GPU; pass --vram auto or less"
-        )
+    vram_limit_bytes = _vram_limit_bytes(settings, hardware)
     bound = bind_space(
         inputs.space,
         hardware,
@@ -137,31 +116,10 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
             f"--global-batch auto: the global batch varies up to {settings.max_global_batch}; "
             "the chosen one may need a rescaled learning rate (summary.md says)"
         )
-    config = StudyConfig(
-        workload=inputs.ref,
-        space=inputs.space.model_dump(mode="json"),
-        accelerator=hardware.accelerator,
-        gpus_per_trial=per_trial,
-        global_batch=inputs.global_batch,
-        max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
-        vram_limit_bytes=vram_limit_bytes,
-        base_config=inputs.base,
-        nvme_path=nvme_path,
-        threads_per_rank=hardware.threads_per_rank(settings.gpus),
-        float32_matmul_precision="high" if settings.tf32 else "highest",
-        script=settings.script,
-    )
+    config = _study_config(settings, inputs, hardware, per_trial, vram_limit_bytes, nvme_path)
     study_name = settings.study_name or inputs.study_name
     if settings.script is None:
-        inputs.largest_param_numel = check_model_builds(inputs.workload, settings.workload)
-        inputs.probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
-            inputs.workload,
-            hardware,
-            inputs.global_batch or settings.max_global_batch or 1,
-            per_trial,
-            settings,
-            fp16="fp16" in bound.precisions,
-        )
+        _size_workload_probes(inputs, settings, hardware, bound, per_trial)
     check_writable(settings.trials_dir, flag="--trials-dir")  # the first thing written
     return Plan(
         settings=settings,
@@ -175,6 +133,88 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         probe_timeout_s=inputs.probe_timeout_s,
         notes=notes,
         largest_param_numel=inputs.largest_param_numel,
+    )
+
+
+def _check_batch_flags(settings: RunSettings) -> None:
+    if settings.global_batch == "auto" and settings.max_global_batch is None:
+        raise SettingsError(
+            "--global-batch auto needs --max-global-batch N, the largest global batch "
+            "your training may use"
+        )
+
+
+def _run_hardware(settings: RunSettings, hardware: Hardware | None) -> Hardware:
+    """The hardware a probe runs on: given, a Ray cluster node's, or this machine's."""
+    from autotune.hardware import detect
+
+    if hardware is None and settings.ray_address is not None:
+        from autotune.cluster import cluster_hardware
+
+        hardware = cluster_hardware(settings.ray_address)  # a node's, not this machine's
+    hardware = hardware or detect()
+    if settings.ray_address is None:  # a cluster's devices are checked as it is joined
+        hardware.check_ranks(settings.gpus)
+    return hardware
+
+
+def _gpus_per_trial(settings: RunSettings) -> int:
+    per_trial = settings.gpus_per_trial or settings.gpus
+    if per_trial > settings.gpus:
+        raise SettingsError(
+            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
+            "more devices than the study has"
+        )
+    return per_trial
+
+
+def _vram_limit_bytes(settings: RunSettings, hardware: Hardware) -> int:
+    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
+    if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
+        raise SettingsError(
+            f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
+            f"{format_bytes(hardware.device_memory_bytes)} of each GPU; pass --vram auto or less"
+        )
+    return vram_limit_bytes
+
+
+def _study_config(
+    settings: RunSettings,
+    inputs: _Inputs,
+    hardware: Hardware,
+    per_trial: int,
+    vram_limit_bytes: int,
+    nvme_path: str | None,
+) -> StudyConfig:
+    """What the study records of the run: the settings every trial of it shares."""
+    return StudyConfig(
+        workload=inputs.ref,
+        space=inputs.space.model_dump(mode="json"),
+        accelerator=hardware.accelerator,
+        gpus_per_trial=per_trial,
+        global_batch=inputs.global_batch,
+        max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
+        vram_limit_bytes=vram_limit_bytes,
+        base_config=inputs.base,
+        nvme_path=nvme_path,
+        threads_per_rank=hardware.threads_per_rank(settings.gpus),
+        float32_matmul_precision="high" if settings.tf32 else "highest",
+        script=settings.script,
+    )
+
+
+def _size_workload_probes(
+    inputs: _Inputs, settings: RunSettings, hardware: Hardware, bound: BoundSpace, per_trial: int
+) -> None:
+    """Build a workload's model once (its largest parameter) and set its probes' timeout."""
+    inputs.largest_param_numel = check_model_builds(inputs.workload, settings.workload)
+    inputs.probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
+        inputs.workload,
+        hardware,
+        inputs.global_batch or settings.max_global_batch or 1,
+        per_trial,
+        settings,
+        fp16="fp16" in bound.precisions,
     )
 
 

@@ -315,17 +315,30 @@ def aggregate(
             status="error", error=f"rank {errors[0].rank}: {errors[0].error}", **common
         )
     if missing or exit_code not in (0, None):
-        # A rank that wrote no report died first (a crash, a kill); the errors of the others
-        # (a broken connection) are consequences, named after it.
-        cause = torchrun_root_cause(log_tail, missing) or ("" if errors else _last_line(log_tail))
-        parts = [f"probe exited with code {exit_code}"]
-        if missing:
-            parts.append(f"rank(s) {missing} wrote no report")
-        if cause:
-            parts.append(cause)
-        if errors:
-            parts.append(f"then rank {errors[0].rank}: {errors[0].error}")
-        return ProbeResult(status="error", error="; ".join(parts)[:1000], **common)
+        error = _crash_error(exit_code, missing, errors, log_tail)
+        return ProbeResult(status="error", error=error, **common)
+    return _measured(spec, reports, common)
+
+
+def _crash_error(
+    exit_code: int | None, missing: list[int], errors: list[RankReport], log_tail: str
+) -> str:
+    """Why a launch failed whose ranks did not all report (or torchrun exited non-zero)."""
+    # A rank that wrote no report died first (a crash, a kill); the errors of the others
+    # (a broken connection) are consequences, named after it.
+    cause = torchrun_root_cause(log_tail, missing) or ("" if errors else _last_line(log_tail))
+    parts = [f"probe exited with code {exit_code}"]
+    if missing:
+        parts.append(f"rank(s) {missing} wrote no report")
+    if cause:
+        parts.append(cause)
+    if errors:
+        parts.append(f"then rank {errors[0].rank}: {errors[0].error}")
+    return "; ".join(parts)[:1000]
+
+
+def _measured(spec: ProbeSpec, reports: list[RankReport], common: dict[str, Any]) -> ProbeResult:
+    """The throughput of a probe every rank finished."""
     # Ranks step in lockstep (collectives); the slowest rank's time is the step's time.
     step_times = [max(times) for times in zip(*(r.step_times_s for r in reports), strict=True)]
     median_step = statistics.median(step_times)

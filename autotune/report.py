@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
     from autotune import best, records
     from autotune.candidate import Candidate
+    from autotune.hardware import Hardware
+    from autotune.memory import MemoryModel
+    from autotune.space import BoundSpace
 
 
 def trials_table(study: optuna.Study) -> Table:
@@ -226,12 +229,10 @@ def plan_candidates(
 ) -> Planned:
     """Every valid candidate on ``gpus`` hypothetical GPUs of ``vram_bytes``, with predicted
     device and host memory per rank, fitting ones first."""
-    import os
     import time
 
     import psutil
 
-    from autotune.hardware import Hardware
     from autotune.memory import MemoryModel, largest_layer_params, model_facts
     from autotune.space import load_space
     from autotune.workloads import get_workload
@@ -240,39 +241,11 @@ def plan_candidates(
     workload = get_workload(workload_ref)
     spec = load_space(space_ref)
     host_ram = host_ram_bytes or int(psutil.virtual_memory().total)
-    target = Hardware(
-        accelerator="cuda",
-        device_count=gpus,
-        device_name="planned GPU",
-        device_memory_bytes=vram_bytes,
-        host_memory_bytes=host_ram,
-        cpu_count=os.cpu_count() or 1,
-        precisions=("fp32", "bf16", "fp16"),
-    )
+    target = _planned_hardware(gpus, vram_bytes, host_ram)
     batch = global_batch or workload.default_global_batch
     bound = spec.bind(target, data_parallel_size=gpus, global_batch=batch)
-    model = MemoryModel(workload)
     threshold = vram_bytes * (1.0 - margin)
-    rows = []
-    # Activations grow with the micro-batch: once a micro-batch does not fit on the device,
-    # larger ones of the same configuration are not traced.
-    too_big: dict[str, int] = {}
-    for candidate in sorted(bound.candidates(), key=lambda c: c.micro_batch_size):
-        shape = candidate.model_copy(
-            update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
-        ).key
-        if shape in too_big and candidate.micro_batch_size > too_big[shape]:
-            rows.append(PlannedRow(False, None, None, candidate, f"> mb{too_big[shape]}", "device"))
-            continue
-        estimate = model.predict(candidate, stop_above=threshold)
-        device, host = estimate.device_bytes, estimate.host_bytes
-        why = "device" if device > threshold else ("host" if host * gpus > host_ram else "")
-        if why == "device":
-            too_big.setdefault(shape, candidate.micro_batch_size)
-        rows.append(PlannedRow(not why, device, host, candidate, estimate.phase, why))
-    rows.sort(
-        key=lambda r: (not r.fits, r.device_bytes if r.device_bytes is not None else float("inf"))
-    )
+    rows = _planned_rows(bound, MemoryModel(workload), threshold, gpus, host_ram)
     facts = model_facts(workload, 100_000)
     return Planned(
         description=workload.describe(),
@@ -289,6 +262,51 @@ def plan_candidates(
         notes=[note for note in bound.notes if "nvme" in note],
         seconds=time.monotonic() - started,
     )
+
+
+def _planned_hardware(gpus: int, vram_bytes: int, host_ram_bytes: int) -> Hardware:
+    """``gpus`` hypothetical CUDA devices of ``vram_bytes`` on a host of ``host_ram_bytes``."""
+    import os
+
+    from autotune.hardware import Hardware
+
+    return Hardware(
+        accelerator="cuda",
+        device_count=gpus,
+        device_name="planned GPU",
+        device_memory_bytes=vram_bytes,
+        host_memory_bytes=host_ram_bytes,
+        cpu_count=os.cpu_count() or 1,
+        precisions=("fp32", "bf16", "fp16"),
+    )
+
+
+def _planned_rows(
+    bound: BoundSpace, model: MemoryModel, threshold: float, gpus: int, host_ram_bytes: int
+) -> list[PlannedRow]:
+    """Each candidate's predicted memory and whether it fits, fitting ones first, then by
+    device memory."""
+    rows = []
+    # Activations grow with the micro-batch: once a micro-batch does not fit on the device,
+    # larger ones of the same configuration are not traced.
+    too_big: dict[str, int] = {}
+    for candidate in sorted(bound.candidates(), key=lambda c: c.micro_batch_size):
+        shape = candidate.model_copy(
+            update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
+        ).key
+        if shape in too_big and candidate.micro_batch_size > too_big[shape]:
+            rows.append(PlannedRow(False, None, None, candidate, f"> mb{too_big[shape]}", "device"))
+            continue
+        estimate = model.predict(candidate, stop_above=threshold)
+        device, host = estimate.device_bytes, estimate.host_bytes
+        why = "device" if device > threshold else ("host" if host * gpus > host_ram_bytes else "")
+        if why == "device":
+            too_big.setdefault(shape, candidate.micro_batch_size)
+        rows.append(PlannedRow(not why, device, host, candidate, estimate.phase, why))
+    rows.sort(
+        key=lambda r: (not r.fits, r.device_bytes if r.device_bytes is not None else float("inf"))
+    )
+    return rows
 
 
 def plan_report(planned: Planned, *, limit_rows: int | None) -> Group:

@@ -1,27 +1,50 @@
-"""The package's shape: modules small enough to hold in one's head, no import cycles.
+"""The code's shape: modules and functions small enough to hold in one's head, no import
+cycles, in the package and in the benchmark scripts.
 
-Function size and complexity are ruff's (``pyproject.toml``: C901, PLR0912, PLR0915); ruff
-has no rule for a module's length, and none for cycles through imports made inside
-functions, so these two are checked here. Imports under ``if TYPE_CHECKING:`` are for the
-type checker only and are not counted.
+Ruff (``pyproject.toml``: C901, PLR0912, PLR0915) bounds a function's complexity and
+statements; it has no rule for a function's or a module's length in lines, and none for
+cycles through imports made inside functions, so these are checked here. Imports under
+``if TYPE_CHECKING:`` are for the type checker only and are not counted.
+
+The package's modules are named by their dotted path (``autotune.plan``) and may import
+each other relatively (``from . import x``); the benchmarks are scripts run as
+``python benchmarks/x.py``, whose folder is then first on ``sys.path``, so they import
+each other by file name (``import gpu_check``).
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 MAX_MODULE_LINES = 420
+MAX_FUNCTION_LINES = 60
 
 
-def _modules() -> dict[str, Path]:
-    modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        modules[name] = path
-    return modules
+@dataclass(frozen=True)
+class Tree:
+    """Python files under ``folder``, named for import as seen from ``import_root``."""
+
+    folder: Path
+    import_root: Path  # the folder on sys.path: a module's name is its path from here
+
+
+PACKAGE = Tree(ROOT / "autotune", import_root=ROOT)
+BENCHMARKS = Tree(ROOT / "benchmarks", import_root=ROOT / "benchmarks")
+TREES = [pytest.param(PACKAGE, id="autotune"), pytest.param(BENCHMARKS, id="benchmarks")]
+
+
+def modules(tree: Tree) -> dict[str, Path]:
+    """Each module's import name and file (a package is its ``__init__.py``)."""
+    found = {}
+    for path in sorted(tree.folder.rglob("*.py")):
+        parts = path.relative_to(tree.import_root).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -31,8 +54,19 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(path: Path, known: set[str]) -> set[str]:
-    """autotune modules ``path`` imports at run time (module level or in functions)."""
+def _from_module(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The absolute module a ``from ... import`` names; relative ones resolve against the
+    package of module ``name`` (a package's ``__init__`` is its own package)."""
+    if node.level == 0:
+        return node.module or ""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    base = package[: len(package) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Modules in ``known`` that module ``name`` (file ``path``) imports at run time, at
+    module level or in functions."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -42,28 +76,21 @@ def _imports(path: Path, known: set[str]) -> set[str]:
             return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = _from_module(node, name, path)
+            found.add(module)
+            found.update(".".join(filter(None, [module, a.name])) for a in node.names)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(ast.parse(path.read_text(encoding="utf-8")))
-    return {name for name in found if name in known}
+    return {module for module in found if module in known}
 
 
-def test_no_module_is_too_long() -> None:
-    long = {
-        name: lines
-        for name, path in _modules().items()
-        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
-    }
-    assert long == {}, f"modules over {MAX_MODULE_LINES} lines: split them by concept"
-
-
-def test_no_import_cycle() -> None:
-    modules = _modules()
-    graph = {name: _imports(path, set(modules)) - {name} for name, path in modules.items()}
+def import_cycles(tree: Tree) -> list[list[str]]:
+    """Every cycle among the tree's run-time imports, each as the modules along it."""
+    found = modules(tree)
+    graph = {name: imports(path, name, set(found)) - {name} for name, path in found.items()}
     # a package's __init__ re-exports its modules; importing the package is not a cycle back
     for name in graph:
         graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
@@ -82,4 +109,142 @@ def test_no_import_cycle() -> None:
     for name in sorted(graph):
         if name not in state:
             walk(name, [name])
+    return cycles
+
+
+def long_modules(tree: Tree, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """Files over ``limit`` lines, with their lengths."""
+    return {
+        str(path.relative_to(tree.folder.parent)): lines
+        for path in modules(tree).values()
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > limit
+    }
+
+
+def long_functions(tree: Tree, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions and methods (sync or async, nested ones too) over ``limit`` physical
+    lines, from the ``def`` line through the last line, as ``file:line name (N lines)``."""
+    found = []
+    for path in modules(tree).values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    where = f"{path.relative_to(tree.folder.parent)}:{node.lineno}"
+                    found.append(f"{where} {node.name} ({lines} lines)")
+    return found
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_no_module_is_too_long(tree: Tree) -> None:
+    long = long_modules(tree)
+    assert long == {}, f"modules over {MAX_MODULE_LINES} lines, split them by concept: {long}"
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_no_function_is_too_long(tree: Tree) -> None:
+    long = long_functions(tree)
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines, split them: " + "; ".join(long)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_no_import_cycle(tree: Tree) -> None:
+    cycles = import_cycles(tree)
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+# The checks themselves, on small trees written for them.
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def _function(name: str, lines: int, indent: str = "", *, prefix: str = "def") -> str:
+    """A function of exactly ``lines`` physical lines."""
+    body = "".join(f"{indent}    x{i} = {i}\n" for i in range(lines - 2))
+    return f"{indent}{prefix} {name}():\n{body}{indent}    return None\n"
+
+
+def test_long_functions_are_found_with_file_line_and_length(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "scripts",
+        {
+            "ok.py": _function("fits", MAX_FUNCTION_LINES),
+            "bad.py": "import os\n\n"
+            + _function("too_long", MAX_FUNCTION_LINES + 1)
+            + "class C:\n"
+            + _function("method", MAX_FUNCTION_LINES + 2, "    ", prefix="async def"),
+        },
+    )
+    found = long_functions(Tree(tmp_path / "scripts", import_root=tmp_path / "scripts"))
+    assert sorted(found) == [
+        f"scripts/bad.py:3 too_long ({MAX_FUNCTION_LINES + 1} lines)",
+        f"scripts/bad.py:{MAX_FUNCTION_LINES + 5} method ({MAX_FUNCTION_LINES + 2} lines)",
+    ]
+
+
+def test_long_modules_are_found(tmp_path: Path) -> None:
+    _write(tmp_path / "pkg", {"short.py": "x = 1\n" * 3, "long.py": "x = 1\n" * 4})
+    assert long_modules(Tree(tmp_path / "pkg", import_root=tmp_path), limit=3) == {
+        str(Path("pkg/long.py")): 4
+    }
+
+
+def test_script_cycles_through_bare_module_names(tmp_path: Path) -> None:
+    """Scripts importing each other by file name, in a function too; a script importing
+    itself (its ``__main__`` reaching its own globals) and ``TYPE_CHECKING`` imports are
+    not cycles."""
+    scripts = tmp_path / "scripts"
+    _write(
+        scripts,
+        {
+            "a.py": "import b\nimport a\n",
+            "b.py": "def run():\n    from c import thing\n",
+            "c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n",
+        },
+    )
+    tree = Tree(scripts, import_root=scripts)
+    assert import_cycles(tree) == []
+    _write(scripts, {"c.py": "import os\nfrom a import x\n"})
+    assert import_cycles(tree) == [["a", "b", "c", "a"]]
+
+
+_CYCLE_A_B = [["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"]]
+
+
+@pytest.mark.parametrize(
+    ("files", "cycles"),
+    [
+        ({"pkg/sub/a.py": "from . import b"}, _CYCLE_A_B),
+        ({"pkg/sub/a.py": "from .b import f"}, _CYCLE_A_B),
+        ({"pkg/sub/a.py": "from ..sub.b import f"}, _CYCLE_A_B),
+        ({"pkg/sub/a.py": "import pkg.sub.b"}, _CYCLE_A_B),
+        ({"pkg/sub/a.py": "from . import c"}, []),
+        (
+            {"pkg/sub/__init__.py": "from ..other import y", "pkg/other.py": "import pkg.sub"},
+            [["pkg.other", "pkg.sub", "pkg.other"]],
+        ),
+    ],
+    ids=["from-dot", "from-dot-module", "from-parent", "absolute", "no-cycle", "init"],
+)
+def test_package_cycles_through_relative_imports(
+    tmp_path: Path, files: dict[str, str], cycles: list[list[str]]
+) -> None:
+    """Relative imports resolve against the importer's package (an ``__init__`` is its own
+    package); a module importing its own package (which re-exports it) is no cycle."""
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/a.py": "",
+            "pkg/sub/b.py": "def f():\n    from pkg.sub import a\n",
+            "pkg/sub/c.py": "",
+        },
+    )
+    _write(tmp_path, {path: text + "\n" for path, text in files.items()})
+    assert import_cycles(Tree(tmp_path / "pkg", import_root=tmp_path)) == cycles
