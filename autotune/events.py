@@ -174,12 +174,13 @@ class InterruptRequested(Event):
 
 @dataclass(frozen=True)
 class SearchStopped(Event):
-    """Why the search asked for no more candidates.
+    """Why the search asked for no more candidates: its budget is spent, ``--max-trials``
+    reached, every candidate evaluated, the run interrupted, or another driver took the
+    study (``holder``)."""
 
-    ``kind``: budget, max_trials, exhausted, interrupted, lock_lost or storage."""
-
-    kind: str
-    detail: str = ""
+    kind: Literal["budget", "max_trials", "exhausted", "interrupted", "lock_lost"]
+    max_trials: int | None = None
+    holder: Holder | None = None
     spent_s: float = 0.0
     total_s: float = 0.0
     reserve_s: float = 0.0

@@ -141,7 +141,7 @@ class DriverLock:
         self.emit = emit  # a heartbeat that fails: HeartbeatNotWritten, from its thread
         self.token = uuid.uuid4().hex
         self.since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-        self.lost: str = ""  # set by the heartbeat thread when another driver took the study
+        self.lost: Holder | None = None  # the driver that took the study (heartbeat thread)
         self.took_over: Holder | None = None  # the dead holder this driver replaced, if any
         self._key = f"{LOCK_ATTR}:{self.token}" if shared else LOCK_ATTR
         self._clock = clock
@@ -211,7 +211,7 @@ class DriverLock:
             try:
                 holder = self._read()
                 if holder and holder.get("token") != self.token:
-                    self.lost = Holder.of(holder, self._clock.now()).describe()
+                    self.lost = Holder.of(holder, self._clock.now())
                     return
                 if self.on_beat is not None:
                     self.on_beat()

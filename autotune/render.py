@@ -187,10 +187,12 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
             text += f"; to go on, give a larger total: {continue_command} --budget {more}"
         return text
     return {
-        "max_trials": f"--max-trials {event.detail} reached",
+        "max_trials": f"--max-trials {event.max_trials} reached",
         "exhausted": "every valid candidate has been evaluated",
         "interrupted": "interrupted",
-        "lock_lost": f"another driver took the study over ({event.detail})",
+        "lock_lost": "another driver took the study over ("
+        + (event.holder.describe() if event.holder else "unknown")
+        + ")",
     }.get(event.kind, event.kind)
 
 

@@ -285,9 +285,9 @@ class Search:
         if self.session.stopping:
             return events.SearchStopped("interrupted")
         if self.session.lost:
-            return events.SearchStopped("lock_lost", detail=self.session.lost)
+            return events.SearchStopped("lock_lost", holder=self.session.lost)
         if settings.max_trials is not None and self.counts.probes >= settings.max_trials:
-            return events.SearchStopped("max_trials", detail=str(settings.max_trials))
+            return events.SearchStopped("max_trials", max_trials=settings.max_trials)
         left_s = self.clock.probing_left_s
         if left_s - self.reserve_s <= 0 or left_s - self.reserve_s < self.estimate_s:
             return events.SearchStopped(

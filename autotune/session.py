@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import events
 from autotune.errors import StorageError
-from autotune.lock import STALE_S, DatabaseClock, DriverLock
+from autotune.lock import STALE_S, DatabaseClock, DriverLock, Holder
 from autotune.settings import mask_url
 
 if TYPE_CHECKING:
@@ -91,9 +91,9 @@ class DriverSession:
         self.storage: optuna.storages.BaseStorage
 
     @property
-    def lost(self) -> str:
+    def lost(self) -> Holder | None:
         """The driver that took the study over, if one did (heartbeat thread)."""
-        return self._lock.lost if self._lock is not None else ""
+        return self._lock.lost if self._lock is not None else None
 
     def __enter__(self) -> DriverSession:
         if threading.current_thread() is threading.main_thread():

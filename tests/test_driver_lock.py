@@ -79,3 +79,35 @@ def test_a_heartbeat_that_fails_is_told_as_an_event(
     assert told and told[0] == events.HeartbeatNotWritten("OSError", "disk full")
     assert line(told[0]) == "warning: heartbeat not written (OSError: disk full)"
     assert driver.took_over is None
+
+
+def test_a_driver_whose_study_is_taken_knows_by_whom_and_says_so(
+    storage: optuna.storages.BaseStorage,
+) -> None:
+    driver = DriverLock(storage, "s", FixedClock())  # type: ignore[arg-type]
+    driver.acquire()
+    try:
+        study_id = storage.get_study_id_from_name("s")
+        other = {
+            "host": "other-host",
+            "pid": 77,
+            "since": "2025-01-02T03:04:05+00:00",
+            "heartbeat": NOW_S - 3,
+            "token": "theirs",
+            "shared": False,
+        }
+        storage.set_study_user_attr(study_id, lock.LOCK_ATTR, other)
+        deadline = time.monotonic() + 10
+        while driver.lost is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        driver.release()
+    assert driver.lost == Holder("other-host", 77, "2025-01-02T03:04:05+00:00", 3.0)
+    stopped = events.SearchStopped("lock_lost", holder=driver.lost)
+    assert line(stopped) == (
+        "search stopped: another driver took the study over (pid 77 on host other-host, "
+        "running since 2025-01-02T03:04:05+00:00 (last heartbeat 3 s ago))"
+    )
+    assert line(events.SearchStopped("max_trials", max_trials=4)) == (
+        "search stopped: --max-trials 4 reached"
+    )
