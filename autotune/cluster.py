@@ -185,20 +185,6 @@ def slot_layout(offer: dict[str, int], total: int, per_probe: int) -> tuple[int,
     return min(total, sum(offer.values())) // per_probe, "PACK"
 
 
-def probe_layout(offer: dict[str, int], per_probe: int) -> list[int]:
-    """Ranks per node of one probe as :func:`slot_layout` places it (the largest nodes
-    filled first): what the memory and cost models need of the node boundary (host RAM is
-    per node; collectives cross nodes where there are several)."""
-    if per_probe <= max(offer.values(), default=0):
-        return [per_probe]
-    layout: list[int] = []
-    for count in sorted(offer.values(), reverse=True):
-        take = min(count, per_probe - sum(layout))
-        if take > 0:
-            layout.append(take)
-    return layout
-
-
 class ClusterExecutor:
     """Slots of ``devices_per_probe`` devices on a Ray cluster; see the module docstring.
 

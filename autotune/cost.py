@@ -144,34 +144,9 @@ def terms(
     multiplies a precision's nominal compute rate (this machine's measured ratio); ``nodes``:
     the nodes one probe's ranks span; ``tf32``: fp32 matmuls on TF32 tensor cores."""
     psi = float(facts.params)
-    mb, gas, dp = (
-        candidate.micro_batch_size,
-        candidate.gradient_accumulation_steps,
-        candidate.data_parallel_size,
-    )
-    stage = candidate.zero_stage
+    gas, dp = candidate.gradient_accumulation_steps, candidate.data_parallel_size
     width = 4.0 if candidate.precision == "fp32" else 2.0
-    flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
-    rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
-    if tf32 and accelerator == "cuda" and candidate.precision == "fp32":
-        rate = _TF32_FLOPS
-    rate *= (compute_scale or {}).get(candidate.precision, 1.0)
-    flops_params = float(facts.compute_params)
-    compute = flops_per_token * flops_params * facts.tokens_per_sample * mb * gas / rate
-    share = (dp - 1) / dp if dp > 1 else 0.0
-    link = _LINK_BYTES_S[accelerator]
-    if nodes > 1:
-        link = min(link, _INTER_NODE_BYTES_S[accelerator])
-    if stage == 0:
-        elements = 2 * share * psi
-    elif stage == 1:
-        elements = 2 * share * psi + share * psi
-    elif stage == 2:
-        elements = gas * share * psi + share * psi
-    else:
-        elements = gas * 3 * share * psi
-    communication = elements * width / link
-    updated = psi if stage == 0 else psi / dp
+    updated = psi if candidate.zero_stage == 0 else psi / dp
     ratio = candidate.offload_optimizer_ratio if candidate.offload_optimizer != "none" else 0.0
     device_optimizer = (1 - ratio) * updated / _DEVICE_OPTIM_PARAMS_S[accelerator]
     host_optimizer = ratio * updated / _CPU_ADAM_PARAMS_S * dp  # dp ranks share the host
@@ -185,16 +160,63 @@ def terms(
         if candidate.offload_param == "nvme":
             nvme += gas * 2 * psi / dp * width / _NVME_BYTES_S
     values = dict.fromkeys(TERMS, 0.0)
-    values[f"compute_{candidate.precision}"] = compute
+    values[f"compute_{candidate.precision}"] = _compute_s(
+        candidate, facts, accelerator, threads, compute_scale, tf32=tf32
+    )
     values.update(
         micro_steps=gas * _MICRO_STEP_S[accelerator],
-        communication=communication,
+        communication=_communication_s(candidate, psi, accelerator, nodes=nodes, width=width),
         device_optimizer=device_optimizer,
         host_optimizer=host_optimizer,
         host_transfer=host_transfer,
         nvme=nvme,
     )
     return values
+
+
+def _compute_s(
+    candidate: Candidate,
+    facts: WorkloadFacts,
+    accelerator: str,
+    threads: int,
+    compute_scale: dict[str, float] | None,
+    *,
+    tf32: bool,
+) -> float:
+    """Forward and backward seconds per optimizer step: ~6 FLOPs per parameter and token,
+    8 with activation checkpointing (the forward runs twice)."""
+    rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
+    if tf32 and accelerator == "cuda" and candidate.precision == "fp32":
+        rate = _TF32_FLOPS
+    rate *= (compute_scale or {}).get(candidate.precision, 1.0)
+    flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
+    mb, gas = candidate.micro_batch_size, candidate.gradient_accumulation_steps
+    return flops_per_token * float(facts.compute_params) * facts.tokens_per_sample * mb * gas / rate
+
+
+def _communication_s(
+    candidate: Candidate, psi: float, accelerator: str, *, nodes: int, width: float
+) -> float:
+    """Seconds per optimizer step moving gradients and parameters between the data-parallel
+    ranks, by ZeRO stage, over the slowest link they use."""
+    gas, dp, stage = (
+        candidate.gradient_accumulation_steps,
+        candidate.data_parallel_size,
+        candidate.zero_stage,
+    )
+    share = (dp - 1) / dp if dp > 1 else 0.0
+    link = _LINK_BYTES_S[accelerator]
+    if nodes > 1:
+        link = min(link, _INTER_NODE_BYTES_S[accelerator])
+    if stage == 0:
+        elements = 2 * share * psi
+    elif stage == 1:
+        elements = 2 * share * psi + share * psi
+    elif stage == 2:
+        elements = gas * share * psi + share * psi
+    else:
+        elements = gas * 3 * share * psi
+    return elements * width / link
 
 
 class CostModel:
@@ -277,6 +299,3 @@ class CostModel:
             for key in TERMS:
                 if key.startswith("compute_") and key not in seen:
                     self.weights[key] = learned
-
-    def relative_error(self, candidate: Candidate, step_s: float) -> float:
-        return abs(math.log(self.step_time_s(candidate) / step_s))

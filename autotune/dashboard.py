@@ -6,16 +6,15 @@ marked), the study a note (the decision, the confirmation round's standings, wha
 search did, and why the dashboard's "Best Trial" card may name another trial), and the
 study's top page a figure of throughput against peak memory with the limit drawn.
 
-``optuna_dashboard.save_note`` needs a live ``Trial``; a finished trial's note is the same
-study system attrs (``dashboard:<trial id>:note_str:<i>`` plus a version), which this
-module writes through the storage-level function ``save_note`` itself calls. Notes and the
-figure are rewritten only when their text changed.
+Notes and the figure are written with optuna-dashboard's public ``save_note`` and
+``save_plotly_graph_object``; a note is rewritten only when autotune's text for it changed.
 
 :func:`serve` runs the dashboard's WSGI app on a threaded wsgiref server.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,8 @@ if TYPE_CHECKING:
     from autotune.report_data import ReportData
 
 FIGURE_ID = "autotune-memory"
+NOTE_DIGESTS_ATTR = "autotune:note_digests"  # study system attr: each note's digest, as written
+STUDY_NOTE = "study"  # the study note's key among the trial numbers in NOTE_DIGESTS_ATTR
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -99,7 +100,7 @@ def _outcome(trial: TrialView) -> list[str]:
     )
     if trial.feasible:
         return [f"- Measured in full: {steps}."]
-    if status == "ok" and record.stopped_early:
+    if status == "ok" and record.stopped_early and record.feasible:
         return [
             f"- **Stopped early** after {len(record.step_times_s)} timed step(s): {steps}, "
             "clearly slower than the best so far. A true but short measurement: never exported.",
@@ -219,39 +220,63 @@ def figure(data: ReportData) -> dict[str, Any]:
 
 def annotate(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int:
     """Write the notes and the figure into ``study`` (held in ``storage``); returns how many
-    notes changed. optuna-dashboard's public ``save_note`` takes only a live trial, and these
-    trials are finished, so the note goes through the function ``save_note`` itself calls."""
-    from optuna_dashboard._custom_plot_data import SYSTEM_ATTR_PLOT_DATA, save_graph_object_json
-    from optuna_dashboard._note import get_note_from_system_attrs, save_note_with_version
+    notes changed. A note is rewritten only when autotune's text for it changed, so an edit
+    made in the dashboard stays until then."""
+    import optuna
+    from optuna_dashboard import save_note, save_plotly_graph_object
 
     from autotune import records
     from autotune.report_data import collect
 
     study_id = storage.get_study_id_from_name(study.study_name)
     data = collect(study)
-    trials = records.views(study)
-    attrs = storage.get_study_system_attrs(study_id)
     optuna_best = _optuna_best(study, storage)
-    notes: list[tuple[int | None, str]] = [
-        (
-            storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
-            trial_note(t, data.best, data.verdict, optuna_best),
-        )
-        for t in trials
+    notes: dict[str, str] = {
+        str(t.number): trial_note(t, data.best, data.verdict, optuna_best)
+        for t in records.views(study)
         if t.record.candidate is not None
-    ]
-    notes.append((None, study_note(data, optuna_best)))
+    }
+    notes[STUDY_NOTE] = study_note(data, optuna_best)
+    # Reading a note back reads every system attr of the study, once per note; the digest of
+    # each note written is kept in one attr instead, read once.
+    written: dict[str, str] = dict(
+        storage.get_study_system_attrs(study_id).get(NOTE_DIGESTS_ATTR, {})
+    )
+    # save_note takes a Study or a Trial; a finished trial gets an optuna.Trial of its own
+    # (Optuna's public constructor). The constructor runs the sampler's before_trial hook,
+    # which may act on the trial (autotune's sampler chooses there), so the trials belong to
+    # a view of the study with a RandomSampler, whose hook does nothing.
+    view = optuna.load_study(
+        study_name=study.study_name, storage=storage, sampler=optuna.samplers.RandomSampler()
+    )
     changed = 0
-    for trial_id, body in notes:
-        current = get_note_from_system_attrs(attrs, trial_id)
-        if current["body"] != body:
-            save_note_with_version(storage, study_id, trial_id, current["version"] + 1, body)
-            changed += 1
+    for key, body in notes.items():
+        digest = hashlib.sha256(body.encode()).hexdigest()[:16]
+        if written.get(key) == digest:
+            continue
+        if key == STUDY_NOTE:
+            save_note(view, body)
+        else:
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, int(key))
+            save_note(optuna.Trial(view, trial_id), body)
+        written[key] = digest
+        changed += 1
+    if changed:
+        storage.set_study_system_attr(study_id, NOTE_DIGESTS_ATTR, written)
     if data.points:
-        save_graph_object_json(
-            storage, study_id, f"{SYSTEM_ATTR_PLOT_DATA}{FIGURE_ID}:", json.dumps(figure(data))
-        )
+        save_plotly_graph_object(view, _FigureJson(figure(data)), graph_object_id=FIGURE_ID)
     return changed
+
+
+class _FigureJson:
+    """A figure as ``save_plotly_graph_object`` reads it: it stores ``figure.to_json()``.
+    plotly is not a dependency, so the figure is its JSON data behind that one method."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def to_json(self) -> str:
+        return json.dumps(self._data)
 
 
 def _optuna_best(study: optuna.Study, storage: optuna.storages.BaseStorage) -> int | None:

@@ -152,18 +152,3 @@ def _cpu_precisions() -> tuple[str, ...]:
     supported = set(accelerator.supported_dtypes())
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
     return tuple(name for dtype, name in names.items() if dtype in supported)
-
-
-def _main(argv: list[str] | None = None) -> int:
-    """``python -m autotune.hardware``: print what this machine offers."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m autotune.hardware", description=__doc__)
-    parser.parse_args(argv)
-    hardware = detect()
-    print(hardware.describe(hardware.device_count if hardware.accelerator == "cuda" else 1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -7,12 +7,11 @@ buckets and workspace, and says which phase of a step peaks.
 Model states follow the ZeRO paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
 Toward Training Trillion Parameter Models", sec. 5: with mixed precision and Adam a
 parameter costs 2 + 2 + 12 bytes, of which ZeRO-1 partitions the 12 optimizer bytes, ZeRO-2
-also the 2 gradient bytes, ZeRO-3 also the 2 parameter bytes) and DeepSpeed's estimators
-(``estimate_zero2_model_states_mem_needs``: 2P + 18P/N on the GPU without offload, 2P with
-it; ``estimate_zero3_model_states_mem_needs``: 4 x largest layer + 18P/N, + 2P/N, or only
-4 x largest layer, as states are offloaded), which :meth:`MemoryModel.model_states`
-reproduces. What DeepSpeed 0.19 allocates on top of that, phase by phase, is in
-:mod:`autotune.zero_phases`.
+also the 2 gradient bytes, ZeRO-3 also the 2 parameter bytes) as DeepSpeed 0.19 holds them
+after the first optimizer step (:meth:`MemoryModel.model_states`, measured): ZeRO-1/2 hold
+no gradient between steps, where DeepSpeed's estimators
+(``estimate_zero2/3_model_states_mem_needs``) count a gradient partition. What DeepSpeed
+allocates on top of that, phase by phase, is in :mod:`autotune.zero_phases`.
 
 Activations come from :mod:`autotune.activations` (the workload's real forward and
 backward on fake tensors). :class:`Calibration` corrects predictions by the ratio of
@@ -251,50 +250,6 @@ class MemoryModel:
         return MemoryEstimate(
             device=device.plus(extra), host=host, phase=phase, correction=correction
         )
-
-
-def zero_model_states(candidate: Candidate, facts: ModelFacts, largest_layer: int) -> Breakdown:
-    """Device bytes of model states per rank by the ZeRO paper's accounting, in the form of
-    DeepSpeed's estimators (``estimate_zero2/3_model_states_mem_needs``) for stages 2-3:
-
-    - mixed precision: 2-byte parameters and gradients, and 16 bytes of optimizer state the
-      estimators count (fp32 gradients 4, fp32 parameters 4, Adam 8), partitioned over N;
-      ZeRO-2 keeps 2P of parameters, ZeRO-3 only 4 bytes of the largest layer (parameter
-      and gradient gathered) beside its 2P/N parameters; optimizer offload leaves the
-      parameters, parameter offload nothing but the largest layer;
-    - fp32 (no estimator): 4 + 4 bytes of parameters and gradients and 8 of Adam.
-    ZeRO-0/1 have no estimator; they follow the paper: nothing / optimizer states
-    partitioned.
-    """
-    p, n = float(facts.params), float(candidate.data_parallel_size)
-    mixed = candidate.precision != "fp32"
-    width = 2.0 if mixed else 4.0
-    optimizer = (16.0 if mixed else 8.0) * p
-    offload_opt = candidate.offload_optimizer != "none"
-    offload_par = candidate.offload_param != "none"
-    stage = candidate.zero_stage
-    if stage == 0:
-        return Breakdown(params=width * p, grads=width * p, optimizer_states=optimizer)
-    if stage == 1:
-        return Breakdown(
-            params=width * p,
-            grads=width * p,
-            optimizer_states=0.0 if offload_opt else optimizer / n,
-        )
-    if stage == 2:
-        return Breakdown(
-            params=width * p,
-            grads=0.0 if offload_opt else width * p / n,
-            optimizer_states=0.0 if offload_opt else optimizer / n,
-        )
-    gathered = 2.0 * width * largest_layer  # the largest layer's parameters and gradients
-    if offload_opt and offload_par:
-        return Breakdown(workspace=gathered)
-    if offload_opt:
-        return Breakdown(params=width * p / n, workspace=gathered)
-    # gradients exist only for the gathered layer (in ``gathered``); the 16 optimizer bytes
-    # include the fp32 gradient partition
-    return Breakdown(params=width * p / n, optimizer_states=optimizer / n, workspace=gathered)
 
 
 @functools.lru_cache(maxsize=32)

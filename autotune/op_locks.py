@@ -69,25 +69,3 @@ def _remove(path: str) -> bool:
     except FileNotFoundError:
         return False
     return True
-
-
-def remove_stale_build_locks(root: str) -> list[str]:
-    """Remove every op's ``lock`` under ``root`` whose op has no live flock holder (a
-    process killed inside torch's loader left it); returns the op names cleared."""
-    if not os.path.isdir(root):
-        return []
-    cleared = []
-    for op in sorted(os.listdir(root)):
-        if not os.path.exists(os.path.join(root, op, "lock")):
-            continue
-        fd = os.open(os.path.join(root, op + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            # removed while holding the flock: no loader can start in between
-            if _remove(os.path.join(root, op, "lock")):
-                cleared.append(op)
-        except BlockingIOError:
-            pass  # a live process is building or loading it
-        finally:
-            os.close(fd)
-    return cleared

@@ -79,7 +79,7 @@ def point_of(trial: TrialView, origin: float | None, chosen: int | None) -> Poin
     over = record.vram_limit_bytes and record.peak_bytes > record.vram_limit_bytes
     if trial.feasible:
         kind, why = FEASIBLE, ""
-    elif status == "ok" and record.stopped_early:
+    elif status == "ok" and record.stopped_early and record.feasible:
         kind, why = STOPPED, record.pruned_by or "clearly slower than the best so far"
     elif status == "ok" and over:
         kind, why = INFEASIBLE, "measured peak above the limit"

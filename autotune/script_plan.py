@@ -27,7 +27,6 @@ from autotune.workloads.base import Workload
 if TYPE_CHECKING:
     import torch
 
-    from autotune.candidate import Candidate
     from autotune.settings import RunSettings
     from autotune.space import SpaceSpec
 
@@ -172,8 +171,3 @@ def script_ds_config(config: dict[str, Any], script: ScriptConfig) -> dict[str, 
     if script.kind != "hf":
         return config
     return {k: v for k, v in config.items() if k != "train_batch_size"}
-
-
-def launch_args(script: ScriptConfig, candidate: Candidate, config_path: str) -> list[str]:
-    """The script's arguments in production: the candidate's, with the exported config."""
-    return script.argv(candidate, config_path)

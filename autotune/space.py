@@ -348,9 +348,6 @@ class BoundSpace(BaseModel):
         self._decide(choose)
         return params
 
-    def contains(self, candidate: Candidate) -> bool:
-        return any(candidate == other for other in self.candidates())
-
     def size(self) -> int:
         return sum(1 for _ in self.candidates())
 

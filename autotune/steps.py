@@ -10,8 +10,8 @@ rank is left waiting in a collective.
 - Timing ends after ``min_steps`` once the 95% confidence interval of the mean step time is
   within ``target`` of the mean (Student's t), or at ``max_steps`` / ``max_s``.
 - A probe is clearly slower than ``threshold`` samples/s when even the fast end of its
-  interval is below it: it can stop early (the tuner records it as pruned, with what it
-  measured).
+  interval is below it: it can stop early (the search records it COMPLETE, stopped early,
+  with what it measured).
 - fp16: a step the dynamic loss scaler skips (gradient overflow: no optimizer update) is
   faster than a real one. Warm-up goes on while steps are skipped (the scale is still
   searching), skipped steps never count as settled or timed, and at most

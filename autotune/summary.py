@@ -82,7 +82,7 @@ def outcome_counts(trials: list[TrialView]) -> Counter[str]:
         record = trial.record
         if trial.feasible:
             counts["feasible, measured in full"] += 1
-        elif trial.status == "ok" and record.stopped_early:
+        elif trial.status == "ok" and record.stopped_early and record.feasible:
             counts["feasible, stopped early as clearly slower than the best so far"] += 1
         elif trial.status == "ok":
             counts["infeasible: measured peak above the limit"] += 1
@@ -172,8 +172,8 @@ def standings(
     trials: list[TrialView], verdict: Confirmation | None, decided: Best | None
 ) -> list[tuple[TrialView, float, str]]:
     """Every feasible trial once, best first, each with the estimate it is ranked by: the
-    confirmed contenders in the verdict's order (by their confirmed means), then the rest by
-    their single measurement; the decided best leads."""
+    confirmed contenders in the verdict's order, each by the median of its probes, then the
+    rest by their single measurement; the decided best leads."""
     ranked = records.ranked_feasible(trials)
     by_number = {t.number: t for t in ranked}
     rows: list[tuple[TrialView, float, str]] = []
@@ -191,18 +191,16 @@ def standings(
     return rows
 
 
-def _why(trial: TrialView, decided: Best | None, ranked: int) -> list[str]:
+def _why(
+    trial: TrialView, decided: Best | None, ranked: int, verdict: Confirmation | None
+) -> list[str]:
     record = trial.record
     steps = (
         f"{record.samples_per_s:.1f} samples/s in its search probe (steps ranged "
         f"{record.samples_per_s_min:.1f}-{record.samples_per_s_max:.1f})"
     )
     if decided is not None and decided.trial == trial.number and decided.confirmed:
-        lead = (
-            f"- Confirmed the fastest: {decided.samples_per_s:.1f} samples/s "
-            f"±{decided.half_width:.1f} (95% interval) over {decided.probes} interleaved "
-            f"probes; {steps}."
-        )
+        lead = f"- {_confirmed_how(decided, verdict)}; {steps}."
     elif decided is not None and decided.trial == trial.number:
         lead = f"- Fastest of {ranked} feasible configurations measured: {steps}."
     else:
@@ -212,10 +210,28 @@ def _why(trial: TrialView, decided: Best | None, ranked: int) -> list[str]:
         lead = f"- Chosen with --trial {trial.number}; the best is {best_text}. It ran {steps}."
     if record.tokens_per_s == record.samples_per_s:  # a model without tokens
         return [lead]
-    return [
-        lead,
-        f"- {record.tokens_per_s:.0f} tokens/s in that probe.",
-    ]
+    return [lead, f"- {record.tokens_per_s:.0f} tokens/s in that probe."]
+
+
+def _confirmed_how(decided: Best, verdict: Confirmation | None) -> str:
+    """How the confirmation round chose ``decided``, and the estimate it rests on: the median
+    of the search probe and the round's re-probes."""
+    reprobes = decided.probes - 1
+    estimate = (
+        f"{decided.samples_per_s:.1f} samples/s ±{decided.half_width:.1f} (95% interval), the "
+        f"median of its search probe and {reprobes} interleaved re-probe{'s' * (reprobes != 1)}"
+    )
+    if verdict is not None and verdict.winner not in (None, decided.trial):
+        return (
+            f"The confirmation round's best feasible contender (its winner, trial "
+            f"{verdict.winner}, is not feasible now): {estimate}"
+        )
+    if verdict is not None and verdict.steadier_over is not None:
+        return (
+            f"Chosen by the confirmation round as the steadier: within noise of trial "
+            f"{verdict.steadier_over}'s higher median and markedly steadier; {estimate}"
+        )
+    return f"Confirmed the fastest: {estimate}"
 
 
 def render_summary(
@@ -245,7 +261,7 @@ def render_summary(
         "",
         "## Why",
         "",
-        *_why(trial, decided, len(rows)),
+        *_why(trial, decided, len(rows), verdict),
         f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
@@ -267,13 +283,7 @@ def render_summary(
     lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
     lines += ["", "## What you must do", ""]
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]
-    lines += [
-        "",
-        "## Files",
-        "",
-        *_file_lines(config),
-        "",
-    ]
+    lines += ["", "## Files", "", *_file_lines(config), ""]
     return "\n".join(lines)
 
 

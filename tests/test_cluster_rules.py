@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cluster import CPU_RANK_RESOURCE, check_offer, probe_layout, slot_layout
+from autotune.cluster import CPU_RANK_RESOURCE, check_offer, slot_layout
 from autotune.errors import ExecutorError, SettingsError
-from autotune.flags import PER_RUN, RunFlags
+from autotune.flags import RunFlags
 from autotune.rank_actor import Placement
 from autotune.span import _RankLost
+from autotune.stored_flags import PER_RUN
 from tests.conftest import run_cli
 
 
@@ -59,12 +60,6 @@ def test_slots_are_laid_out_as_production_would_run(
     offer: dict[str, int], total: int, per_probe: int, expected: tuple[int, str]
 ) -> None:
     assert slot_layout(offer, total, per_probe) == expected
-
-
-def test_the_ranks_per_node_of_a_probe() -> None:
-    assert probe_layout({"a": 8, "b": 8}, 4) == [4]
-    assert probe_layout({"a": 8, "b": 8, "c": 4}, 20) == [8, 8, 4]
-    assert probe_layout({"a": 1, "b": 1}, 2) == [1, 1]
 
 
 def test_a_lost_node_is_an_error_with_the_node_named() -> None:

@@ -256,7 +256,9 @@ def test_a_candidate_after_another_in_the_same_ranks_measures_as_alone(sequences
     (after_job, after), (_, alone) = sequences["small_after_big"], sequences["small_alone"]
     assert after.status == alone.status == "ok", after.error + alone.error
     assert not after.cold_start and after.leak_restart_bytes == 0  # probed warm, no restart
-    assert all(r.leaked_bytes == 0 for r in read_reports(after_job))
+    reports = read_reports(after_job)
+    assert len(reports) == after_job.world_size
+    assert all(r.leaked_bytes == 0 for r in reports)
     for warm, cold in zip(after.peak_bytes_per_rank, alone.peak_bytes_per_rank, strict=True):
         assert warm == pytest.approx(cold, rel=0.01)
 
@@ -274,14 +276,18 @@ def test_each_probe_applies_its_own_float32_matmul_precision(sequences) -> None:
 def test_zero3_builds_partitioned_under_zero_init_other_stages_in_their_dtype(sequences) -> None:
     job, result = sequences["zero3_leaking"]
     assert result.status == "ok" and len(result.step_times_s) == 2, result.error
-    for report in read_reports(job):
+    reports = read_reports(job)
+    assert len(reports) == job.world_size == 2
+    for report in reports:
         build = report.build
         assert build is not None and build.zero_init and build.partitioned
         assert build.model_param_count == GPT_TINY_PARAMS
         # bf16 (zero.Init casts to the config's dtype), half of the model on each of 2 ranks
         assert build.dtype == "bfloat16" and build.param_bytes == GPT_TINY_PARAMS * 2 // 2
     for name, dtype, width in (("big", "float32", 4), ("small_alone", "bfloat16", 2)):
-        for report in read_reports(sequences[name][0]):
+        reports = read_reports(sequences[name][0])
+        assert len(reports) == sequences[name][0].world_size
+        for report in reports:
             assert report.build is not None and not report.build.zero_init
             assert (report.build.dtype, report.build.device) == (dtype, "cpu")
             assert report.build.param_bytes == GPT_TINY_PARAMS * width

@@ -1,5 +1,6 @@
-"""What summary.md and the trial records say in words: the distance to the runner-up, what
-the user must do, memory next to the raw bytes."""
+"""What summary.md and the trial records say in words: the distance to the runner-up, how
+the confirmation round chose, what the user must do, memory next to the raw bytes, and an
+early-stopped probe over the limit as infeasible in every view."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from pathlib import Path
 
 import optuna
 
-from autotune import confirm, records
+from autotune import best, confirm, records
+from autotune.dashboard import trial_note
 from autotune.export import export
-from autotune.summary import runner_up_distance, standings
-from tests.views.synthetic import NAME
+from autotune.report_data import INFEASIBLE, point_of
+from autotune.summary import outcome_counts, runner_up_distance, standings
+from tests.views.synthetic import LIMIT, MIB, NAME, _candidate, _result
 
 
 def test_summary_says_the_distance_and_what_to_do(synthetic: str, tmp_path: Path) -> None:
@@ -57,3 +60,56 @@ def test_records_carry_memory_in_words(synthetic: str) -> None:
     pruned = trials[5].record
     assert pruned.memory == "predicted 900.00 MiB (1406% of the limit)"
     assert pruned.peak_pct_of_limit is None
+
+
+def test_summary_says_how_the_round_chose_and_on_how_many_probes(
+    synthetic: str, tmp_path: Path
+) -> None:
+    study = optuna.load_study(study_name=NAME, storage=synthetic)
+    summary = Path(export(study, tmp_path / "fastest").summary).read_text()
+    # four probes of trial 0 behind the median: its search probe and three re-probes
+    assert (
+        "- Confirmed the fastest: 90.0 samples/s ±1.6 (95% interval), the median of its "
+        "search probe and 3 interleaved re-probes; 90.0 samples/s in its search probe"
+    ) in summary
+    # trial 1 has the higher median but swings; trial 0 is within its noise and steady
+    steadier = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=1, label="a", samples_per_s=[96.0, 80, 100, 78, 98]),
+            confirm.Contender(trial=0, label="b", samples_per_s=[90.0, 89, 91, 90, 90]),
+        ],
+        rounds=4,
+        after_trial=9,
+    )
+    steadier.decide()
+    assert (steadier.winner, steadier.steadier_over) == (0, 1)
+    confirm.store(study, steadier)
+    best.store(study, best.of_study(study))
+    summary = Path(export(study, tmp_path / "steadier").summary).read_text()
+    assert "Confirmed the fastest" not in summary
+    assert (
+        "- Chosen by the confirmation round as the steadier: within noise of trial 1's "
+        "higher median and markedly steadier; 90.0 samples/s"
+    ) in summary
+
+
+def test_an_early_stopped_probe_over_the_limit_is_infeasible(synthetic: str) -> None:
+    study = optuna.load_study(study_name=NAME, storage=synthetic)
+    trial = study.ask()
+    candidate = _candidate(0, 1, False, None).model_copy(update={"gradient_accumulation_steps": 4})
+    record = records.TrialRecord(
+        candidate=candidate,
+        candidate_key=candidate.key + "-over",
+        label=candidate.label,
+        vram_limit_bytes=LIMIT,
+    )
+    records.record_probe(study, trial, record, _result("stopped", 50.0, 70))
+    (over,) = [t for t in records.views(study) if t.number == trial.number]
+    assert over.record.stopped_early and not over.record.feasible
+    counts = outcome_counts(records.evaluations(records.views(study)))
+    assert counts["feasible, stopped early as clearly slower than the best so far"] == 1
+    assert counts["infeasible: measured peak above the limit"] == 1
+    note = trial_note(over, None, None)
+    assert "Stopped early" not in note and "**Infeasible**" in note
+    assert point_of(over, None, None).kind == INFEASIBLE
+    assert over.record.peak_bytes == 70 * MIB
