@@ -64,9 +64,10 @@ def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best |
             f"measured after the confirmation round, above the {leader.estimate:.1f} "
             f"samples/s ±{leader.half_width:.1f} of its winner (trial {leader.trial})",
         )
+    reprobes = len(leader.samples_per_s) - 1  # the first is its search probe
     reason = (
-        f"confirmed over {len(leader.samples_per_s)} interleaved probes of "
-        f"{len(verdict.contenders)} contenders"
+        f"confirmed on the median of its search probe and {reprobes} interleaved re-probe(s), "
+        f"among {len(verdict.contenders)} contenders"
     )
     if leader.trial != verdict.winner:
         reason += f"; the round's winner, trial {verdict.winner}, is not feasible now"

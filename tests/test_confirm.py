@@ -301,6 +301,9 @@ def test_a_trial_after_the_round_beats_the_winner_not_a_runner_up_the_round_rule
     trials = [_measured(3, 100.0), _measured(15, 120.0)]
     decided = best.decide_best(trials, verdict)
     assert decided is not None and decided.trial == 3 and decided.confirmed
+    assert decided.reason.startswith(
+        "confirmed on the median of its search probe and 3 interleaved re-probe(s), among 2"
+    )
     # t20, measured after the round, beats t3's interval: t20 is the best, not t15's old 120
     decided = best.decide_best([*trials, _measured(20, 110.0)], verdict)
     assert decided is not None and decided.trial == 20 and not decided.confirmed
