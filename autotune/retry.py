@@ -31,7 +31,9 @@ def queued_retries(trials: list[TrialView]) -> set[str]:
     """Keys of the candidates whose retry is queued (a WAITING trial linked to one of their
     trials, by ``--retry-failed`` or by the retry of an interrupted probe): the search probes
     them once more instead of taking their earlier trial as their evaluation."""
-    linked = {t.frozen.system_attrs.get("failed_trial") for t in trials if t.state == "WAITING"}
+    from autotune.session import retried_trial
+
+    linked = {retried_trial(t.frozen) for t in trials if t.state == "WAITING"}
     return {t.record.candidate_key for t in trials if t.number in linked and t.record.candidate}
 
 
@@ -48,22 +50,24 @@ def failed_candidates(trials: list[TrialView]) -> list[TrialView]:
 
 
 def requeue_failed(study: optuna.Study, trials: list[TrialView]) -> list[int]:
-    """Queue each failed candidate's trial once more; the numbers of those requeued. As
-    Optuna's own retry (``RetryHeartbeatStaleTrialCallback``) links it to the failed trial
-    (``failed_trial``, ``retry_history``), but carries over none of its record or its memory
-    constraint: the new probe writes its own."""
+    """Queue each failed candidate's trial once more; the numbers of those requeued. Linked
+    as Optuna's own retry (``RetryFailedTrialCallback``) links a retry: ``failed_trial`` the
+    first trial of the series, ``retry_history`` the series so far (the keys its
+    ``retried_trial_number`` and ``retry_history`` read). None of the trial's record or
+    memory constraint is carried over: the new probe writes its own."""
     import optuna
+    from optuna.storages import RetryFailedTrialCallback
 
     requeued = []
     for trial in failed_candidates(trials):
         frozen = trial.frozen
-        history = [*frozen.system_attrs.get("retry_history", []), trial.number]
+        history = [*RetryFailedTrialCallback.retry_history(frozen), trial.number]
         study.add_trial(
             optuna.trial.create_trial(
                 state=optuna.trial.TrialState.WAITING,
                 params=frozen.params,
                 distributions=frozen.distributions,
-                system_attrs={"failed_trial": trial.number, "retry_history": history},
+                system_attrs={"failed_trial": history[0], "retry_history": history},
             )
         )
         requeued.append(trial.number)
