@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from autotune import events
 from autotune.errors import StorageError
 
@@ -47,14 +49,40 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def holder_state(holder: dict[str, Any] | None, db_now: float) -> str:
-    """'free', 'live' or 'dead' for a lock record as stored; ``db_now`` is the database's
-    clock in seconds since the epoch, as the heartbeat was written."""
-    if not holder:
+class LockRecord(BaseModel):
+    """A driver's lock on a study, as the study's user attr :data:`LOCK_ATTR` stores it (the
+    one reader and writer of that attr is :class:`DriverLock`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = Field(description="Host name of the driver.")
+    pid: int = Field(description="Process id of the driver on its host.")
+    since: str = Field(description="When the driver started: ISO 8601 with the UTC offset.")
+    heartbeat: float = Field(
+        description="When the driver last renewed the lock: the database's clock, seconds "
+        "since the epoch."
+    )
+    token: str = Field(description="The driver's own random id.")
+    shared: bool = Field(description="Held beside other --shared drivers.")
+
+    @classmethod
+    def read(cls, value: Any) -> LockRecord:
+        """The record as stored; one that does not parse (written by something else) reads
+        as a driver that never heart-beat, so it is dead and is taken over."""
+        try:
+            return cls.model_validate(value)
+        except ValidationError:
+            return cls(host="", pid=0, since="", heartbeat=0.0, token="", shared=False)
+
+
+def holder_state(holder: LockRecord | None, db_now: float) -> str:
+    """'free', 'live' or 'dead' for a lock record; ``db_now`` is the database's clock in
+    seconds since the epoch, as the heartbeat was written."""
+    if holder is None:
         return "free"
-    if db_now - float(holder.get("heartbeat", 0.0)) > STALE_S:
+    if db_now - holder.heartbeat > STALE_S:
         return "dead"
-    if holder.get("host") == socket.gethostname() and not _pid_alive(int(holder.get("pid", 0))):
+    if holder.host == socket.gethostname() and not _pid_alive(holder.pid):
         return "dead"
     return "live"
 
@@ -69,13 +97,13 @@ class Holder:
     heartbeat_age_s: float  # by the database's clock
 
     @classmethod
-    def of(cls, record: dict[str, Any], db_now: float) -> Holder:
-        """The holder of a lock record as stored; ``db_now`` as in :func:`holder_state`."""
+    def of(cls, record: LockRecord, db_now: float) -> Holder:
+        """The holder of a lock record; ``db_now`` as in :func:`holder_state`."""
         return cls(
-            host=str(record.get("host", "")),
-            pid=int(record.get("pid", 0)),
-            since=str(record.get("since", "")),
-            heartbeat_age_s=max(0.0, db_now - float(record.get("heartbeat", db_now))),
+            host=record.host,
+            pid=record.pid,
+            since=record.since,
+            heartbeat_age_s=max(0.0, db_now - record.heartbeat),
         )
 
     def describe(self) -> str:
@@ -150,29 +178,30 @@ class DriverLock:
         self._storage = storage
         self._study_id = storage.get_study_id_from_name(study_name)
 
-    def _record(self) -> dict[str, Any]:
-        return {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "since": self.since,
-            "heartbeat": self._clock.now(),
-            "token": self.token,
-            "shared": self.shared,
-        }
+    def _record(self) -> LockRecord:
+        return LockRecord(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            since=self.since,
+            heartbeat=self._clock.now(),
+            token=self.token,
+            shared=self.shared,
+        )
 
-    def _holders(self) -> dict[str, dict[str, Any]]:
+    def _holders(self) -> dict[str, LockRecord]:
         """Every lock record in the study: the exclusive one and the shared ones."""
         attrs = self._storage.get_study_user_attrs(self._study_id)
         return {
-            key: value
+            key: LockRecord.read(value)
             for key, value in attrs.items()
             if (key == LOCK_ATTR or key.startswith(LOCK_ATTR + ":")) and value
         }
 
-    def _read(self) -> dict[str, Any] | None:
+    def _read(self) -> LockRecord | None:
         return self._holders().get(self._key)
 
-    def _write(self, value: dict[str, Any] | None) -> None:
+    def _write(self, record: LockRecord | None) -> None:
+        value = record.model_dump() if record is not None else None
         self._storage.set_study_user_attr(self._study_id, self._key, value)
 
     def acquire(self) -> None:
@@ -197,11 +226,15 @@ class DriverLock:
         self._write(self._record())
         time.sleep(SETTLE_S)
         now_holder = self._read()
-        if not now_holder or now_holder.get("token") != self.token:
+        if now_holder is None or now_holder.token != self.token:
+            other = (
+                Holder.of(now_holder, self._clock.now()).describe()
+                if now_holder is not None
+                else "its lock already released"
+            )
             raise StorageError(
                 f"study {self.study_name!r} was taken by another driver starting at the same "
-                f"time ({Holder.of(now_holder or {}, self._clock.now()).describe()}); pass --study "
-                "NEW_NAME to start a separate study"
+                f"time ({other}); pass --study NEW_NAME to start a separate study"
             )
         self._thread = threading.Thread(target=self._beat, name="autotune-heartbeat", daemon=True)
         self._thread.start()
@@ -210,7 +243,7 @@ class DriverLock:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 holder = self._read()
-                if holder and holder.get("token") != self.token:
+                if holder is not None and holder.token != self.token:
                     self.lost = Holder.of(holder, self._clock.now())
                     return
                 if self.on_beat is not None:
@@ -226,7 +259,7 @@ class DriverLock:
             self._thread.join(timeout=HEARTBEAT_S + 5)
         try:
             holder = self._read()
-            if holder and holder.get("token") == self.token:
+            if holder is not None and holder.token == self.token:
                 self._write(None)
         except Exception:  # noqa: BLE001 - a dead storage leaves a lock that goes stale
             pass

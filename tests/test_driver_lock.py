@@ -111,3 +111,19 @@ def test_a_driver_whose_study_is_taken_knows_by_whom_and_says_so(
     assert line(events.SearchStopped("max_trials", max_trials=4)) == (
         "search stopped: --max-trials 4 reached"
     )
+
+
+def test_a_lock_record_that_does_not_parse_is_taken_over(
+    storage: optuna.storages.BaseStorage,
+) -> None:
+    study_id = storage.get_study_id_from_name("s")
+    storage.set_study_user_attr(study_id, lock.LOCK_ATTR, {"host": "x", "heartbeat": "soon"})
+    driver = DriverLock(storage, "s", FixedClock())  # type: ignore[arg-type]
+    driver.acquire()
+    try:
+        assert driver.took_over is not None and driver.took_over.pid == 0
+        stored = storage.get_study_user_attrs(study_id)[lock.LOCK_ATTR]
+        assert lock.LockRecord.model_validate(stored).token == driver.token
+    finally:
+        driver.release()
+    assert storage.get_study_user_attrs(study_id)[lock.LOCK_ATTR] is None
