@@ -1,4 +1,6 @@
-"""``autotune run --study S --retry-failed``: failed candidates are probed once more."""
+"""``autotune run --study S --retry-failed``: failed candidates are probed once more (a
+scripted executor stands in for probes here; tests/faults/test_faults.py retries a real
+crashed probe)."""
 
 from __future__ import annotations
 
@@ -94,31 +96,3 @@ def test_retry_failed_probes_the_candidates_a_stopped_precision_left_unprobed(
     _run(tmp_path, BF16_OR_FP32, retried, retry_failed=True, sampler=sampler)
     assert sorted(retried.order) == sorted(t.label for t in [*before["error"], *stopped])
     assert {t.label for t in _by_status(tmp_path)["ok"]} == set(rates)
-
-
-@pytest.mark.slow
-def test_a_real_failed_probe_is_probed_again_and_measured(tmp_path) -> None:
-    """Real probes on 2 CPU ranks: the one candidate's probe fails (an injected error), then
-    ``autotune run --study S --retry-failed`` probes it again and measures it."""
-    from tests.conftest import run_cli
-    from tests.faults.conftest import FAST, evaluated, load
-
-    space = tmp_path / "one.yaml"
-    space.write_text(FP32_TWO_STAGES.replace("[0, 1]", "[0]"))
-    first = [
-        *("run", "--workload", "gpt-tiny", "--gpus", "2", "--space", str(space), *FAST),
-        *("--executor", "local", "--budget", "5m", "--inject-fault", "error"),
-    ]
-    result = run_cli(*first, cwd=tmp_path, timeout=300)
-    assert result.returncode == 3, result.stdout + result.stderr
-    (failed,) = evaluated(load(tmp_path))
-    assert failed.user_attrs["status"] == "error"
-    again = ("run", "--study", "gpt-tiny", "--retry-failed", "--executor", "local")
-    result = run_cli(*again, "--budget", "5m", cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"requeued 1 failed candidate(s): trial(s) {failed.number}" in result.stdout
-    retried = [t for t in evaluated(load(tmp_path)) if t.number != failed.number]
-    (trial,) = retried
-    assert trial.user_attrs["status"] == "ok", trial.user_attrs
-    assert trial.system_attrs["failed_trial"] == failed.number
-    assert trial.user_attrs["retry_of"] == failed.number

@@ -198,7 +198,9 @@ def test_hung_probe_is_killed_at_the_timeout(tmp_path: Path) -> None:
     assert_no_probe_left()
 
 
-def test_crashed_probe_is_an_error_with_its_log(tmp_path: Path) -> None:
+def test_crashed_probe_is_an_error_with_its_log_and_retry_failed_probes_it_again(
+    tmp_path: Path,
+) -> None:
     args = base_args(
         tmp_path,
         "--executor",
@@ -219,6 +221,17 @@ def test_crashed_probe_is_an_error_with_its_log(tmp_path: Path) -> None:
     assert "exit code" in trial.user_attrs["error"]
     assert (Path(trial.user_attrs["trial_dir"]) / "probe.log").exists()
     assert "SIGKILL" in trial.user_attrs["log_tail"]  # torchrun's report of the dead rank
+    assert_no_probe_left()
+    # the cause fixed (no fault injected), --retry-failed probes the candidate once more
+    again = ("run", "--study", "gpt-tiny", "--retry-failed", "--max-trials", "1")
+    result = run_cli(*again, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"requeued 1 failed candidate(s): trial(s) {trial.number}" in result.stdout
+    (retry,) = [t for t in evaluated(load(tmp_path)) if t.number != trial.number]
+    assert retry.user_attrs["status"] == "ok", retry.user_attrs
+    assert retry.params == trial.params
+    assert retry.system_attrs["failed_trial"] == trial.number
+    assert retry.user_attrs["retry_of"] == trial.number
     assert_no_probe_left()
 
 
