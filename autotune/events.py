@@ -193,13 +193,15 @@ class ConfirmationStarted(Event):
 
 @dataclass(frozen=True)
 class BudgetUpdated(Event):
-    """The study's clock after each result: what is spent, and what the search holds back
-    for the confirmation round (``reserve_s``) and expects the next probe to take."""
+    """The study's clock after each result: what is spent, what the search holds back for
+    the confirmation round (``reserve_s``) and for the run's finish (``finish_s``: closing
+    workers, deciding, exporting), and what it expects the next probe to take."""
 
     spent_s: float
     total_s: float
     reserve_s: float
     probe_estimate_s: float
+    finish_s: float = 0.0
 
 
 @dataclass(frozen=True)

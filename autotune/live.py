@@ -70,6 +70,7 @@ class RunState:
     spent_at: float | None = None  # when spent_s was true; None while the clock is stopped
     reserve_s: float = 0.0
     probe_estimate_s: float = 0.0
+    finish_s: float = 0.0
     done: int = 0
     infeasible: int = 0
     stopped_early: int = 0
@@ -119,6 +120,7 @@ class RunState:
         self.total_s = event.total_s
         self.reserve_s = event.reserve_s
         self.probe_estimate_s = event.probe_estimate_s
+        self.finish_s = event.finish_s
         self.spent_s = event.spent_s
         if self.spent_at is not None:
             self.spent_at = self.now()
@@ -249,8 +251,17 @@ def _budget(state: RunState) -> RenderableType:
     left = max(state.total_s - spent, 0.0)
     words = f"{format_duration(spent)} of {format_duration(state.total_s)}, "
     words += f"{format_duration(left)} left"
-    if state.reserve_s >= 1 and state.phase == "searching":
-        words += f" ({format_duration(state.reserve_s)} kept for the confirmation round)"
+    if state.phase == "searching":
+        held = [
+            f"{format_duration(seconds)} kept for {what}"
+            for seconds, what in (
+                (state.reserve_s, "the confirmation round"),
+                (state.finish_s, "the finish"),
+            )
+            if seconds >= 1
+        ]
+        if held:
+            words += f" ({', '.join(held)})"
     row = Table.grid(padding=(0, 1))
     row.add_column(width=32, no_wrap=True)
     row.add_column()

@@ -271,7 +271,11 @@ class Search:
         )
         self.emit(
             events.BudgetUpdated(
-                self.clock.spent_s, self.clock.total_s, self.reserve_s, self.estimate_s
+                self.clock.spent_s,
+                self.clock.total_s,
+                self.reserve_s,
+                self.estimate_s,
+                finish_s=self.clock.finish_s,
             )
         )
 

@@ -57,7 +57,7 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
         events.ProbeFinished(6, "z0 fp32 mb2x4", _ok(90.0, peak_mib=50), limit, "log"),
         events.ProbeFinished(7, "z1 fp32 mb2x4", ProbeResult(status="error", error="x"), limit, ""),
         events.CandidatePruned(8, "z1 fp32 mb8x1", "predicted over"),
-        events.BudgetUpdated(140.0, 600.0, 60.0, 9.0),
+        events.BudgetUpdated(140.0, 600.0, 60.0, 9.0, finish_s=20.0),
         events.ProbeStarted(9, "z0 fp32 mb2x4 ckpt"),
         events.ProbeProgress(9, "z0 fp32 mb2x4 ckpt", "warm-up", 2),
     ):
@@ -67,7 +67,10 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
     # over the limit is not a best, however fast; the best has its steps' 95% interval
     assert state.best is not None and state.best.trial == 3 and state.best.half_width > 0
     screen = _screen(state)
-    assert "2m20s of 10m, 7m40s left (1m kept for the confirmation round)" in screen
+    assert (
+        "2m20s of 10m, 7m40s left (1m kept for the confirmation round, 20s kept for the finish)"
+        in screen
+    )
     assert "5 done · 1 running · 2 infeasible · 1 stopped early · 1 failed" in screen
     assert "7 left out by the memory model · 1 ruled out without a probe" in screen
     assert "trial 9 z0 fp32 mb2x4 ckpt: 0 s (a probe takes ~9 s), warm-up step 2" in screen
