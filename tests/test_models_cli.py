@@ -36,11 +36,11 @@ def test_plan_dit_xl_2_on_one_48_gib_gpu(tmp_path: Path) -> None:
     assert "0.75B parameters" in out
     fitting = [line for line in out.splitlines() if line.startswith("│ yes")]
     assert fitting, out[:3000]
+    # how long planning takes is a benchmark's number (benchmarks/plan_tables.py), not a
+    # test's: the plan says it, and this test prints it
     planned = re.search(r"planned in (\d+) s", out)
     assert planned, out[:1000]
-    planned_s = int(planned.group(1))
-    # under 30 s on an idle 2-core machine (measured 17 s of CPU); shared CI hosts are slower
-    assert planned_s < 90 and wall_s < 120, (planned_s, wall_s)
+    print(f"plan dit-xl-2: {planned.group(1)} s planned, {wall_s:.0f} s with the CLI's start")
 
 
 def test_a_cpu_sized_dit_study_ends_with_an_export(tmp_path: Path) -> None:
