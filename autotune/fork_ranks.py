@@ -62,6 +62,9 @@ def import_rank_code(workload_ref: str | None) -> None:
     if workload_ref and (workload_ref in WORKLOADS or workload_ref.startswith(HF_PREFIX)):
         with contextlib.suppress(Exception):
             get_workload(workload_ref).import_model_code()
+    from autotune.ops import PRELOAD_OPS_VARIABLE, preload_built_ops
+
+    preload_built_ops(filter(None, os.environ.get(PRELOAD_OPS_VARIABLE, "").split(",")))
 
 
 def _rank(local_rank: int, world_size: int, port: int, probe_args: list[str]) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from autotune.ops import tools_path, torch_extensions_dir
+from autotune.ops import PRELOAD_OPS_VARIABLE, adam_builder, tools_path, torch_extensions_dir
 from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
 
 LOG_TAIL_CHARS = 4000
@@ -87,6 +87,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
         # only inference uses and which leaves 69 MB per rank in /dev/shm when a probe is
         # killed; training collectives go through gloo either way.
         env.pop("LOCAL_SIZE", None)
+        env[PRELOAD_OPS_VARIABLE] = adam_builder(job.spec.ds_config) or ""
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
     return env

@@ -370,3 +370,47 @@ def _main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(_main())
+
+
+# The DeepSpeed ops a CPU probe's first job loads, named for its fork launcher (see
+# autotune.fork_ranks): loaded there once, before the ranks are forked, they come with each
+# rank. A JIT load of a built Adam op costs ~2.3 s of torch's and ninja's up-to-date checks
+# in every process that loads it; DeepSpeed keeps a loaded op (OpBuilder._loaded_ops), so a
+# forked rank's own load returns at once.
+PRELOAD_OPS_VARIABLE = "AUTOTUNE_PRELOAD_OPS"
+
+
+def adam_builder(ds_config: dict[str, Any]) -> str | None:
+    """The DeepSpeed op builder that steps ``ds_config``'s optimizer on CPU ranks: CPU Adam
+    with the optimizer offloaded, FusedAdam otherwise; None for another optimizer or
+    torch's Adam."""
+    optimizer = ds_config.get("optimizer") or {}
+    if str(optimizer.get("type", "")).lower() not in ("adam", "adamw"):
+        return None
+    if (optimizer.get("params") or {}).get("torch_adam"):
+        return None
+    offload = (ds_config.get("zero_optimization") or {}).get("offload_optimizer") or {}
+    return "CPUAdamBuilder" if offload.get("device") in ("cpu", "nvme") else "FusedAdamBuilder"
+
+
+def preload_built_ops(names: Iterable[str]) -> list[str]:
+    """Load the named ops that are built in this environment's op folder (never build one:
+    a rank that needs it builds it, under the op lock); the names of those loaded. A load
+    that fails is left to the rank, which reports it."""
+    from deepspeed.accelerator import get_accelerator
+
+    guard_op_loads()
+    loaded = []
+    for name in names:
+        builder = get_accelerator().create_op_builder(name)
+        if builder is None:
+            continue
+        built = os.path.join(torch_extensions_dir(), builder.name, f"{builder.name}.so")
+        if not os.path.exists(built):
+            continue
+        try:
+            builder.load(verbose=False)
+        except Exception:  # noqa: BLE001 - the rank loads it again and says why
+            continue
+        loaded.append(name)
+    return loaded

@@ -308,3 +308,27 @@ def test_ops_compile_without_debug_information_and_with_every_other_flag() -> No
     _without_debug_info(builder)
     _without_debug_info(builder)  # a second load of the same builder
     assert builder.cxx_args() == ["-O3", "-Wno-reorder", "-march=native", "-fopenmp"]
+
+
+def test_the_adam_op_a_probe_steps_with_is_named_for_its_launcher() -> None:
+    from autotune.ops import adam_builder
+
+    adamw = {"type": "AdamW", "params": {"lr": 1e-4}}
+    assert adam_builder({"optimizer": adamw}) == "FusedAdamBuilder"
+    offloaded = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    assert adam_builder({"optimizer": adamw, "zero_optimization": offloaded}) == "CPUAdamBuilder"
+    torch_adam = {"type": "Adam", "params": {"torch_adam": True}}
+    assert adam_builder({"optimizer": torch_adam}) is None
+    assert adam_builder({"optimizer": {"type": "SGD"}}) is None
+
+
+def test_a_launcher_preloads_only_ops_already_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An op not built in the op folder is left to the rank (which builds it under the op
+    lock): the launcher never compiles."""
+    from autotune.ops import preload_built_ops
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert preload_built_ops(["FusedAdamBuilder", "CPUAdamBuilder"]) == []
+    assert list(tmp_path.iterdir()) == []
