@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from autotune.space import BoundSpace
 
 
+_WRAPPING_COLUMNS = ("candidate", "note")
+
+
 def trials_table(study: optuna.Study) -> Table:
     """One row per evaluated candidate (duplicate proposals are counted in the caption);
     ``*`` marks the best by :func:`autotune.best.decide_best`, as every output does."""
@@ -48,6 +51,8 @@ def trials_table(study: optuna.Study) -> Table:
             + (" (confirmed)" if decided is not None and decided.confirmed else "")
         ),
     )
+    # In a narrow terminal (80 columns) the candidate and the note wrap at their spaces;
+    # the numbers and every header stay whole, so the columns can still be read.
     for column, justify in (
         ("#", "right"),
         ("status", "left"),
@@ -57,7 +62,14 @@ def trials_table(study: optuna.Study) -> Table:
         ("peak/rank", "right"),
         ("note", "left"),
     ):
-        table.add_column(column, justify=justify, no_wrap=column != "note")
+        wraps = column in _WRAPPING_COLUMNS
+        table.add_column(
+            column,
+            justify=justify,
+            no_wrap=not wraps,
+            min_width=None if wraps else len(column),
+            overflow="fold" if wraps else "ellipsis",
+        )
     for trial in trials:
         if trial.record.duplicate_of is not None:
             continue

@@ -70,3 +70,20 @@ def test_space_and_plan_json(tmp_path: Path) -> None:
         "label", "candidate", "fits", "why_not", "device_bytes", "host_bytes", "peak_at",
     }  # fmt: skip
     assert first["fits"] and first["device_bytes"] < plan["limit_bytes"]
+
+
+def test_status_table_stays_readable_in_80_columns(synthetic: str, tmp_path: Path) -> None:
+    """A terminal of 80 columns: the long candidates and notes wrap, and every header and
+    number is whole (rich otherwise cuts the narrowest columns to an ellipsis)."""
+    result = run_cli("status", "--storage", synthetic, cwd=tmp_path, env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert lines and max(len(line) for line in lines) <= 80
+    header = next(line for line in lines if "status" in line and "#" in line)
+    for column in ("#", "status", "candidate", "samples/s", "tokens/s", "peak/rank", "note"):
+        assert f" {column} " in header, header
+    assert "…" not in result.stdout
+    document = _json("status", "--storage", synthetic, cwd=tmp_path)
+    for trial in document["trials"]:
+        if trial["samples_per_s"]:
+            assert f"{trial['samples_per_s']:.1f}" in result.stdout
