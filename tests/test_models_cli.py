@@ -56,6 +56,7 @@ def test_a_cpu_sized_dit_study_ends_with_an_export(tmp_path: Path) -> None:
         "4m",
         "--max-trials",
         "2",
+        "--no-confirm",  # a round of DiT re-probes: the confirmation has tests of its own
         "--warmup-steps",
         "1",
         "--timed-steps",

@@ -27,8 +27,6 @@ RUN = [
     "gpt-tiny",
     "--gpus",
     "2",
-    "--budget",
-    "6m",
     "--warmup-steps",
     "1",
     "--timed-steps",
@@ -39,6 +37,10 @@ RUN = [
     "--base-config",
     "production.json",
 ]
+# The first run's confirmation round spends what its three probes leave of the budget on
+# noisy contenders; the continue raises the study's total so that it has room for its own.
+FIRST_BUDGET = ["--budget", "4m"]
+CONTINUE_BUDGET = ["--budget", "7m"]
 PRODUCTION = {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
@@ -59,7 +61,7 @@ def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("e2e")
     (workdir / "production.json").write_text(json.dumps(PRODUCTION))
-    result = run_cli(*RUN, "--max-trials", "3", "--seed", "0", cwd=workdir)
+    result = run_cli(*RUN, *FIRST_BUDGET, "--max-trials", "3", "--seed", "0", cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no CUDA GPU: running 2 CPU rank(s)" in result.stdout
     assert "exported:" in result.stdout
@@ -238,7 +240,9 @@ def test_dashboard_serves_the_study(study_dir: Path) -> None:
 def test_second_run_continues_without_repeating(study_dir: Path) -> None:
     before = {t.user_attrs["candidate_key"] for t in evaluated(load(study_dir))}
     # the confirmation round has its own test: this one is about continuing
-    result = run_cli(*RUN, "--max-trials", "2", "--seed", "1", "--no-confirm", cwd=study_dir)
+    result = run_cli(
+        *RUN, *CONTINUE_BUDGET, "--max-trials", "2", "--seed", "1", "--no-confirm", cwd=study_dir
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "3 candidate(s) evaluated before" in result.stdout
     trials = evaluated(load(study_dir))

@@ -27,7 +27,9 @@ from tests.views.synthetic import make_study
 # memory model rules out every ZeRO-1 candidate (its buckets) and ZeRO-0 at micro-batch 8;
 # the random sampler proposes them anyway, so they become trials judged without a probe.
 # Thirty timed steps make a probe last a few seconds: the search reads a running probe's
-# progress once a second, and the live view test looks for it on the screen.
+# progress once a second, and the live view test looks for it on the screen. Three probes,
+# not a share of the budget, end the search, so that however slow the machine the second
+# runs while the first's result is shown as the best; no confirmation round.
 SPACE = """\
 precision: [fp32]
 zero_stage: [0, 1]
@@ -37,7 +39,8 @@ micro_batch_size: [1, 2, 4, 8]
 activation_checkpointing: [false, true]
 """
 RUN = [
-    "run", "--workload", "gpt-tiny", "--gpus", "2", "--executor", "local", "--budget", "90s",
+    "run", "--workload", "gpt-tiny", "--gpus", "2", "--executor", "local", "--budget", "5m",
+    "--max-trials", "3", "--no-confirm",
     "--warmup-steps", "1", "--timed-steps", "30", "--max-timed-steps", "30",
     "--space", "small.yaml", "--sampler", "random", "--seed", "0", "--vram", "48MiB",
 ]  # fmt: skip
