@@ -132,7 +132,7 @@ def test_confirmation_round_decides_the_export(study_dir: Path) -> None:
     assert "## Confirmation round" in summary and "(chosen)" in summary
 
 
-def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
+def test_exported_config_is_the_winners_with_the_production_keys(study_dir: Path) -> None:
     best_dir = study_dir / "trials" / "gpt-tiny" / "best"
     path = best_dir / "ds_config.json"
     config = json.loads(path.read_text())
@@ -148,25 +148,7 @@ def test_exported_config_is_accepted_and_trains(study_dir: Path) -> None:
         assert config[key] == PRODUCTION[key]
     assert (best_dir / "launch.sh").is_file()
     assert f"# autotune: {best.user_attrs['label']}" in (best_dir / "summary.md").read_text()
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    train = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node=2",
-            str(ROOT / "tests" / "assets" / "train_with_config.py"),
-            "--config",
-            str(path),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert train.returncode == 0, train.stdout + train.stderr
-    assert train.stdout.count("TRAINED global_steps=2") == 1
+    # it trains: the launch script test below runs this same config under both launchers
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
@@ -175,6 +157,10 @@ def test_export_command_and_launch_script(study_dir: Path, launcher: str) -> Non
     result = run_cli("export", "-o", str(out), cwd=study_dir, timeout=120)
     assert result.returncode == 0, result.stderr
     assert {p.name for p in out.iterdir()} == {"ds_config.json", "launch.sh", "summary.md"}
+    exported = json.loads(
+        (study_dir / "trials" / "gpt-tiny" / "best" / "ds_config.json").read_text()
+    )
+    assert json.loads((out / "ds_config.json").read_text()) == exported  # what `run` wrote
     env = {
         **os.environ,
         "LAUNCHER": launcher,
