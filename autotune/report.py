@@ -51,25 +51,7 @@ def trials_table(study: optuna.Study) -> Table:
             + (" (confirmed)" if decided is not None and decided.confirmed else "")
         ),
     )
-    # In a narrow terminal (80 columns) the candidate and the note wrap at their spaces;
-    # the numbers and every header stay whole, so the columns can still be read.
-    for column, justify in (
-        ("#", "right"),
-        ("status", "left"),
-        ("candidate", "left"),
-        ("samples/s", "right"),
-        ("tokens/s", "right"),
-        ("peak/rank", "right"),
-        ("note", "left"),
-    ):
-        wraps = column in _WRAPPING_COLUMNS
-        table.add_column(
-            column,
-            justify=justify,
-            no_wrap=not wraps,
-            min_width=None if wraps else len(column),
-            overflow="fold" if wraps else "ellipsis",
-        )
+    _add_trial_columns(table)
     for trial in trials:
         if trial.record.duplicate_of is not None:
             continue
@@ -91,6 +73,29 @@ def trials_table(study: optuna.Study) -> Table:
             _note(trial, decided),
         )
     return table
+
+
+def _add_trial_columns(table: Table) -> None:
+    """The columns of :func:`trials_table`. In a narrow terminal (80 columns) the candidate
+    and the note wrap at their spaces; the numbers and every header stay whole, so the
+    columns can still be read."""
+    for column, justify in (
+        ("#", "right"),
+        ("status", "left"),
+        ("candidate", "left"),
+        ("samples/s", "right"),
+        ("tokens/s", "right"),
+        ("peak/rank", "right"),
+        ("note", "left"),
+    ):
+        wraps = column in _WRAPPING_COLUMNS
+        table.add_column(
+            column,
+            justify=justify,
+            no_wrap=not wraps,
+            min_width=None if wraps else len(column),
+            overflow="fold" if wraps else "ellipsis",
+        )
 
 
 def _note(trial: records.TrialView, decided: best.Best | None) -> str:
