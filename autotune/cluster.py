@@ -28,6 +28,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from autotune import priority
 from autotune.errors import ExecutorError, SettingsError
 from autotune.launch import ProbeJob
 from autotune.protocol import ProbeResult
@@ -92,7 +93,6 @@ def connect(address: str) -> Any:
 def cluster_hardware(address: str) -> Hardware:
     """What a node of the cluster offers probes (the driver's machine may have no GPU): the
     hardware a task holding one device sees there, with the cluster's device count."""
-    from autotune.hardware import detect
 
     ray = connect(address)
     gpus = sum(node_offer(ray, "GPU").values())
@@ -101,7 +101,7 @@ def cluster_hardware(address: str) -> Hardware:
         options["num_gpus"] = 1
     else:
         options["resources"] = {CPU_RANK_RESOURCE: 1}
-    ref = ray.remote(detect).options(**options).remote()
+    ref = ray.remote(_detect_at).options(**options).remote(priority.current())
     ready, _ = ray.wait([ref], timeout=RESERVE_TIMEOUT_S)
     if not ready:
         ray.cancel(ref, force=True)
@@ -118,6 +118,16 @@ def cluster_hardware(address: str) -> Hardware:
     return hardware.model_copy(
         update={"device_count": total, "devices_per_node": max(offer.values(), default=1)}
     )
+
+
+def _detect_at(niceness: int) -> Hardware:
+    """:func:`autotune.hardware.detect` in a Ray task, at the driver's priority where the
+    node allows it (a Ray worker runs at nice 15: on a busy node its imports alone can take
+    minutes)."""
+    from autotune.hardware import detect
+
+    priority.take(niceness)
+    return detect()
 
 
 def _check_reachable(address: str) -> None:

@@ -22,6 +22,7 @@ import queue
 import threading
 from typing import Any, Protocol
 
+from autotune import priority
 from autotune.cluster import CPU_RANK_RESOURCE  # Ray resource of CPU-rank probes
 from autotune.errors import ExecutorError
 from autotune.launch import ProbeJob, launch_probe, restore_child_signals
@@ -194,11 +195,7 @@ class RayExecutor:
         cpu_count: int,
         warm: bool = True,
     ) -> None:
-        # The probe's ranks are grandchildren of the Ray worker: only the subreaper reaps
-        # them if a worker dies. Must be set before the raylet starts.
-        os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "1")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        _set_ray_environment()
         try:
             import ray
         except ImportError:
@@ -295,6 +292,17 @@ class RayExecutor:
         if self._owns_ray:
             with contextlib.suppress(Exception):
                 self._ray.shutdown()
+
+
+def _set_ray_environment() -> None:
+    """What a private Ray reads from the environment at its start (its raylet and workers)."""
+    # The probe's ranks are grandchildren of the Ray worker: only the subreaper reaps them
+    # if a worker dies.
+    os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "1")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # its workers (and the probes under them) at the driver's priority, not Ray's nice 15
+    os.environ.setdefault(priority.RAY_WORKER_NICENESS, str(priority.current()))
 
 
 def init_loopback_ray(ray: Any, **options: Any) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from autotune import priority
 from autotune.ops import PRELOAD_OPS_VARIABLE, adam_builder, tools_path, torch_extensions_dir
 from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
 
@@ -47,6 +48,11 @@ class ProbeJob(BaseModel):
         default=None,
         description="Absolute folder of this probe alone (its NVMe swap files): created before "
         "the probe and removed after it, whatever the outcome.",
+    )
+    niceness: int = Field(
+        default_factory=priority.current,
+        description="The scheduling priority the probe runs at: the driver's, as production "
+        "launched from the same shell (a Ray worker's own is nice 15; autotune.priority).",
     )
 
     @field_validator("scratch_dir")
@@ -79,6 +85,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
     # the interpreter from adding the working folder itself; autotune.probe drops it on 3.10)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*job.python_path, env.get("PYTHONPATH")]))
     env["PYTHONSAFEPATH"] = "1"
+    env[priority.NICENESS_VARIABLE] = str(job.niceness)
     env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     env["PATH"] = tools_path(env.get("PATH"))  # ops build with this environment's ninja
     if job.spec.accelerator == "cpu":
@@ -104,6 +111,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
 _CLEAN_SIGNALS_EXEC = (
     "import os, signal, sys; "
     "from autotune.launch import die_with_parent; die_with_parent(); "
+    "from autotune.priority import take_from_environment; take_from_environment(); "
     "signal.signal(signal.SIGCHLD, signal.SIG_DFL); "
     "signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "signal.pthread_sigmask(signal.SIG_SETMASK, []); "

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from autotune import priority
 from autotune.cluster import CPU_RANK_RESOURCE
 
 WORKER_PORTS_LOW = 10000  # above the ports services usually listen on
@@ -82,6 +83,8 @@ class LoopbackCluster:
             # Ray's memory monitor kills the newest worker when the host runs low, whoever
             # uses the memory: a rank's actor, for another program's (or probe's) memory.
             "RAY_memory_monitor_refresh_ms": "0",
+            # workers at this process's priority, as production's processes (not Ray's 15)
+            priority.RAY_WORKER_NICENESS: str(priority.current()),
             **(FAST_HEALTH_CHECKS if fast_health_checks else {}),
         }
         self.port = _free_port()

@@ -272,7 +272,11 @@ def ray_cluster() -> Iterator[object]:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
+    from autotune import priority
     from autotune.executor import CPU_RANK_RESOURCE
+
+    # as a private Ray of autotune's own: its workers at this process's priority
+    os.environ.setdefault(priority.RAY_WORKER_NICENESS, str(priority.current()))
 
     ray.init(
         num_cpus=2,

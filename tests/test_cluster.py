@@ -96,6 +96,7 @@ def _nodes_of(trial_dir: Path) -> set[str]:
 
 SPANNING_PROBES = """
 import json, sys
+import psutil
 from pathlib import Path
 from autotune.cluster import ClusterExecutor
 from autotune.protocol import RankReport
@@ -116,8 +117,10 @@ try:
         pids = sorted(
             RankReport.model_validate_json(p.read_text()).pid for p in (out / name).glob("rank-*")
         )
+        nice = [psutil.Process(pid).nice() for pid in pids]  # the warm ranks, still serving
         rows.append({"status": result.status, "error": result.error, "log": result.log_tail,
-                     "steps": len(result.step_times_s), "cold": result.cold_start, "pids": pids})
+                     "steps": len(result.step_times_s), "cold": result.cold_start, "pids": pids,
+                     "nice": nice})
 finally:
     executor.close()
 print(json.dumps(rows))
@@ -145,6 +148,8 @@ class TestOnOneCluster:
         assert second["status"] == "ok", second["error"] + second["log"]
         assert first["steps"] == 3 and first["cold"] and not second["cold"]
         assert first["pids"] == second["pids"] and len(first["pids"]) == 2  # the same warm ranks
+        # at the driver's priority (this test's), not at the nice 15 of Ray's workers
+        assert first["nice"] == [os.getpriority(os.PRIO_PROCESS, 0)] * 2, first["nice"]
         for name in ("a", "b"):  # what a torchrun probe leaves, in the driver's folder
             names = {p.name for p in (tmp_path / name).iterdir()}
             assert {
