@@ -93,7 +93,6 @@ def connect(address: str) -> Any:
 def cluster_hardware(address: str) -> Hardware:
     """What a node of the cluster offers probes (the driver's machine may have no GPU): the
     hardware a task holding one device sees there, with the cluster's device count."""
-
     ray = connect(address)
     gpus = sum(node_offer(ray, "GPU").values())
     options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}

@@ -195,7 +195,7 @@ class RayExecutor:
         cpu_count: int,
         warm: bool = True,
     ) -> None:
-        _set_ray_environment()
+        set_ray_environment()
         try:
             import ray
         except ImportError:
@@ -294,8 +294,9 @@ class RayExecutor:
                 self._ray.shutdown()
 
 
-def _set_ray_environment() -> None:
-    """What a private Ray reads from the environment at its start (its raylet and workers)."""
+def set_ray_environment() -> None:
+    """What a private Ray reads from the environment at its start (its raylet and workers):
+    set before ``ray.init`` starts one, here and in the test suite's shared Ray."""
     # The probe's ranks are grandchildren of the Ray worker: only the subreaper reaps them
     # if a worker dies.
     os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "1")

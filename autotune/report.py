@@ -23,9 +23,6 @@ if TYPE_CHECKING:
     from autotune.space import BoundSpace
 
 
-_WRAPPING_COLUMNS = ("candidate", "note")
-
-
 def trials_table(study: optuna.Study) -> Table:
     """One row per evaluated candidate (duplicate proposals are counted in the caption);
     ``*`` marks the best by :func:`autotune.best.decide_best`, as every output does."""
@@ -79,16 +76,15 @@ def _add_trial_columns(table: Table) -> None:
     """The columns of :func:`trials_table`. In a narrow terminal (80 columns) the candidate
     and the note wrap at their spaces; the numbers and every header stay whole, so the
     columns can still be read."""
-    for column, justify in (
-        ("#", "right"),
-        ("status", "left"),
-        ("candidate", "left"),
-        ("samples/s", "right"),
-        ("tokens/s", "right"),
-        ("peak/rank", "right"),
-        ("note", "left"),
+    for column, justify, wraps in (
+        ("#", "right", False),
+        ("status", "left", False),
+        ("candidate", "left", True),
+        ("samples/s", "right", False),
+        ("tokens/s", "right", False),
+        ("peak/rank", "right", False),
+        ("note", "left", True),
     ):
-        wraps = column in _WRAPPING_COLUMNS
         table.add_column(
             column,
             justify=justify,

@@ -268,16 +268,11 @@ def _children_are_reaped() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[object]:
     """One local Ray for the whole session (start-up costs ~3 s), with 2 CPU-rank slots."""
-    os.environ.setdefault("RAY_kill_child_processes_on_worker_exit_with_raylet_subreaper", "1")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
-    from autotune import priority
-    from autotune.executor import CPU_RANK_RESOURCE
+    from autotune.executor import CPU_RANK_RESOURCE, set_ray_environment
 
-    # as a private Ray of autotune's own: its workers at this process's priority
-    os.environ.setdefault(priority.RAY_WORKER_NICENESS, str(priority.current()))
-
+    set_ray_environment()  # as a private Ray of autotune's own (workers at this priority)
     ray.init(
         num_cpus=2,
         resources={CPU_RANK_RESOURCE: 2},
