@@ -56,6 +56,8 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
 #   ./launch.sh train.py [your script's arguments]                     # deepspeed launcher
 #   LAUNCHER=torchrun ./launch.sh train.py [your script's arguments]   # torchrun
 #
+# The deepspeed launcher's rendezvous port is MASTER_PORT (29500 unless set: give another
+# where a second job on the node holds it); torchrun --standalone picks a free one.
 # Your script hands the config to deepspeed.initialize(config=...); this script passes
 # its path as --deepspeed_config (change the flag below if your script reads another one).
 set -euo pipefail
@@ -66,7 +68,8 @@ shift
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(config.threads_per_rank))}}}"
 {cpu_env}case "${{LAUNCHER:-deepspeed}}" in
   deepspeed)
-    exec deepspeed --num_gpus={ranks} "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
+    exec deepspeed --num_gpus={ranks} --master_port "${{MASTER_PORT:-29500}}" \\
+      "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
   torchrun)
     exec torchrun --standalone --nproc-per-node={ranks} \\
       "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;

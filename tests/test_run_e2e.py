@@ -161,9 +161,13 @@ def test_export_command_and_launch_script(study_dir: Path, launcher: str) -> Non
         (study_dir / "trials" / "gpt-tiny" / "best" / "ds_config.json").read_text()
     )
     assert json.loads((out / "ds_config.json").read_text()) == exported  # what `run` wrote
+    with socket.socket() as sock:  # the deepspeed launcher's 29500 may be another test's
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     env = {
         **os.environ,
         "LAUNCHER": launcher,
+        "MASTER_PORT": str(port),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     train = subprocess.run(
