@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Literal
 from autotune.protocol import ProbeResult
 
 if TYPE_CHECKING:
-    from autotune.confirm import Confirmation
-    from autotune.lock import Holder
+    from autotune.study import Confirmation, Holder
 
 
 @dataclass(frozen=True)
@@ -210,7 +209,7 @@ class Standing:
 
     trial: int
     label: str
-    estimate: float  # samples/s, the round's estimate (see autotune.confirm)
+    estimate: float  # samples/s, the round's estimate (see autotune.study.confirmation)
     half_width: float  # its 95% interval
     probes: int
 
@@ -243,7 +242,7 @@ class ConfirmationDone(Event):
 
 @dataclass(frozen=True)
 class RunFinished(Event):
-    """The run's outcome; ``summary`` is a :class:`autotune.tuner.RunSummary`."""
+    """The run's outcome; ``summary`` is a :class:`autotune.run._tuner.RunSummary`."""
 
     summary: object
     interrupted_probes: list[int] = field(default_factory=list)

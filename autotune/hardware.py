@@ -2,7 +2,7 @@
 
 With no CUDA GPU, autotune runs each "GPU" as a CPU rank with DeepSpeed's CPU accelerator
 over gloo. The memory limit then applies to the tensor bytes each rank tracks (see
-:mod:`autotune.memtrack`), and ``--vram auto`` means this machine's RAM divided by the ranks.
+:mod:`autotune.probe._memtrack`), and ``--vram auto`` means this machine's RAM divided by the ranks.
 """
 
 from __future__ import annotations

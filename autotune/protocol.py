@@ -31,7 +31,7 @@ PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3's default stage3_param_persistence_thr
 
 
 class ScriptRun(BaseModel):
-    """A user's own training script as the probe (``python -m autotune.script_probe``): it
+    """A user's own training script as the probe (``python -m autotune.probe.script_rank``): it
     runs unedited with these arguments, and the config it hands to ``deepspeed.initialize``
     is the base the candidate's tuned keys are laid over."""
 

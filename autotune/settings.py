@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
 from autotune.errors import SettingsError
-from autotune.script_args import ScriptConfig
+from autotune.script_config import ScriptConfig
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
 _DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[hms])+$")
@@ -116,7 +116,7 @@ _FLAG_OF_FIELD = {
 
 class RunSettings(BaseModel):
     """What the user asked of one ``autotune run``; ``None`` fields are resolved later
-    against the hardware and the workload (see :mod:`autotune.tuner`)."""
+    against the hardware and the workload (see :mod:`autotune.run._tuner`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

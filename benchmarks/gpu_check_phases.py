@@ -140,7 +140,10 @@ def ops_folder(run: Run, phase: Phase) -> str:
     if run.env.get("TORCH_EXTENSIONS_DIR"):
         return run.env["TORCH_EXTENSIONS_DIR"]
     if run.settings.dry_run:
-        code = "from autotune.ops import torch_extensions_dir; print(torch_extensions_dir())"
+        code = (
+            "from autotune.backends.deepspeed import torch_extensions_dir; "
+            "print(torch_extensions_dir())"
+        )
         return run_python(run, phase, sys.executable, code).strip().splitlines()[-1]
     return str(run.work / "torch_extensions")
 
@@ -202,7 +205,7 @@ def phase_ops(run: Run, phase: Phase) -> None:
             run.stop(process, interrupt_first=False)
             log.close()
         raise OverTime(f"op builds ran past {phase.timeout_s:.0f} s") from None
-    code, out = run.run(phase, [run.python, "-m", "autotune.ops", "--build-ops"])
+    code, out = run.run(phase, [run.python, "-m", "autotune.cli", "build-ops"])
     run.facts["torch_adam"] = "FusedAdam does not build" in out
     nvme_note = next(
         (line for line in out.splitlines() if "NVMe offload is unavailable" in line), ""

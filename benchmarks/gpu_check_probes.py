@@ -103,7 +103,7 @@ def env_facts() -> dict[str, Any]:
 def build_op(name: str) -> int:
     """Build (or find cached) one DeepSpeed op in autotune's op folder, under its lock, so
     that the check can build several at once."""
-    from autotune.ops import guard_op_loads
+    from autotune.backends.deepspeed import guard_op_loads
 
     guard_op_loads()
     from deepspeed.accelerator import get_accelerator
@@ -180,9 +180,9 @@ def offload_extras(precision: str, micro_batch: int, which: str) -> list:
 
 
 def _jobs(args: argparse.Namespace, candidates: list, root: Path) -> list:
-    from autotune.launch import ProbeJob
+    from autotune.backends.deepspeed import use_torch_adam
+    from autotune.execution import ProbeJob
     from autotune.memory import largest_layer_params
-    from autotune.ops import use_torch_adam
     from autotune.protocol import ProbeSpec
     from autotune.workloads import get_workload
 
@@ -223,7 +223,7 @@ def _jobs(args: argparse.Namespace, candidates: list, root: Path) -> list:
 
 def _launch_all(jobs: list) -> list:
     """launch_probes, continuing in a fresh launch after a candidate that ended one."""
-    from autotune.launch import launch_probes
+    from autotune.execution import launch_probes
 
     results: list = []
     while len(results) < len(jobs):
@@ -236,7 +236,7 @@ def _launch_all(jobs: list) -> list:
 
 
 def memory(args: argparse.Namespace) -> int:
-    from autotune.launch import read_reports
+    from autotune.execution import read_reports
 
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ def memory(args: argparse.Namespace) -> int:
 
 def _stop(signum: int, frame: Any) -> None:
     """Killed by the check's phase timeout: take the probes' process groups along."""
-    from autotune.launch import kill_all_groups
+    from autotune.execution import kill_all_groups
 
     kill_all_groups()
     os._exit(124)

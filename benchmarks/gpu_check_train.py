@@ -41,7 +41,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.autotune_ops:
-        from autotune.ops import guard_op_loads
+        from autotune.backends.deepspeed import guard_op_loads
 
         guard_op_loads()
 

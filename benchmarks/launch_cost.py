@@ -2,11 +2,11 @@
 
 Launches the same gpt-tiny probe (2 CPU ranks, fp32 ZeRO-2, micro-batch 4 x 2, one warm-up
 and three timed steps) alternately through autotune's launch of CPU ranks
-(``autotune.fork_ranks``: the ranks forked from a launcher that has imported their code)
-and through the torchrun launch every rank used before (``autotune.loopback_run``: each
+(``autotune.probe.fork_ranks``: the ranks forked from a launcher that has imported their code)
+and through the torchrun launch every rank used before (``autotune.probe.loopback_run``: each
 rank a program of its own that imports torch, DeepSpeed and transformers), and prints
 each launch's wall time and CPU (the launch's whole process tree: ``RUSAGE_CHILDREN``).
-DeepSpeed's ops must be built (``python -m autotune.ops --build-ops``).
+DeepSpeed's ops must be built (``autotune build-ops``).
 
 Reproduce: ``python benchmarks/launch_cost.py --rounds 3`` (about 1 min on 2 cores).
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 from probe_jobs import cpu_probe_jobs
 
-from autotune import launch
 from autotune.candidate import Candidate
+from autotune.execution import launch
 
 FORKED_COMMAND = launch.probe_command  # autotune's launch of CPU ranks
 CANDIDATE = Candidate(
@@ -38,7 +38,7 @@ CANDIDATE = Candidate(
 
 def torchrun_command(job: launch.ProbeJob, probe_args: list[str]) -> list[str]:
     """The launch of ``autotune.probe`` under torchrun, as GPU probes are launched."""
-    return launch.torchrun_command(job, "autotune.probe", probe_args)
+    return launch.torchrun_command(job, "autotune.probe.rank", probe_args)
 
 
 def children_cpu_s() -> float:

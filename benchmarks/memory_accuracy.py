@@ -81,7 +81,7 @@ def measure(
 ) -> list[tuple]:
     from probe_jobs import cpu_probe_jobs
 
-    from autotune.launch import launch_probes
+    from autotune.execution import launch_probes
     from autotune.memory import MemoryModel
     from autotune.workloads import get_workload
 

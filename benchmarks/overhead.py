@@ -18,7 +18,8 @@ Reproduce:  python benchmarks/overhead.py --probes 5 --executor ray          # w
             (the same with --cluster 1x2: one node of 2 ranks; without --cluster: private Ray)
 
 ``--cluster NODESxRANKS`` starts a Ray cluster of that many nodes on this machine (``ray
-start``, :class:`autotune.loopback_cluster.LoopbackCluster`), each offering RANKS CPU ranks,
+start``, :class:`autotune.execution.loopback_cluster.LoopbackCluster`), each offering RANKS CPU
+ranks,
 and runs the study on it with ``--ray-address``: with 2x1 every probe spans both nodes, with
 1x2 it runs on one node through the same cluster path.
 
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from autotune.records import TrialView
+    from autotune.study import TrialView
 
 
 def main() -> int:
@@ -58,7 +59,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.cluster:
-        from autotune.loopback_cluster import LoopbackCluster
+        from autotune.execution import LoopbackCluster
 
         nodes, ranks = (int(part) for part in args.cluster.split("x"))
         with LoopbackCluster(nodes, ranks) as cluster:
@@ -72,7 +73,7 @@ def measure(args: argparse.Namespace, address: str | None, env: dict[str, str]) 
 
     import optuna
 
-    from autotune import records
+    from autotune.study import records
 
     workdir = Path(tempfile.mkdtemp(prefix="autotune-overhead-"))
     command = run_command(args, address)

@@ -78,8 +78,7 @@ def paper_model_states(params: float, precision: str, stage: int, gpus: int) -> 
 def dit_grid() -> list[dict]:
     """Every cell of per-GPU batch x GPUs x ZeRO stage x precision x checkpointing (global
     batch = per-GPU batch x GPUs, no accumulation)."""
-    from autotune.activations import profile
-    from autotune.memory import MemoryModel, model_facts
+    from autotune.memory import MemoryModel, model_facts, profile
     from autotune.workloads import get_workload
 
     rows = []

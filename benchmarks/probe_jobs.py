@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotune.candidate import Candidate
-from autotune.launch import ProbeJob
+from autotune.execution import ProbeJob
 from autotune.protocol import ProbeSpec
 from autotune.workloads import get_workload
 

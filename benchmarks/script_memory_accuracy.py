@@ -81,8 +81,8 @@ def collect(name: str, database: Path) -> list[dict[str, Any]]:
     forward activations), its measured peak and the prediction its trial recorded."""
     import optuna
 
-    from autotune import records
-    from autotune.script_memory import read_probe
+    from autotune.memory import read_probe
+    from autotune.study import records
 
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{database}")
     probes = []
@@ -107,8 +107,8 @@ def predict(probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each probe predicted by the current model: from the probes before it (sequential,
     as a study sees them) and from all the others (leave-one-out)."""
     from autotune.candidate import Candidate
+    from autotune.memory import ScriptMemoryModel
     from autotune.protocol import ModelInfo
-    from autotune.script_memory import ScriptMemoryModel
 
     def learned(subset: list[dict[str, Any]]) -> ScriptMemoryModel:
         model = ScriptMemoryModel("cpu")

@@ -15,8 +15,7 @@ from typing import Any
 
 from search_efficiency_table import relative
 
-from autotune import records
-from autotune.study import StudyConfig, stored_run_flags, study_config
+from autotune.study import StudyConfig, records, stored_run_flags, study_config
 
 
 def dump(storage: str, study_names: list[str], out: Path) -> None:
@@ -48,7 +47,7 @@ def dump(storage: str, study_names: list[str], out: Path) -> None:
         # The cost model's compute prior per precision comes from this CPU's matmul rates
         # (a run measures them at its start; a grid run does not need them). Dump on the
         # machine that measured the table, so its replays see the same CPU.
-        from autotune.cost import measure_cpu_matmul_flops
+        from autotune.run import measure_cpu_matmul_flops
 
         precisions = tuple(sorted({r["candidate"]["precision"] for r in rows} | {"fp32"}))
         table["cpu_matmul_flops"] = measure_cpu_matmul_flops(precisions, config.threads_per_rank)

@@ -13,17 +13,17 @@ import statistics
 
 from search_efficiency_table import Models, Search, Table, table_space
 
-from autotune import confirm
-from autotune.budget import ReservePolicy
+from autotune.run import ReservePolicy
+from autotune.study import confirmation as confirm
 
 
 def run_autotune(
     table: Table, search: Search, max_probes: int, models: Models, *, confirming: bool = False
 ) -> None:
     """autotune's search for ``max_probes``; ``confirming``: less the confirmation round's
-    reserve, held back by the tuner's own :class:`~autotune.budget.ReservePolicy` (counted
+    reserve, held back by the tuner's own :class:`~autotune.run.budget.ReservePolicy` (counted
     in probes: every probe takes one unit of the budget)."""
-    from autotune.sampler import CandidatePolicy, History
+    from autotune.run import CandidatePolicy, History
 
     policy = CandidatePolicy(
         table.candidates, cost=models.cost(), may_fit=search.may_fit, mode="model"
@@ -150,8 +150,10 @@ def run_deepspeed_fast(table: Table, search: Search, max_probes: int, precision:
 def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> float:
     """What a run with ``budget`` probes exports: autotune's search with the tuner's reserve
     held back (:func:`run_autotune` with ``confirming``), then the confirmation round with
-    the probes left: contenders by :func:`autotune.confirm.pick_contenders` (a probe's 95%
-    interval is ±1.96 x the table's noise), rounds by :func:`autotune.confirm.run_rounds`,
+    the probes left: contenders by :func:`autotune.study.confirmation.pick_contenders` (a probe's
+    95%
+    interval is ±1.96 x the table's noise), rounds by
+    :func:`autotune.study.confirmation.run_rounds`,
     the tuner's own driver. Returns the table's (true) throughput of the exported
     candidate."""
     search = Search(table, models.may_fit, seed)
@@ -195,7 +197,7 @@ RULE_IN_USE = ["median+steadier"]
 
 
 def use_rule(rule: str) -> None:
-    """Make :mod:`autotune.confirm` rank by ``rule`` (for comparisons only)."""
+    """Make :mod:`autotune.study.confirmation` rank by ``rule`` (for comparisons only)."""
     RULE_IN_USE[0] = rule
     if rule == "median+steadier":
         return

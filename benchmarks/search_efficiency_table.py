@@ -166,8 +166,8 @@ class Models:
         return self._fits[candidate.key]
 
     def cost(self):
-        from autotune.cost import CostModel, WorkloadFacts, compute_scale_from
         from autotune.memory import model_facts
+        from autotune.run import CostModel, WorkloadFacts, compute_scale_from
 
         facts = WorkloadFacts(model_facts(self.workload, 0).params, self.workload.tokens_per_sample)
         # Tables measured before the dump recorded the CPU's rates replay on nominal priors.

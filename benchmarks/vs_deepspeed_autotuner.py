@@ -70,7 +70,7 @@ def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str
     from probe_jobs import cpu_probe_jobs
 
     from autotune.candidate import Candidate
-    from autotune.launch import launch_probes
+    from autotune.execution import launch_probes
 
     parsed = {Candidate.model_validate(c).key: Candidate.model_validate(c) for c in candidates}
     ordered = list(parsed.values())

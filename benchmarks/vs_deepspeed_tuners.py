@@ -205,7 +205,8 @@ def autotune_pick(storage: str, workdir: Path) -> dict[str, Any]:
     included) with their mean wall time and overhead."""
     import optuna
 
-    from autotune import best, confirm, records
+    from autotune.study import best, records
+    from autotune.study import confirmation as confirm
 
     study = optuna.load_study(study_name="vs-ds", storage=storage)
     trials = records.views(study)

@@ -67,7 +67,7 @@ LONGEST_FIRST = (
 _BACKGROUND_BUILD = """
 from deepspeed.accelerator import get_accelerator
 from autotune.hardware import detect
-from autotune.ops import ensure_deepspeed_ops
+from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
 def only_async_io(name):
     return get_accelerator().create_op_builder(name) if name == "AsyncIOBuilder" else None
 report = ensure_deepspeed_ops(detect(), offload_targets={"nvme"}, create_builder=only_async_io)
@@ -184,9 +184,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     targets = {"cpu", "nvme"} if NVME_OP in item.keywords else {"cpu"}
     if targets <= _OPS_READY:
         return
+    from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
+    from autotune.cli._render import line as rendered
     from autotune.hardware import detect
-    from autotune.ops import ensure_deepspeed_ops
-    from autotune.render import line as rendered
 
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")
 
@@ -214,7 +214,7 @@ def copy_built_ops(
     import glob
     import shutil
 
-    from autotune.op_locks import op_lock
+    from autotune.backends.deepspeed._op_locks import op_lock
 
     copied = []
     if not os.path.isdir(source_root):
@@ -253,7 +253,7 @@ def _fast_tests_build_no_ops(
     """A fast test runs the tuner with a fake executor: no probe loads a DeepSpeed op, so
     none is built (on a fresh machine that build would compete with the newcomer's)."""
     if request.node.get_closest_marker("slow") is None:
-        from autotune.tuner import Tuner
+        from autotune.run._tuner import Tuner
 
         monkeypatch.setattr(Tuner, "_prepare_ops", lambda self: 0.0)
 
@@ -270,7 +270,7 @@ def ray_cluster() -> Iterator[object]:
     """One local Ray for the whole session (start-up costs ~3 s), with 2 CPU-rank slots."""
     import ray
 
-    from autotune.executor import CPU_RANK_RESOURCE, set_ray_environment
+    from autotune.execution._executor import CPU_RANK_RESOURCE, set_ray_environment
 
     set_ray_environment()  # as a private Ray of autotune's own (workers at this priority)
     ray.init(
@@ -319,7 +319,11 @@ def probe_processes() -> list[str]:
     for process in psutil.process_iter(["cmdline"]):
         try:
             cmdline = " ".join(process.info["cmdline"] or [])
-            modules = ("autotune.probe", "autotune.script_probe", "autotune.fork_ranks")
+            modules = (
+                "autotune.probe.rank",
+                "autotune.probe.script_rank",
+                "autotune.probe.fork_ranks",
+            )
             if not any(module in cmdline for module in modules):
                 continue
             if process.environ().get("AUTOTUNE_TEST_TAG") == TEST_TAG:

@@ -14,7 +14,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.cli import main
+from autotune.cli._app import main
 
 LATIN1 = "precision: [fp32]\n# caf\xe9\n".encode("latin-1")
 
@@ -229,7 +229,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
 
 def test_the_table_covers_every_run_flag() -> None:
     """A new flag gets a bad-input case (or says here why it has none)."""
-    from autotune.flags import RunFlags
+    from autotune.cli._flags import RunFlags
 
     free_form = {"study", "trials_dir", "quiet", "no_prune", "no_confirm", "no_early_stop"}
     free_form |= {"cold_probes", "seed", "tf32", "script_args", "retry_failed", "shared"}

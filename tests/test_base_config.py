@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.base_config import (
+from autotune.errors import SettingsError
+from autotune.space._base_config import (
     base_global_batch,
     check_conflicts,
     find_auto_values,
     load_base_config,
 )
-from autotune.errors import SettingsError
-from autotune.space import load_space, parse_space
+from autotune.space.search_space import load_space, parse_space
 from tests.test_space import CPU
 
 PRODUCTION = {

@@ -8,7 +8,7 @@ import time
 import optuna
 import pytest
 
-from autotune.budget import BudgetClock, BudgetRecord, read_budget
+from autotune.run.budget import BudgetClock, BudgetRecord, read_budget
 from tests.test_confirm import ScriptedExecutor
 
 SPACE = (
@@ -47,8 +47,8 @@ def test_the_clock_runs_from_its_origin_never_from_the_future() -> None:
 def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, ops_build_s):
     """ScriptedExecutor stands in for the probes (they take no time here): what the study
     spent is the set-up before the tuner started, less the op build."""
-    from autotune.plan import plan_run
-    from autotune.tuner import Tuner
+    from autotune.run._plan import plan_run
+    from autotune.run._tuner import Tuner
 
     settings = _settings(tmp_path, SPACE, budget_s=600, max_trials=2, confirm=False)
     scripted = ScriptedExecutor({"z0 fp32 mb8x1": [100.0], "z1 fp32 mb8x1": [90.0]})
@@ -71,7 +71,7 @@ def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, 
 
 
 def test_probing_leaves_the_finish_its_time_measured_once_a_run_has_one() -> None:
-    from autotune.budget import DEFAULT_FINISH_S
+    from autotune.run.budget import DEFAULT_FINISH_S
 
     fresh = BudgetClock(BudgetRecord(total_s=100.0), None)
     assert fresh.probing_left_s == pytest.approx(100.0 - DEFAULT_FINISH_S)
@@ -137,8 +137,8 @@ class TimedExecutor:
 def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
     """Probes of 1 s and a close of 2 s: probing stops early enough for the close and the
     export to fit in the 14 s budget, and the run stores the finish it measured."""
-    from autotune.plan import plan_run
-    from autotune.tuner import Tuner
+    from autotune.run._plan import plan_run
+    from autotune.run._tuner import Tuner
 
     space = SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]").replace(
         "micro_batch_size: [8]", "micro_batch_size: [1, 2, 4, 8]"

@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.op_locks import LOCK_SUFFIX, op_lock
-from autotune.ops import ensure_deepspeed_ops
+from autotune.backends.deepspeed._op_locks import LOCK_SUFFIX, op_lock
+from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
 from tests.conftest import copy_built_ops
 
 OLD_S = 3600  # an hour: a lock whose holder lives stays, however old
 
 HOLDER = """
 import sys, time
-from autotune.op_locks import op_lock
+from autotune.backends.deepspeed._op_locks import op_lock
 with op_lock(sys.argv[1], "fused_adam"):
     open(sys.argv[1] + "/fused_adam/lock", "w").close()  # as torch's loader creates it
     print("holding", flush=True)
@@ -38,7 +38,7 @@ with op_lock(sys.argv[1], "fused_adam"):
 # A real guarded load of fused_adam that stops inside torch's lock.
 PAUSED_LOADER = """
 import time
-from autotune.ops import guard_op_loads
+from autotune.backends.deepspeed.ops import guard_op_loads
 guard_op_loads()
 import torch.utils.file_baton as file_baton
 take = file_baton.FileBaton.try_acquire
@@ -54,8 +54,8 @@ get_accelerator().create_op_builder("FusedAdamBuilder").load(verbose=False)
 
 NEXT_RUN = """
 from autotune.hardware import detect
-from autotune.ops import ensure_deepspeed_ops
-from autotune.render import line
+from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
+from autotune.cli._render import line
 report = ensure_deepspeed_ops(detect(), offload_targets=set(), emit=lambda e: print(line(e)))
 print("built:", report.built, flush=True)
 """
@@ -88,7 +88,8 @@ def _until_holding(process: subprocess.Popen[str]) -> None:
 
 def _clear_unheld_locks(root: Path) -> list[str]:
     """Remove each op's ``lock`` under ``root`` whose ``<op>.autotune-lock`` no live process
-    holds, as :func:`autotune.op_locks.op_lock` does for its own op; the ops cleared."""
+    holds, as :func:`autotune.backends.deepspeed._op_locks.op_lock` does for its own op; the ops
+    cleared."""
     cleared = []
     for op_dir in sorted(path for path in root.iterdir() if (path / "lock").exists()):
         fd = os.open(root / (op_dir.name + LOCK_SUFFIX), os.O_RDWR | os.O_CREAT, 0o666)
@@ -145,8 +146,8 @@ def private_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the built ops (fused_adam and the shared-memory all-reduce) of the default
     folder: up to date where it lies, so loading it compiles nothing."""
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    from autotune.backends.deepspeed.ops import torch_extensions_dir
     from autotune.hardware import detect
-    from autotune.ops import torch_extensions_dir
 
     default = torch_extensions_dir()
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", default)
@@ -192,7 +193,7 @@ def test_probe_ranks_get_past_a_lock_a_killed_rank_left(
 ) -> None:
     """Ranks JIT-load ops inside deepspeed.initialize, with no driver's build in front of
     them (launch_probe): a lock left by a rank killed there must not stop them."""
-    from autotune.launch import launch_probe
+    from autotune.execution.launch import launch_probe
     from tests.test_probe import make_job
 
     loader = _start(PAUSED_LOADER, private_ops)

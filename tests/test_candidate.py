@@ -14,8 +14,8 @@ from autotune.candidate import (
     ZeroKnobs,
 )
 from autotune.errors import ExportError
-from autotune.export import validate_ds_config
-from autotune.space import combination_problem
+from autotune.export._exporter import validate_ds_config
+from autotune.space.search_space import combination_problem
 
 
 def _candidates() -> list[Candidate]:

@@ -57,7 +57,7 @@ def test_probe_text_with_brackets_prints_as_is(capsys: pytest.CaptureFixture[str
     MarkupError on it and the run would die with a traceback."""
     from rich.table import Table
 
-    from autotune.cli import console
+    from autotune.cli._app import console
 
     line = "trial 0: z0 fp32 mb8x1 -> error ([/__w/gloo/transport/tcp/pair.cc:553] closed)"
     console.print(line)

@@ -1,7 +1,8 @@
 """Probes on an existing Ray cluster (``--ray-address``), tested on one machine.
 
 Two Ray nodes started with ``ray start`` (a head and a worker, each with its own temporary
-folder and one CPU-rank slot: :class:`autotune.loopback_cluster.LoopbackCluster`), so every
+folder and one CPU-rank slot: :class:`autotune.execution.loopback_cluster.LoopbackCluster`), so
+every
 2-rank probe spans both. The driver always runs in a subprocess (the real CLI, or a short
 script): it joins the cluster with the cluster's own token. Each cluster is torn down by
 its folder, whatever the outcome, never with ``ray stop`` (which would stop every Ray on
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.loopback_cluster import LoopbackCluster
+from autotune.execution.loopback_cluster import LoopbackCluster
 from tests.conftest import ROOT, probe_processes
 
 pytestmark = pytest.mark.slow
@@ -98,7 +99,7 @@ SPANNING_PROBES = """
 import json, sys
 import psutil
 from pathlib import Path
-from autotune.cluster import ClusterExecutor
+from autotune.execution._cluster import ClusterExecutor
 from autotune.protocol import RankReport
 from tests.test_probe import make_job
 

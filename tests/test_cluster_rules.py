@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cluster import CPU_RANK_RESOURCE, check_offer, slot_layout
+from autotune.cli._flags import RunFlags
+from autotune.cli._stored_flags import PER_RUN
 from autotune.errors import ExecutorError, SettingsError
-from autotune.flags import RunFlags
-from autotune.rank_actor import Placement
-from autotune.span import _RankLost
-from autotune.stored_flags import PER_RUN
+from autotune.execution._cluster import CPU_RANK_RESOURCE, check_offer, slot_layout
+from autotune.execution._rank_actor import Placement
+from autotune.execution._spanning_slot import _RankLost
 from tests.conftest import run_cli
 
 
@@ -96,7 +96,7 @@ def test_a_head_nobody_answers_at_is_one_line_at_once(tmp_path: Path) -> None:
 def test_a_loopback_clusters_worker_ports_lie_below_the_ephemeral_range() -> None:
     # Ray's other components bind random ports (port 0), from the kernel's ephemeral range;
     # a worker range holding one of them makes `ray start` fail.
-    from autotune.loopback_cluster import WORKER_PORTS_LOW, _worker_port_base
+    from autotune.execution.loopback_cluster import WORKER_PORTS_LOW, _worker_port_base
 
     with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
         ephemeral_low = int(ports.read().split()[0])

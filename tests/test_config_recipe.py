@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from autotune.trace_cache import cache_key
+from autotune.memory._trace_cache import cache_key
 from autotune.workloads import WORKLOADS, get_workload
 from autotune.workloads.config_recipe import ConfigRecipe
 from autotune.workloads.transformers_lm import CausalLMWorkload
@@ -60,7 +60,7 @@ def test_the_cache_key_follows_the_recipe_and_the_depth() -> None:
 def test_what_the_driver_asks_of_a_built_in_model_imports_no_transformers() -> None:
     code = (
         "import sys\n"
-        "from autotune.trace_cache import cache_key\n"
+        "from autotune.memory._trace_cache import cache_key\n"
         "from autotune.workloads import get_workload\n"
         "for name in ('gpt-tiny', 'llama3-8b', 'moe-tiny'):\n"
         "    w = get_workload(name)\n"

@@ -5,8 +5,11 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import best, budget, confirm, events, records
-from autotune.render import line
+from autotune import events
+from autotune.cli._render import line
+from autotune.run import budget
+from autotune.study import best, records
+from autotune.study import confirmation as confirm
 
 
 def _best_label(study: optuna.Study) -> str:
@@ -329,9 +332,9 @@ def test_a_winner_not_feasible_now_leaves_the_best_to_the_next_contender() -> No
 def _tuner(tmp_path, space_yaml: str | None = None, executor=None, **settings: object):
     """A Tuner on gpt-tiny with 2 ranks, its study in ``tmp_path``; ``space_yaml`` the text
     of its space file, ``executor`` the stand-in every probe goes to."""
-    from autotune.plan import plan_run
+    from autotune.run._plan import plan_run
+    from autotune.run._tuner import Tuner
     from autotune.settings import RunSettings
-    from autotune.tuner import Tuner
 
     if space_yaml is not None:
         space = tmp_path / "space.yaml"
@@ -398,7 +401,7 @@ class ScriptedExecutor:
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied) -> None:
-    from autotune import confirm
+    from autotune.study import confirmation as confirm
 
     # z0 and z1 alternate around 100 and 97 (a tie that never separates); z2 is far behind
     close = [100.0, 92.0, 108.0, 92.0, 108.0, 92.0, 108.0, 92.0, 108.0]
@@ -527,7 +530,7 @@ def test_stage_coverage_decides_when_the_reserve_starts(tmp_path) -> None:
     """On a short budget the reserve would end the search after two configs; it waits for
     autotune's least search, one probe of every ZeRO stage that may fit."""
     from autotune.candidate import Candidate
-    from autotune.sampler import History
+    from autotune.run.sampler import History
 
     tuner = _tuner(
         tmp_path,

@@ -13,7 +13,7 @@ import pytest
 
 CHILD = """
 import json, cpuinfo
-from autotune.cpu_info import remember_cpu_info
+from autotune.backends.deepspeed._cpu_info import remember_cpu_info
 def never(*args, **kwargs):
     raise AssertionError("py-cpuinfo asked again")
 cpuinfo.get_cpu_info_json = never
@@ -26,7 +26,7 @@ def test_the_first_answer_of_a_boot_serves_every_later_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cpuinfo = pytest.importorskip("cpuinfo")
-    from autotune import cpu_info
+    from autotune.backends.deepspeed import _cpu_info as cpu_info
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(cpuinfo, "get_cpu_info", cpuinfo.get_cpu_info)  # restored after
@@ -53,7 +53,7 @@ def test_a_damaged_answer_file_is_asked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cpuinfo = pytest.importorskip("cpuinfo")
-    from autotune import cpu_info
+    from autotune.backends.deepspeed import _cpu_info as cpu_info
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = Path(cpu_info._answer_file() or pytest.skip("no boot id on this system"))

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.launch import launch_probes
-from autotune.space import combination_problem
+from autotune.execution.launch import launch_probes
+from autotune.space.search_space import combination_problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from probe_jobs import cpu_probe_jobs

@@ -8,9 +8,10 @@ import time
 import optuna
 import pytest
 
-from autotune import events, lock
-from autotune.lock import DriverLock, Holder
-from autotune.render import line
+from autotune import events
+from autotune.cli._render import line
+from autotune.study import _driver_lock as lock
+from autotune.study._driver_lock import DriverLock, Holder
 
 NOW_S = 1_000_000.0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.executor import RayExecutor
+from autotune.execution._executor import RayExecutor
 from autotune.protocol import RankReport
 from tests.conftest import probe_processes
 from tests.test_probe import make_job

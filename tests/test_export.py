@@ -15,8 +15,8 @@ from optuna.trial import TrialState, create_trial
 
 from autotune.candidate import Candidate
 from autotune.errors import ExportError
-from autotune.export import choose_trial, export
-from autotune.study import StudyConfig
+from autotune.export._exporter import choose_trial, export
+from autotune.study.storage import StudyConfig
 
 BASE = {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from autotune.candidate import DEFAULT_BASE_CONFIG, Candidate
-from autotune.launch import ProbeJob, launch_probes, read_reports
+from autotune.execution.launch import ProbeJob, launch_probes, read_reports
 from autotune.protocol import ProbeResult, ProbeSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -48,8 +48,8 @@ FP16_HIGH_SCALE = {"fp16": {"initial_scale_power": 24}}
 
 def _torch_adam() -> bool:
     """Build the ops the probes load; True when FusedAdam does not build (no nvcc)."""
+    from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
     from autotune.hardware import detect
-    from autotune.ops import ensure_deepspeed_ops
 
     return ensure_deepspeed_ops(detect(), offload_targets={"cpu"}).torch_adam
 
@@ -68,7 +68,7 @@ def cuda_job(
 
     config = candidate.to_ds_config({**DEFAULT_BASE_CONFIG, **(base or {})})
     if torch_adam:
-        from autotune.ops import use_torch_adam
+        from autotune.backends.deepspeed.ops import use_torch_adam
 
         config = use_torch_adam(config)
     return ProbeJob(
@@ -127,7 +127,7 @@ def test_a_candidate_after_another_reports_its_own_cuda_peak(runs) -> None:
     """Expected: Z1_BF16 after Z0_FP32 in the same rank reports the allocated and reserved
     peaks it reports alone, within 5%; nothing was left allocated at its start (0 bytes
     expected; up to the tolerance the rank probes on, above it it would have restarted)."""
-    from autotune.rank_memory import leak_tolerance_bytes
+    from autotune.probe._rank_memory import leak_tolerance_bytes
 
     after, alone = _ok(runs, "z1_bf16_after_z0"), _ok(runs, "z1_bf16_alone")
     assert after.leak_restart_bytes == 0 and not after.cold_start
@@ -160,7 +160,7 @@ def test_deepspeed_sees_the_limit_not_the_card() -> None:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from autotune.rank_memory import limit_available_memory
+    from autotune.probe._rank_memory import limit_available_memory
 
     accelerator = get_accelerator()
     card = accelerator.available_memory()
@@ -182,7 +182,7 @@ def test_pinned_host_memory_is_released_between_candidates(runs) -> None:
     freed pinned block."""
     import torch
 
-    from autotune.rank_memory import empty_host_cache
+    from autotune.probe._rank_memory import empty_host_cache
 
     _ok(runs, "offload_z2")
     _ok(runs, "offload_z3")
@@ -236,7 +236,7 @@ def test_probes_follow_the_float32_matmul_precision(runs) -> None:
 def test_memory_model_matches_cuda_attention(tmp_path: Path, micro_batch: int) -> None:
     """Expected: the memory model's predicted device peak for GPT-2 bf16 ZeRO-0 without
     checkpointing is within 8% of the allocator's measured peak at micro-batch 4 and 16."""
-    from autotune.memory import MemoryModel
+    from autotune.memory.memory_model import MemoryModel
     from autotune.workloads import get_workload
 
     cand = candidate("bf16", 0, micro_batch)

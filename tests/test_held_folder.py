@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from autotune.held_folder import LOCK_NAME, HeldFolder, sweep_abandoned
+from autotune.execution._held_folder import LOCK_NAME, HeldFolder, sweep_abandoned
 
 PREFIX = "autotune-test-held-"
 
 HOLDER = """
 import sys, time
-from autotune.held_folder import HeldFolder
+from autotune.execution._held_folder import HeldFolder
 folder = HeldFolder(sys.argv[1], root=sys.argv[2])
 print(folder.path, flush=True)
 time.sleep(600)

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.loopback_run import _loopback_store_factory
+from autotune.probe.loopback_run import _loopback_store_factory
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def _listeners(root: psutil.Process) -> set[tuple[str, str, str]]:
         try:
             command = " ".join(process.cmdline()[:6])
             parent = process.parent()
-            if parent is not None and "autotune.fork_ranks" in " ".join(parent.cmdline()):
+            if parent is not None and "autotune.probe.fork_ranks" in " ".join(parent.cmdline()):
                 command = f"rank forked by {command}"  # a forked rank keeps its parent's
             for conn in process.net_connections(kind="inet"):
                 if conn.status == psutil.CONN_LISTEN:
@@ -112,7 +112,7 @@ def test_a_single_machine_run_listens_on_loopback_only(tmp_path: Path, executor:
     assert exposed == [], f"listening beyond loopback: {exposed}"
     # The sampling saw what it is there to check (so this test can fail).
     commands = " ".join(command for _, command, _ in seen)
-    assert "-m autotune.fork_ranks" in commands, seen  # the ranks' launcher and its store
+    assert "-m autotune.probe.fork_ranks" in commands, seen  # the ranks' launcher and its store
     assert "rank forked by" in commands, seen  # the ranks' gloo sockets
     if executor == "ray":
         names = {name for name, _, _ in seen}

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.activations import profile, trace_once
 from autotune.candidate import Candidate
-from autotune.memory import Calibration, MemoryModel, model_facts
+from autotune.memory.activations import profile, trace_once
+from autotune.memory.memory_model import Calibration, MemoryModel, model_facts
 from autotune.workloads import get_workload
 from tests.conftest import ROOT
 

@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from autotune.memtrack import TensorMemoryTracker
+from autotune.probe._memtrack import TensorMemoryTracker
 
 
 def test_counts_each_storage_once_and_releases() -> None:
@@ -58,7 +58,7 @@ def test_reset_peak() -> None:
 def test_live_tensors_and_adopt_count_what_was_alive_before() -> None:
     """A warm rank's tracker starts from what is still alive, as a device allocator would:
     a tensor an earlier candidate left counts in the peak, and its release is subtracted."""
-    from autotune.memtrack import live_tensors, storage_bytes
+    from autotune.probe._memtrack import live_tensors, storage_bytes
 
     gc.collect()
     before = storage_bytes(live_tensors("cpu"))
@@ -80,7 +80,7 @@ def test_live_tensors_and_adopt_count_what_was_alive_before() -> None:
 FROZEN_HEAP = """
 import gc, weakref
 import torch
-from autotune.memtrack import freeze_heap, live_tensors, storage_bytes
+from autotune.probe._memtrack import freeze_heap, live_tensors, storage_bytes
 
 kept = torch.zeros(1024, dtype=torch.uint8)       # alive when the heap is frozen
 dropped = torch.zeros(2048, dtype=torch.uint8)    # frozen, then dropped

@@ -45,7 +45,7 @@ def test_readme_command_1_parses_to_a_run() -> None:
 def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
     tmp_path: Path, start_nvme_build: Callable[[], None]
 ) -> None:
-    from autotune.ops import torch_extensions_dir
+    from autotune.backends.deepspeed.ops import torch_extensions_dir
 
     autotune = os.path.join(VENV_BIN, "autotune")
     assert os.access(autotune, os.X_OK), f"{autotune} missing: pip install -e ."

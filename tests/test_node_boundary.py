@@ -4,8 +4,8 @@ probe spanning nodes pays (collectives over the network)."""
 from __future__ import annotations
 
 from autotune.candidate import Candidate
-from autotune.cost import CostModel, WorkloadFacts
 from autotune.hardware import Hardware
+from autotune.run.cost_model import CostModel, WorkloadFacts
 
 
 def _hardware(**update: object) -> Hardware:

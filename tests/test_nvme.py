@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import DEFAULT_BASE_CONFIG, Candidate
+from autotune.execution.launch import ProbeJob, launch_probes
 from autotune.hardware import detect
-from autotune.launch import ProbeJob, launch_probes
 from autotune.protocol import ProbeSpec
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ SMALL_BUFFER = 10_000
 def nvme_job(
     root: Path, name: str, candidate: Candidate, nvme_path: Path, *, scratch: bool
 ) -> ProbeJob:
-    from autotune.memory import largest_layer_params
+    from autotune.memory.memory_model import largest_layer_params
     from autotune.workloads import get_workload
 
     base = {
@@ -75,7 +75,7 @@ def candidate(param: str) -> Candidate:
 
 @pytest.mark.nvme_op
 def test_nvme_offload_trains_and_each_swap_folder_is_removed(tmp_path: Path) -> None:
-    from autotune.ops import async_io_problem
+    from autotune.backends.deepspeed.ops import async_io_problem
 
     problem = async_io_problem(detect())
     if problem:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune import op_pch
+from autotune.backends.deepspeed import _op_pch as op_pch
 
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
 

@@ -16,9 +16,7 @@ from pathlib import Path
 import pytest
 
 from autotune import events
-from autotune.errors import HardwareError
-from autotune.hardware import Hardware
-from autotune.ops import (
+from autotune.backends.deepspeed.ops import (
     _without_debug_info,
     build_tool_problem,
     ensure_deepspeed_ops,
@@ -26,7 +24,9 @@ from autotune.ops import (
     torch_extensions_dir,
     use_torch_adam,
 )
-from autotune.render import BUILD_ESTIMATE, line
+from autotune.cli._render import BUILD_ESTIMATE, line
+from autotune.errors import HardwareError
+from autotune.hardware import Hardware
 
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -99,7 +99,7 @@ def test_a_venv_started_without_activation_builds_with_the_venvs_ninja(tmp_path:
     code = (
         "import shutil\n"
         "from torch.utils.cpp_extension import verify_ninja_availability\n"
-        "from autotune.ops import build_environment\n"
+        "from autotune.backends.deepspeed.ops import build_environment\n"
         "build_environment()\n"
         "verify_ninja_availability()\n"
         "print(shutil.which('ninja'))\n"
@@ -116,7 +116,7 @@ def test_a_venv_started_without_activation_builds_with_the_venvs_ninja(tmp_path:
 def test_probe_ranks_get_the_interpreters_folder_first_on_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from autotune.launch import probe_env
+    from autotune.execution.launch import probe_env
     from tests.test_probe import make_job
 
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
@@ -311,7 +311,7 @@ def test_ops_compile_without_debug_information_and_with_every_other_flag() -> No
 
 
 def test_the_adam_op_a_probe_steps_with_is_named_for_its_launcher() -> None:
-    from autotune.ops import adam_builder
+    from autotune.backends.deepspeed.ops import adam_builder
 
     adamw = {"type": "AdamW", "params": {"lr": 1e-4}}
     assert adam_builder({"optimizer": adamw}) == "FusedAdamBuilder"
@@ -327,7 +327,7 @@ def test_a_launcher_preloads_only_ops_already_built(
 ) -> None:
     """An op not built in the op folder is left to the rank (which builds it under the op
     lock): the launcher never compiles."""
-    from autotune.ops import preload_built_ops
+    from autotune.backends.deepspeed.ops import preload_built_ops
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert preload_built_ops(["FusedAdamBuilder", "CPUAdamBuilder"]) == []

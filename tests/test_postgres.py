@@ -63,7 +63,7 @@ def test_two_shared_drivers_never_probe_a_candidate_twice(tmp_path: Path) -> Non
     import sys
     import time
 
-    from autotune.records import views
+    from autotune.study.records import views
 
     name = f"shared-{uuid.uuid4().hex[:8]}"
     (tmp_path / "space.yaml").write_text(SHARED_SPACE)

@@ -1,4 +1,5 @@
-"""A probe's process takes the driver's priority (autotune.priority): Ray starts its workers
+"""A probe's process takes the driver's priority (autotune.execution._priority): Ray starts its
+workers
 at nice 15 and a probe under one would inherit it."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import sys
 
 import pytest
 
-from autotune.launch import _CLEAN_SIGNALS_EXEC
-from autotune.priority import NICENESS_VARIABLE
+from autotune.execution._priority import NICENESS_VARIABLE
+from autotune.execution.launch import _CLEAN_SIGNALS_EXEC
 from tests.conftest import ROOT
 
 REPORT_NICENESS = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"

@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate, ZeroKnobs
-from autotune.launch import ProbeJob, launch_probe, launch_probes, probe_command, read_reports
+from autotune.execution.launch import (
+    ProbeJob,
+    launch_probe,
+    launch_probes,
+    probe_command,
+    read_reports,
+)
 from autotune.protocol import ProbeSpec
 from tests.conftest import probe_processes
 
@@ -90,7 +96,7 @@ def test_a_forked_cpu_rank_runs_with_the_threads_of_its_launch(tmp_path: Path) -
     thread; each rank runs with the launch's threads, as a rank of its own program would."""
     job = make_job(tmp_path, candidate=CANDIDATE.model_copy(update={"data_parallel_size": 1}))
     job = job.model_copy(update={"world_size": 1, "threads_per_rank": 2})
-    assert "autotune.fork_ranks" in probe_command(job, [])
+    assert "autotune.probe.fork_ranks" in probe_command(job, [])
     result = launch_probe(job)
     assert result.status == "ok", result.error + result.log_tail
     assert result.threads_per_rank == 2
@@ -122,7 +128,7 @@ def test_hung_rank_is_killed_at_the_timeout(tmp_path: Path) -> None:
 def test_adaptive_length_and_early_stop_in_one_warm_group(tmp_path: Path) -> None:
     """Warm-up until steps settle, timing until the interval is tight (or the cap), and an
     early stop once clearly slower than a threshold; all ranks stop after the same step."""
-    from autotune.worker import WarmWorker
+    from autotune.execution._worker import WarmWorker
 
     worker = WarmWorker()
     try:
@@ -296,7 +302,7 @@ def test_zero3_builds_partitioned_under_zero_init_other_stages_in_their_dtype(se
 def test_ranks_that_find_a_leak_restart_and_probe_cold(sequences) -> None:
     """The "leak" fault keeps ZERO3's model and 2x the tolerance alive: the next candidate's
     ranks refuse it (unclean) and a fresh launch probes it, cold."""
-    from autotune.rank_memory import leak_tolerance_bytes
+    from autotune.probe._rank_memory import leak_tolerance_bytes
 
     (_, leaking), (_, restarted) = sequences["zero3_leaking"], sequences["small_after_leak"]
     (_, alone) = sequences["small_alone"]
@@ -308,8 +314,8 @@ def test_ranks_that_find_a_leak_restart_and_probe_cold(sequences) -> None:
 
 
 def test_a_warm_worker_restarts_unclean_ranks_and_removes_scratch(tmp_path: Path) -> None:
-    from autotune.rank_memory import leak_tolerance_bytes
-    from autotune.worker import WarmWorker
+    from autotune.execution._worker import WarmWorker
+    from autotune.probe._rank_memory import leak_tolerance_bytes
 
     def job(name: str, candidate: Candidate, **spec: object) -> ProbeJob:
         return sequence_job(tmp_path, name, candidate, **spec).model_copy(

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 import torch
 
-from autotune import steps
+from autotune import timing as steps
 from autotune.errors import ExecutorError
-from autotune.executor import LocalExecutor, slot_devices
-from autotune.protocol import ProbeSpec
-from autotune.rank_memory import (
+from autotune.execution._executor import LocalExecutor, slot_devices
+from autotune.probe._rank_memory import (
     allocator_fraction,
     classify_failure,
     device_overhead_bytes,
@@ -30,6 +29,7 @@ from autotune.rank_memory import (
     limited_available_memory,
     pinned_host_failure,
 )
+from autotune.protocol import ProbeSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 2**30
@@ -216,7 +216,7 @@ def test_local_slots_map_through_the_parents_visible_devices(monkeypatch) -> Non
 
 
 def test_scratch_dir_is_an_absolute_subfolder(tmp_path: Path) -> None:
-    from autotune.launch import ProbeJob
+    from autotune.execution.launch import ProbeJob
 
     job = {"trial_dir": str(tmp_path), "world_size": 1, "timeout_s": 1.0}
     job |= {"threads_per_rank": 1, "cwd": str(tmp_path), "spec": _spec()}

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune import events, records
+from autotune import events
+from autotune.cli._render import line
 from autotune.protocol import ProbeResult
-from autotune.render import line
+from autotune.study import records
 from tests.test_confirm import ScriptedExecutor, _load, _tuner
 
 FP32_TWO_STAGES = (

@@ -16,7 +16,7 @@ import optuna
 import pytest
 import requests
 
-from autotune.export import validate_ds_config
+from autotune.export._exporter import validate_ds_config
 from tests.conftest import ROOT, probe_processes, run_cli
 
 pytestmark = pytest.mark.slow
@@ -97,8 +97,8 @@ def test_study_records_every_probe(study_dir: Path) -> None:
 
 
 def test_confirmation_round_decides_the_export(study_dir: Path) -> None:
-    from autotune import best
-    from autotune.confirm import load as load_confirmation
+    from autotune.study import best
+    from autotune.study.confirmation import load as load_confirmation
 
     out = (study_dir / "first-run.log").read_text()
     assert "confirming 3 contender(s), interleaved" in out
@@ -137,7 +137,7 @@ def test_exported_config_is_the_winners_with_the_production_keys(study_dir: Path
     path = best_dir / "ds_config.json"
     config = json.loads(path.read_text())
     validate_ds_config(config, world_size=2)
-    from autotune import best as best_module
+    from autotune.study import best as best_module
 
     decided = best_module.of_study(load(study_dir))  # the confirmation round's winner
     assert decided is not None

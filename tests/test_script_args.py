@@ -11,7 +11,7 @@ import pytest
 
 from autotune.candidate import Candidate
 from autotune.errors import SettingsError
-from autotune.script_args import parse_script, set_flag, set_switch
+from autotune.script_config import parse_script, set_flag, set_switch
 
 
 def _candidate(**values: object) -> Candidate:
@@ -90,9 +90,9 @@ def test_flags_and_switches_are_replaced_in_place() -> None:
 
 def test_launch_sh_quotes_every_argument(folder: Path) -> None:
     """Arguments come from the storage: none may run as shell code."""
-    from autotune.records import TrialRecord, TrialView
-    from autotune.script_export import render_script_launch
-    from autotune.study import StudyConfig
+    from autotune.export._script_export import render_script_launch
+    from autotune.study.records import TrialRecord, TrialView
+    from autotune.study.storage import StudyConfig
 
     hostile = ["--deepspeed", "ds_config.json", "--name", "$(touch INJECTED); `x`"]
     script = parse_script("train.py", hostile, [], cwd=folder)
@@ -119,7 +119,7 @@ def test_launch_sh_quotes_every_argument(folder: Path) -> None:
 
 
 def test_project_file_layers_under_the_flags(folder: Path) -> None:
-    from autotune.project import layer
+    from autotune.cli._project import layer
 
     (folder / "autotune.yaml").write_text(
         "script: train.py\nscript-args: --deepspeed ds_config.json --output_dir out\n"
@@ -143,7 +143,7 @@ def test_project_file_layers_under_the_flags(folder: Path) -> None:
     ],
 )
 def test_a_bad_project_file_is_one_line_naming_it(folder: Path, text: str, words: str) -> None:
-    from autotune.project import project_flags
+    from autotune.cli._project import project_flags
 
     (folder / "autotune.yaml").write_text(text)
     with pytest.raises(SettingsError) as caught:
@@ -152,7 +152,7 @@ def test_a_bad_project_file_is_one_line_naming_it(folder: Path, text: str, words
 
 
 def test_pyproject_table(folder: Path) -> None:
-    from autotune.project import project_flags
+    from autotune.cli._project import project_flags
 
     (folder / "pyproject.toml").write_text('[tool.autotune]\nworkload = "gpt-tiny"\ngpus = 2\n')
     assert project_flags(folder) == (
@@ -162,7 +162,7 @@ def test_pyproject_table(folder: Path) -> None:
 
 
 def test_init_writes_a_commented_file_that_runs(folder: Path) -> None:
-    from autotune.project import init, project_flags
+    from autotune.cli._project import init, project_flags
 
     path = init("train.py", HF_ARGS, gpus=2, folder=folder)
     text = path.read_text()

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from autotune.candidate import Candidate
+from autotune.memory._memory_screen import SameFailures
+from autotune.memory.script_memory import ScriptMemoryModel
 from autotune.protocol import ModelInfo
-from autotune.screen import SameFailures
-from autotune.script_memory import ScriptMemoryModel
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ModelInfo(
@@ -71,7 +71,7 @@ def test_the_same_failure_across_stages_stops_a_precision() -> None:
 def test_a_minimal_workload_factory_is_enough(tmp_path: Path, monkeypatch) -> None:
     """No tokens_per_sample, no checkpointing, fp32 inputs: the example factory plans, its
     study is named after the workload, checkpointing leaves the space with a note."""
-    from autotune.plan import plan_run
+    from autotune.run._plan import plan_run
     from autotune.settings import RunSettings
     from autotune.workloads import get_workload, workload_study_name
 
@@ -88,7 +88,7 @@ def test_a_minimal_workload_factory_is_enough(tmp_path: Path, monkeypatch) -> No
 def test_the_probe_casts_inputs_to_the_engines_dtype() -> None:
     import torch
 
-    from autotune.probe import make_batch
+    from autotune.probe.rank import make_batch
     from autotune.workloads import get_workload
 
     workload = get_workload(f"{ROOT}/examples/workload/mlp.py:make")

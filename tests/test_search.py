@@ -8,11 +8,11 @@ import math
 import optuna
 import pytest
 
-from autotune import steps
+from autotune import timing as steps
 from autotune.candidate import Candidate
-from autotune.cost import TERMS, CostModel, WorkloadFacts
-from autotune.sampler import CandidatePolicy, CandidateSampler, History, shape_key
-from autotune.space import load_space
+from autotune.run.cost_model import TERMS, CostModel, WorkloadFacts
+from autotune.run.sampler import CandidatePolicy, CandidateSampler, History, shape_key
+from autotune.space.search_space import load_space
 from tests.test_space import CPU
 
 FACTS = WorkloadFacts(params=4_000_000, tokens_per_sample=64)
@@ -97,7 +97,7 @@ def test_calibration_recovers_the_weights_that_made_the_times() -> None:
 def test_this_cpus_matmul_rates_order_the_precisions() -> None:
     """AMX CPUs run bf16 ~5x faster than fp32, AVX2 CPUs ~10x slower: the prior must come
     from the machine, or the model never proposes the faster precision."""
-    from autotune.cost import compute_scale_from, measure_cpu_matmul_flops
+    from autotune.run.cost_model import compute_scale_from, measure_cpu_matmul_flops
 
     flops = measure_cpu_matmul_flops(("fp32", "bf16"), threads=1)
     assert flops["fp32"] > 1e8 and flops["bf16"] > 1e7
@@ -225,9 +225,9 @@ def test_sampler_drives_an_optuna_study_with_whole_candidates() -> None:
     ],
 )
 def test_sampler_flag_selects_the_sampler(name: str, kind: str, tmp_path) -> None:
-    from autotune.plan import plan_run
+    from autotune.run._plan import plan_run
+    from autotune.run._tuner import Tuner
     from autotune.settings import RunSettings
-    from autotune.tuner import Tuner
 
     settings = RunSettings.build(
         workload="gpt-tiny", gpus=2, sampler=name, trials_dir=tmp_path / "trials"

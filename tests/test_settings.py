@@ -81,9 +81,9 @@ def test_a_continue_takes_stored_files_only_from_this_host_and_user(tmp_path) ->
     import os
     import socket
 
+    from autotune.cli._flags import RunFlags
+    from autotune.cli._stored_flags import HOST_KEY, inherited
     from autotune.errors import SettingsError
-    from autotune.flags import RunFlags
-    from autotune.stored_flags import HOST_KEY, inherited
 
     workload = tmp_path / "mine.py"
     workload.write_text("def make(): ...\n")
@@ -120,7 +120,7 @@ def test_every_flag_left_out_resolves_to_the_settings_default():
     """The settings model holds the defaults: a run given only its workload gets, for every
     setting a flag sets, that setting's default (a negating flag such as --no-prune its
     negation), so the command line and the library cannot drift apart."""
-    from autotune.flags import RunFlags
+    from autotune.cli._flags import RunFlags
     from autotune.settings import RunSettings
 
     resolved = RunFlags(workload="gpt-tiny").settings()

@@ -8,7 +8,7 @@ import pytest
 from autotune.candidate import Candidate
 from autotune.errors import SpaceError
 from autotune.hardware import Hardware
-from autotune.space import (
+from autotune.space.search_space import (
     SpaceSpec,
     builtin_space_names,
     combination_problem,

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import activations, memory, trace_cache
+from autotune.memory import _trace_cache as trace_cache
+from autotune.memory import activations
+from autotune.memory import memory_model as memory
 from autotune.workloads import get_workload
 
 

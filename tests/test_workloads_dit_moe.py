@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autotune.activations import _depth, profile, trace_once
 from autotune.candidate import Candidate
-from autotune.cost import WorkloadFacts, terms
-from autotune.memory import MemoryModel, model_facts
-from autotune.memtrack import TensorMemoryTracker
+from autotune.memory.activations import _depth, profile, trace_once
+from autotune.memory.memory_model import MemoryModel, model_facts
+from autotune.probe._memtrack import TensorMemoryTracker
+from autotune.run.cost_model import WorkloadFacts, terms
 from autotune.workloads import WORKLOADS, DiTWorkload, get_workload
 from autotune.workloads.dit import _schedule_at
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.activations import profile
 from autotune.errors import WorkloadError
-from autotune.memory import model_facts
+from autotune.memory.activations import profile
+from autotune.memory.memory_model import model_facts
 from autotune.workloads import (
     CausalLMWorkload,
     MaskedLMWorkload,

@@ -45,7 +45,7 @@ class Workload(ABC):
     def import_model_code(self) -> None:
         """Import the library code :meth:`build_model` uses, building nothing and running
         no tensor operation: a CPU probe's launcher calls it once before it forks its ranks
-        (:mod:`autotune.fork_ranks`), so that no rank imports it again. Optional: by
+        (:mod:`autotune.probe.fork_ranks`), so that no rank imports it again. Optional: by
         default each rank imports what it uses."""
         return
 
@@ -71,5 +71,5 @@ class Workload(ABC):
     def trace_fingerprint(self) -> dict[str, Any] | None:
         """What defines this model's shapes, as JSON data the same in every process (its
         config), or None where the workload cannot say: the memory model then keeps its
-        activation traces for this process only (:mod:`autotune.trace_cache`)."""
+        activation traces for this process only (:mod:`autotune.memory._trace_cache`)."""
         return None

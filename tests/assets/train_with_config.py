@@ -4,7 +4,8 @@ Run with torchrun or the deepspeed launcher; the tests use it to prove that an e
 ds_config.json works unedited.
 
 DeepSpeed runs unmodified; only its JIT-compiled ops come from autotune's op folder, built
-without debug information (the same machine code: see autotune.ops), so that the suite
+without debug information (the same machine code: see autotune.backends.deepspeed.ops), so that the
+suite
 compiles each op once instead of again with DeepSpeed's ``-g``.
 """
 
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from autotune.ops import guard_op_loads
+from autotune.backends.deepspeed.ops import guard_op_loads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--config", "--deepspeed_config", dest="config", required=True)

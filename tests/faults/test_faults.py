@@ -36,7 +36,7 @@ HUNG = ["run", "--study", "gpt-tiny", "--inject-fault", "hang", "--probe-timeout
 
 
 def status_of(trial: optuna.trial.FrozenTrial) -> str:
-    from autotune.records import TrialView
+    from autotune.study.records import TrialView
 
     return TrialView.of(trial).status
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import optuna
 
-from autotune import best, confirm, records
 from autotune.candidate import Candidate
 from autotune.protocol import ProbeResult
-from autotune.study import StudyConfig, store_start
+from autotune.study import best, records
+from autotune.study import confirmation as confirm
+from autotune.study.storage import StudyConfig, store_start
 
 NAME = "synthetic"
 LIMIT = 64 * 2**20

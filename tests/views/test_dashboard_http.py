@@ -82,8 +82,8 @@ def test_ctrl_c_stops_a_dashboard_started_in_the_background(
 def test_notes_are_rewritten_only_when_they_change(synthetic: str, tmp_path: Path) -> None:
     import optuna
 
-    from autotune.dashboard import annotate
-    from autotune.study import open_storage
+    from autotune.study.storage import open_storage
+    from autotune.views._dashboard import annotate
 
     study = optuna.load_study(study_name=NAME, storage=synthetic)
     storage = open_storage(synthetic)

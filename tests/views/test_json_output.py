@@ -9,7 +9,7 @@ from typing import Any
 
 import optuna
 
-from autotune import best
+from autotune.study import best
 from tests.conftest import run_cli
 from tests.views.synthetic import NAME
 

@@ -9,10 +9,11 @@ import re
 import pytest
 from rich.console import Console
 
-from autotune import cli, events
-from autotune.confirm import Confirmation
-from autotune.live import LiveView, RunState, draw
+from autotune import events
+from autotune.cli import _app as cli
+from autotune.cli._live import LiveView, RunState, draw
 from autotune.protocol import ProbeResult
+from autotune.study.confirmation import Confirmation
 from tests.views.conftest import RealStudy
 
 MIB = 2**20

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import optuna
 
-from autotune import best, confirm, records
-from autotune.dashboard import trial_note
-from autotune.export import export
-from autotune.report_data import INFEASIBLE, point_of
-from autotune.summary import outcome_counts, runner_up_distance, standings
+from autotune.export._exporter import export
+from autotune.export._summary import outcome_counts, runner_up_distance, standings
+from autotune.study import best, records
+from autotune.study import confirmation as confirm
+from autotune.views._dashboard import trial_note
+from autotune.views._report_data import INFEASIBLE, point_of
 from tests.views.synthetic import LIMIT, MIB, NAME, _candidate, _result
 
 

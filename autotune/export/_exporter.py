@@ -1,0 +1,178 @@
+"""The best trial (or a chosen one) -> the three files a user takes to production.
+
+``ds_config.json`` (the base config with the tuned values, checked by DeepSpeed's own config
+class for the tuned world size), ``launch.sh`` (the deepspeed launcher and torchrun commands
+for the user's script) and ``summary.md`` (see :mod:`autotune.export._summary`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from unittest import mock
+
+from pydantic import BaseModel, ConfigDict
+
+from autotune.errors import ExportError
+from autotune.study import best, records, study_config
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.study import Best, StudyConfig, TrialView
+
+
+class Exported(BaseModel):
+    """Where the export went, and what it holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int
+    label: str
+    folder: str
+    ds_config: str
+    launch: str
+    summary: str
+
+
+def validate_ds_config(config: dict[str, Any], world_size: int, accelerator: str = "cpu") -> None:
+    """Have DeepSpeed's own config class parse ``config`` for ``world_size`` ranks.
+
+    ``DeepSpeedConfig`` reads the world size from ``deepspeed.comm``, which needs a live
+    process group; we tell it the tuned world size instead, and keep everything else real
+    (the batch-size assertion train_batch = micro x accumulation x world is the one that
+    depends on it).
+    """
+    import logging
+    import os
+
+    os.environ.setdefault("DS_ACCELERATOR", accelerator)  # else DeepSpeed warns as it guesses
+    import deepspeed.comm
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.ERROR)  # its notes about the config are not the user's output
+    try:
+        with (
+            mock.patch.object(deepspeed.comm, "get_rank", return_value=0),
+            mock.patch.object(deepspeed.comm, "get_world_size", return_value=world_size),
+        ):
+            DeepSpeedConfig(json.loads(json.dumps(config)))
+    except Exception as exc:  # noqa: BLE001 - DeepSpeed raises assertion, value, pydantic errors
+        first = _error_line(exc)
+        raise ExportError(
+            f"DeepSpeed rejects the config for {world_size} rank(s): {first}"
+        ) from None
+
+
+def _error_line(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        return f"{exc.title}: {where + ': ' if where else ''}{error['msg']}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
+    """The trial's candidate over the user's base config, with the user's NVMe path; with
+    torch's Adam where the probe stepped with it (FusedAdam did not build there)."""
+    largest = None
+    if trial.candidate.offload_param == "nvme" and config.script is not None:
+        from autotune.memory import read_probe
+
+        model = read_probe(trial.record.trial_dir)[0]  # the script's model, as probed
+        largest = model.largest_param if model is not None else None
+    elif trial.candidate.offload_param == "nvme":  # its swap buffer must hold a partition
+        from autotune.memory import model_facts
+        from autotune.workloads import get_workload
+
+        largest = model_facts(get_workload(config.workload), 0).largest_param
+    rendered = trial.candidate.to_ds_config(
+        config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
+    )
+    if config.script is not None:
+        from autotune.backends.deepspeed import script_ds_config
+
+        rendered = script_ds_config(rendered, config.script)
+    probed = (trial.record.ds_config or {}).get("optimizer", {}).get("params", {})
+    if probed.get("torch_adam"):
+        from autotune.backends.deepspeed import use_torch_adam
+
+        rendered = use_torch_adam(rendered)
+    return rendered
+
+
+def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Best | None]:
+    """The trial to export (the best by :func:`autotune.study.best.decide_best` unless ``number``
+    names one) and the best, which the summary describes."""
+    from autotune.study import confirmation as confirm
+
+    trials = records.views(study)
+    decided = best.decide_best(trials, confirm.load(study))
+    if number is None:
+        if decided is None:
+            raise ExportError(
+                f"study {study.study_name!r} has no feasible measured trial yet; run "
+                f"autotune run --study {study.study_name} to probe more candidates"
+            )
+        return trials[decided.trial], decided
+    if not 0 <= number < len(trials):
+        raise ExportError(
+            f"--trial {number}: study {study.study_name!r} has trials 0-{len(trials) - 1}"
+        )
+    trial = trials[number]
+    if trial.feasible:
+        return trial, decided
+    if trial.record.duplicate_of is not None:
+        reason = f"it repeats trial {trial.record.duplicate_of}"
+    elif trial.status == "ok" and trial.record.stopped_early:
+        reason = "its probe was stopped early (a partial measurement)"
+    elif trial.status == "ok":
+        reason = "its peak memory exceeded the limit"
+    else:
+        reason = f"its status is {trial.status!r}"
+    feasible = ", ".join(str(t.number) for t in records.ranked_feasible(trials)[:10]) or "none"
+    raise ExportError(f"--trial {number} cannot be exported: {reason}; feasible: {feasible}")
+
+
+def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = None) -> Exported:
+    """Write ds_config.json, launch.sh and summary.md for the chosen trial into ``out_dir``."""
+    from autotune.export._summary import render_launch, render_summary
+
+    config = study_config(study)
+    if config is None:
+        raise ExportError(f"study {study.study_name!r} was not made by autotune run")
+    trial, decided = choose_trial(study, trial_number)
+    ds_config = production_config(trial, config)
+    checked = ds_config
+    if config.script is not None:  # "auto" values are the Trainer's to fill
+        from autotune.export._script_export import without_autos
+
+        checked = without_autos(ds_config)
+    validate_ds_config(checked, trial.candidate.data_parallel_size, config.accelerator)
+    files = {
+        "ds_config.json": json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
+        "launch.sh": render_launch(study.study_name, trial, config),
+        "summary.md": render_summary(study, trial, config, decided),
+    }
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out_dir / name).write_text(text, encoding="utf-8")
+        (out_dir / "launch.sh").chmod(0o755)
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write to {out_dir}: {exc.strerror}; pass another -o folder"
+        ) from None
+    return Exported(
+        trial=trial.number,
+        label=trial.label,
+        folder=str(out_dir),
+        ds_config=str(out_dir / "ds_config.json"),
+        launch=str(out_dir / "launch.sh"),
+        summary=str(out_dir / "summary.md"),
+    )

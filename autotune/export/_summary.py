@@ -1,0 +1,400 @@
+"""What the export says to a person: ``summary.md`` and ``launch.sh``.
+
+Both are rendered from the trial records and the one decision of the best
+(:mod:`autotune.study.best`): the chosen configuration, why (the confirmed estimate when the
+confirmation round decided it), the runners-up in the same ranking, what the search did, and
+what the user must do in their own code. Text from the storage (study names, labels) is
+quoted or escaped before it reaches the shell script.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from autotune.settings import format_bytes
+from autotune.study import records
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.candidate import Candidate
+    from autotune.study import Best, Confirmation, StudyConfig, TrialView
+
+RUNNERS_UP = 5
+
+
+def _peaks(values: list[int]) -> str:
+    return ", ".join(format_bytes(v) for v in values) or "n/a"
+
+
+def _printable(text: str) -> str:
+    """One line of plain text: control characters (a newline ends a shell comment) become
+    spaces."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
+def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str:
+    if config.script is not None:  # the user's own script, with its arguments
+        from autotune.export._script_export import render_script_launch
+
+        return render_script_launch(study_name, trial, config)
+    ranks = config.gpus_per_trial
+    device = "GPU(s)" if config.accelerator == "cuda" else "CPU rank(s)"
+    cpu_env = (
+        'export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"\n' if config.accelerator == "cpu" else ""
+    )
+    origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
+    return f"""#!/usr/bin/env bash
+# autotune export: {origin},
+# tuned for {ranks} {device} on one node.
+#
+#   ./launch.sh train.py [your script's arguments]                     # deepspeed launcher
+#   LAUNCHER=torchrun ./launch.sh train.py [your script's arguments]   # torchrun
+#
+# The deepspeed launcher's rendezvous port is MASTER_PORT (29500 unless set: give another
+# where a second job on the node holds it); torchrun --standalone picks a free one.
+# Your script hands the config to deepspeed.initialize(config=...); this script passes
+# its path as --deepspeed_config (change the flag below if your script reads another one).
+set -euo pipefail
+CONFIG="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/ds_config.json"
+SCRIPT="${{1:?usage: $0 train.py [arguments of your script]}}"
+shift
+# The probes ran with this many intra-op threads per rank.
+export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(config.threads_per_rank))}}}"
+{cpu_env}case "${{LAUNCHER:-deepspeed}}" in
+  deepspeed)
+    exec deepspeed --num_gpus={ranks} --master_port "${{MASTER_PORT:-29500}}" \\
+      "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
+  torchrun)
+    exec torchrun --standalone --nproc-per-node={ranks} \\
+      "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
+  *) echo "LAUNCHER must be deepspeed or torchrun, got ${{LAUNCHER}}" >&2; exit 2 ;;
+esac
+"""
+
+
+def outcome_counts(trials: list[TrialView]) -> Counter[str]:
+    """Evaluated candidates by how their evaluation ended, in words."""
+    counts: Counter[str] = Counter()
+    for trial in trials:
+        record = trial.record
+        if trial.feasible:
+            counts["feasible, measured in full"] += 1
+        elif trial.status == "ok" and record.stopped_early and record.feasible:
+            counts["feasible, stopped early as clearly slower than the best so far"] += 1
+        elif trial.status == "ok":
+            counts["infeasible: measured peak above the limit"] += 1
+        elif trial.status == "oom":
+            counts["infeasible: ran out of memory in the probe"] += 1
+        elif trial.status == "pruned":
+            counts[f"infeasible, not probed: {record.pruned_by}"] += 1
+        elif trial.status in records.FAILED_STATUSES:
+            counts[f"failed: {trial.status}"] += 1
+    return counts
+
+
+def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
+    actions = []
+    script = config.script
+    if script is not None and "activation_checkpointing" in script.flags:
+        state = "on" if candidate.activation_checkpointing else "off"
+        flag = script.flags["activation_checkpointing"]
+        actions.append(f"Activation checkpointing is {state}: launch.sh sets `{flag}` so.")
+    elif candidate.activation_checkpointing:
+        actions.append(
+            "Turn activation checkpointing on in your model: for a transformers model call "
+            "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+            '{"use_reentrant": False})` before `deepspeed.initialize`; otherwise wrap each '
+            "transformer block in "
+            "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
+            "ds_config.json cannot switch this on for you."
+        )
+    else:
+        actions.append("Keep activation checkpointing off (it was off in the probes).")
+    if candidate.precision == "fp16":
+        actions.append(
+            "fp16 uses DeepSpeed's dynamic loss scaling (ds_config.json); do not add your own "
+            "GradScaler."
+        )
+    if candidate.precision == "bf16":
+        actions.append("DeepSpeed casts the model to bf16; do not call `model.half()` yourself.")
+    if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
+        actions.append(
+            "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "
+            f"processes peaked at {_peaks(trial.record.host_peak_bytes_per_rank)} resident "
+            "per rank; leave that much free per rank on each node."
+        )
+    if "nvme" in (candidate.offload_optimizer, candidate.offload_param):
+        actions.append(
+            f"NVMe offload writes to {config.nvme_path}: that folder must exist, on an NVMe "
+            "disk, on every node."
+        )
+    if config.global_batch is None:
+        actions.append(
+            f"The global batch was searched (--global-batch auto, up to "
+            f"{config.max_global_batch}): the chosen one is {candidate.train_batch_size}. "
+            "If it differs from the batch your learning rate was tuned for, rescale the "
+            "learning rate (e.g. linearly with the batch) and re-check convergence."
+        )
+    if config.accelerator == "cpu":
+        actions.append(
+            f"These are CPU ranks (DeepSpeed's CPU accelerator); run with "
+            f"OMP_NUM_THREADS={config.threads_per_rank} as the probes did (launch.sh does)."
+        )
+    return actions
+
+
+def _setting_rows(candidate: Candidate) -> list[str]:
+    ratio = (
+        f" (ratio {candidate.offload_optimizer_ratio:g})"
+        if candidate.offload_optimizer_ratio < 1
+        else ""
+    )
+    knobs = ", ".join(f"{k}={v}" for k, v in candidate.zero_knobs.items()) or "DeepSpeed defaults"
+    return [
+        "| setting | value |",
+        "| --- | --- |",
+        f"| precision | {candidate.precision} |",
+        f"| ZeRO stage | {candidate.zero_stage} |",
+        f"| optimizer offload | {candidate.offload_optimizer}{ratio} |",
+        f"| parameter offload | {candidate.offload_param} |",
+        f"| micro-batch per rank | {candidate.micro_batch_size} |",
+        f"| gradient accumulation | {candidate.gradient_accumulation_steps} |",
+        f"| global batch | {candidate.train_batch_size} |",
+        f"| activation checkpointing | {'on' if candidate.activation_checkpointing else 'off'} |",
+        f"| fine ZeRO knobs | {knobs} |",
+    ]
+
+
+def standings(
+    trials: list[TrialView], verdict: Confirmation | None, decided: Best | None
+) -> list[tuple[TrialView, float, str]]:
+    """Every feasible trial once, best first, each with the estimate it is ranked by: the
+    confirmed contenders in the verdict's order, each by the median of its probes, then the
+    rest by their single measurement; the decided best leads."""
+    ranked = records.ranked_feasible(trials)
+    by_number = {t.number: t for t in ranked}
+    rows: list[tuple[TrialView, float, str]] = []
+    confirmed = decided is not None and decided.confirmed and verdict is not None
+    if confirmed:
+        assert verdict is not None
+        for contender in verdict.contenders:
+            if contender.trial in by_number:
+                rows.append(
+                    (by_number.pop(contender.trial), contender.estimate, "confirmed median")
+                )
+    rows += [(t, float(t.value or 0.0), "one probe") for t in by_number.values()]
+    if decided is not None:
+        rows.sort(key=lambda row: row[0].number != decided.trial)
+    return rows
+
+
+def _why(
+    trial: TrialView, decided: Best | None, ranked: int, verdict: Confirmation | None
+) -> list[str]:
+    record = trial.record
+    steps = (
+        f"{record.samples_per_s:.1f} samples/s in its search probe (steps ranged "
+        f"{record.samples_per_s_min:.1f}-{record.samples_per_s_max:.1f})"
+    )
+    if decided is not None and decided.trial == trial.number and decided.confirmed:
+        lead = f"- {_confirmed_how(decided, verdict)}; {steps}."
+    elif decided is not None and decided.trial == trial.number:
+        lead = f"- Fastest of {ranked} feasible configurations measured: {steps}."
+    else:
+        best_text = (
+            f"trial {decided.trial} ({decided.label})" if decided is not None else "none yet"
+        )
+        lead = f"- Chosen with --trial {trial.number}; the best is {best_text}. It ran {steps}."
+    if record.tokens_per_s == record.samples_per_s:  # a model without tokens
+        return [lead]
+    return [lead, f"- {record.tokens_per_s:.0f} tokens/s in that probe."]
+
+
+def _confirmed_how(decided: Best, verdict: Confirmation | None) -> str:
+    """How the confirmation round chose ``decided``, and the estimate it rests on: the median
+    of the search probe and the round's re-probes."""
+    reprobes = decided.probes - 1
+    estimate = (
+        f"{decided.samples_per_s:.1f} samples/s ±{decided.half_width:.1f} (95% interval), the "
+        f"median of its search probe and {reprobes} interleaved re-probe{'s' * (reprobes != 1)}"
+    )
+    if verdict is not None and verdict.winner not in (None, decided.trial):
+        return (
+            f"The confirmation round's best feasible contender (its winner, trial "
+            f"{verdict.winner}, is not feasible now): {estimate}"
+        )
+    if verdict is not None and verdict.steadier_over is not None:
+        return (
+            f"Chosen by the confirmation round as the steadier: within noise of trial "
+            f"{verdict.steadier_over}'s higher median and markedly steadier; {estimate}"
+        )
+    return f"Confirmed the fastest: {estimate}"
+
+
+def render_summary(
+    study: optuna.Study, trial: TrialView, config: StudyConfig, decided: Best | None
+) -> str:
+    from autotune.study import confirmation as confirm
+    from autotune.study import screened_keys
+
+    candidate = trial.candidate
+    record = trial.record
+    trials = records.views(study)
+    evaluated = records.evaluations(trials)
+    verdict = confirm.load(study)
+    rows = standings(trials, verdict, decided)
+    limit = config.vram_limit_bytes
+    memory_kind = "device memory" if config.accelerator == "cuda" else "tracked tensor memory"
+    lines = [
+        f"# autotune: {candidate.label}",
+        "",
+        f"Study `{study.study_name}`, trial {trial.number}: workload `{config.workload}` on "
+        f"{config.gpus_per_trial} {'GPU' if config.accelerator == 'cuda' else 'CPU rank'}(s), "
+        f"memory limit {format_bytes(limit)} per rank.",
+        "",
+        "## Chosen configuration",
+        "",
+        *_setting_rows(candidate),
+        "",
+        "## Why",
+        "",
+        *_why(trial, decided, len(rows), verdict),
+        f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
+        f"of {format_bytes(limit)} allowed.",
+    ]
+    if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
+        lines.append(
+            f"- Host memory (resident, per rank process): "
+            f"{_peaks(record.host_peak_bytes_per_rank)}."
+        )
+    lines.append(f"- {runner_up_distance(rows, verdict)}")
+    if verdict is not None and verdict.contenders:
+        lines += ["", *_confirmation_lines(verdict, trial.number)]
+    others = [row for row in rows if row[0].number != trial.number]
+    if others:
+        lines += ["", *_runner_up_lines(rows[0][1], others)]
+    if config.script is not None:
+        from autotune.export._script_export import script_summary_lines
+
+        lines += ["", *script_summary_lines(trial, config)]
+    lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
+    lines += ["", "## What you must do", ""]
+    lines += [f"- {action}" for action in _actions(candidate, trial, config)]
+    lines += ["", "## Files", "", *_file_lines(config), ""]
+    return "\n".join(lines)
+
+
+def _file_lines(config: StudyConfig) -> list[str]:
+    if config.script is not None:
+        return [
+            "- `ds_config.json`: your script's config with the tuned keys; `launch.sh` hands "
+            "it to the script.",
+            f"- `launch.sh`: runs `{_printable(config.script.name)}` as it was tuned (torchrun, "
+            f"or `LAUNCHER=deepspeed`) on {config.gpus_per_trial} rank(s).",
+        ]
+    return [
+        "- `ds_config.json`: pass it to `deepspeed.initialize(config=...)` unchanged.",
+        "- `launch.sh`: starts your script with the deepspeed launcher or torchrun "
+        f"(`LAUNCHER=torchrun`) on {config.gpus_per_trial} rank(s).",
+    ]
+
+
+def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
+    extra = (
+        f", then {verdict.tie_rounds} more of the two closest to rank them"
+        if verdict.tie_rounds
+        else ""
+    )
+    if verdict.left_race:
+        extra += (
+            f"; trial(s) {', '.join(map(str, verdict.left_race))} left the rounds early, out "
+            "of the winner's noise"
+        )
+    lines = [
+        "## Confirmation round",
+        "",
+        f"The top {len(verdict.contenders)} were probed again, interleaved, in "
+        f"{verdict.rounds} round(s){extra} ({verdict.seconds:.0f} s of the budget); the "
+        "median of every probe of each, with its 95% interval and how far the probes ranged:",
+        "",
+    ]
+    for contender in verdict.contenders:
+        mark = " (chosen)" if contender.trial == chosen else ""
+        lines.append(f"- trial {contender.trial} {contender.describe()}{mark}")
+    by_trial = {c.trial: c for c in verdict.contenders}
+    if verdict.steadier_over is not None and verdict.steadier_over in by_trial:
+        winner, faster = verdict.contenders[0], by_trial[verdict.steadier_over]
+        lines.append(
+            f"- {winner.label}: {winner.estimate:.1f} samples/s, spread "
+            f"±{100 * winner.spread:.0f}%; {faster.label}: {faster.estimate:.1f}, spread "
+            f"{min(faster.samples_per_s):.1f}..{max(faster.samples_per_s):.1f} — within "
+            "noise of each other: chose the steadier, which is fast every time."
+        )
+    elif verdict.tie:
+        lines.append(
+            "- The best two overlap within the noise of this machine: either is a sound "
+            "choice; the higher median was taken."
+        )
+    return lines
+
+
+def _runner_up_lines(lead: float, others: list[tuple[TrialView, float, str]]) -> list[str]:
+    lines = [
+        "## Runners-up",
+        "",
+        "| trial | configuration | samples/s | ranked by | of the chosen | peak per rank |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for other, estimate, basis in others[:RUNNERS_UP]:
+        share = 100 * estimate / lead if lead else 0.0
+        lines.append(
+            f"| {other.number} | {other.label} | {estimate:.1f} | {basis} | {share:.0f}% | "
+            f"{_peaks(other.record.peak_bytes_per_rank)} |"
+        )
+    return lines
+
+
+def _search_lines(evaluated: list[TrialView], screened: set[str]) -> list[str]:
+    counts = outcome_counts(evaluated)
+    lines = [f"- {len(evaluated)} candidates evaluated:"]
+    lines += [f"  - {reason}: {count}" for reason, count in sorted(counts.items())]
+    never = screened - {t.record.candidate_key for t in evaluated}
+    if never:
+        lines.append(
+            f"- {len(never)} more candidates were predicted over the limit by the memory "
+            "model and never proposed (`autotune plan --all` shows each prediction)."
+        )
+    return lines
+
+
+def user_actions(trial: TrialView, config: StudyConfig) -> list[str]:
+    """What the user must do in their own code to run ``trial``'s configuration."""
+    return _actions(trial.candidate, trial, config)
+
+
+def runner_up_distance(
+    rows: list[tuple[TrialView, float, str]], verdict: Confirmation | None
+) -> str:
+    """One line: how far the best (first of :func:`standings`' rows) is from the runner-up,
+    and whether the difference is beyond the noise the confirmation round measured."""
+    if len(rows) < 2:
+        return "No runner-up: only one feasible configuration was measured in full."
+    (first, lead, basis), (second, other, other_basis) = rows[0], rows[1]
+    gap = 100 * (lead - other) / lead if lead else 0.0
+    name = f"trial {second.number} ({second.label})"
+    same = basis if basis == other_basis else f"{basis} vs {other_basis}"
+    text = f"{lead:.1f} vs {other:.1f} samples/s, {same}"
+    if gap >= 0:
+        line = f"The runner-up, {name}, is {gap:.1f}% slower ({text})"
+    else:
+        line = f"The runner-up, {name}, measured {-gap:.1f}% faster ({text})"
+    by_trial = {c.trial: c for c in verdict.contenders} if verdict is not None else {}
+    a, b = by_trial.get(first.number), by_trial.get(second.number)
+    if a is None or b is None or len(a.samples_per_s) < 2 or len(b.samples_per_s) < 2:
+        return line + "."
+    if a.overlaps(b):
+        return line + "; their 95% intervals overlap: on this machine the two are within noise."
+    return line + "; their 95% intervals do not overlap: the difference is beyond noise."

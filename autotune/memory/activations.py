@@ -1,0 +1,284 @@
+"""Activation memory of a workload, traced on fake tensors: no GPU and no real memory.
+
+The workload's real forward and backward run under PyTorch's ``FakeTensorMode`` (shapes and
+dtypes only) with a :class:`~autotune.probe._memtrack.TensorMemoryTracker` on top, so the peak is
+the same live-storage count the CPU probe measures, taken over the same operators. Two kinds
+of trace exist, as DeepSpeed's stages treat gradients differently:
+
+- ``kept``: gradients stay on their parameters (ZeRO 0-1); with ``accumulate`` a second
+  micro-batch runs with the first one's gradients held, as in gradient accumulation;
+- ``dropped``: each gradient is released as soon as it is produced (ZeRO 2-3 hooks move it
+  into a reduction bucket).
+
+One traced forward and backward gives both (the dropped count is the kept one less the
+gradients held), and ``accumulate`` adds a second micro-batch to it.
+
+For a stack of identical blocks a trace is linear in the number of blocks: two short
+stacks are traced and the line extrapolated, so a 70B model costs small traces. It is not
+linear in the micro-batch (where the backward peak falls moves with it, with checkpointing
+most of all), so each micro-batch is traced. Fake models are built once per stack depth,
+dtype and checkpointing, and reused across micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from autotune.workloads import Workload
+
+# Stack depths traced for extrapolation.
+TRACE_LAYERS = (1, 2)
+Kind = Literal["kept", "accumulate", "dropped"]
+
+
+class ActivationProfile(BaseModel):
+    """Bytes beyond the parameters during one micro-batch's forward and backward."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    forward_peak_bytes: float
+    backward_peak_bytes: float
+    at_first_grad_bytes: float
+
+
+def _dtype_name(precision: str) -> str:
+    return "fp32" if precision == "fp32" else "bf16"  # fp16 and bf16 have equal sizes
+
+
+class _FakeModel:
+    """A workload's model on fake tensors, whose gradient hooks count the gradients held."""
+
+    def __init__(self, workload: Workload, dtype_name: str, checkpointing: bool) -> None:
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+        self.workload = workload
+        self.mode = FakeTensorMode()
+        self.first_grad: list[int] = []
+        self.held: set[int] = set()
+        self.tracker: Any = None
+        self.results: dict[tuple[int, str], ActivationProfile] = {}
+        previous = torch.get_default_dtype()
+        with self.mode:
+            # Built in the target dtype: Module.to() cannot swap fake parameters in place.
+            torch.set_default_dtype(dtype)
+            try:
+                self.model = workload.build_model()
+            finally:
+                torch.set_default_dtype(previous)
+            if checkpointing:
+                workload.enable_activation_checkpointing(self.model)
+            self.model.train()
+        self.parameters = list(self.model.parameters())
+        for parameter in self.parameters:
+            parameter.register_post_accumulate_grad_hook(self._on_grad)
+
+    def _on_grad(self, parameter: Any) -> None:
+        tracker = self.tracker
+        if tracker is None:
+            return
+        if not self.first_grad:
+            self.first_grad.append(tracker.live_bytes)
+        if id(parameter) not in self.held:
+            self.held.add(id(parameter))
+            tracker.hold(parameter.grad)
+
+    def trace(self, micro_batch_size: int, kind: Kind) -> ActivationProfile:
+        from torch._subclasses.fake_tensor import DynamicOutputShapeException
+
+        from autotune.errors import WorkloadError
+
+        key = (micro_batch_size, kind)
+        if key in self.results:
+            return self.results[key]
+        try:
+            self.results.update(self._trace(micro_batch_size, kind == "accumulate"))
+        except DynamicOutputShapeException as exc:
+            raise WorkloadError(
+                f"workload {self.workload.name!r}: its forward has shapes that depend on the "
+                f"data ({exc.args[0] if exc.args else exc}), which a trace on fake tensors "
+                "cannot follow (e.g. mixture-of-experts routing without transformers 5's "
+                "grouped_mm experts); install transformers >= 5 or probe with --no-prune"
+            ) from None
+        finally:
+            self.tracker = None
+            for parameter in self.parameters:
+                parameter.grad = None
+        return self.results[key]
+
+    def _trace(
+        self, micro_batch_size: int, accumulate: bool
+    ) -> dict[tuple[int, str], ActivationProfile]:
+        """One forward and backward with the gradients kept gives both ``kept`` and
+        ``dropped``: releasing each gradient as its hook fires (what ZeRO 2-3 do) leaves
+        every other allocation as it was, so the dropped live bytes are the kept ones less
+        the gradients held so far. ``accumulate`` runs a second micro-batch on top."""
+        import torch
+
+        self.first_grad = []
+        self.held = set()
+        for parameter in self.parameters:
+            parameter.grad = None
+        with self.mode, _static_expert_shapes(), _grad_aware_tracker() as tracker:
+            # A fresh tracker counts what comes on top of the parameters (and of views of
+            # them, which it must not take for new storages).
+            tracker.ignore(self.parameters)
+            self.tracker = tracker
+            batch = self.workload.make_batch(micro_batch_size, torch.device("cpu"))
+            loss = self.workload.loss(self.model, batch)
+            forward_peak = tracker.peak_bytes
+            tracker.reset_peak()
+            loss.backward()
+            kept_peak, dropped_peak = tracker.peak_bytes, tracker.peak_without_held_bytes
+            del loss
+            first = self.first_grad[0] if self.first_grad else kept_peak
+            results = {
+                (micro_batch_size, "kept"): ActivationProfile(
+                    forward_peak_bytes=forward_peak,
+                    backward_peak_bytes=kept_peak,
+                    at_first_grad_bytes=first,
+                ),
+                (micro_batch_size, "dropped"): ActivationProfile(
+                    forward_peak_bytes=forward_peak,
+                    backward_peak_bytes=dropped_peak,
+                    at_first_grad_bytes=first,
+                ),
+            }
+            if accumulate:
+                tracker.reset_peak()
+                self.workload.loss(self.model, batch).backward()
+                results[(micro_batch_size, "accumulate")] = ActivationProfile(
+                    forward_peak_bytes=forward_peak,
+                    backward_peak_bytes=max(kept_peak, tracker.peak_bytes),
+                    at_first_grad_bytes=first,
+                )
+            self.tracker = None
+        return results
+
+
+def _grad_aware_tracker() -> Any:
+    """A :class:`~autotune.probe._memtrack.TensorMemoryTracker` that also keeps the peak of live
+    bytes less the gradients it was told are held (:meth:`hold`)."""
+    from autotune.probe import TensorMemoryTracker
+
+    class GradAwareTracker(TensorMemoryTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.held_bytes = 0
+            self.peak_without_held_bytes = 0
+
+        def hold(self, tensor: Any) -> None:
+            self.held_bytes += tensor.untyped_storage().nbytes()
+
+        def _track(self, tensor: Any) -> None:
+            super()._track(tensor)
+            self.peak_without_held_bytes = max(
+                self.peak_without_held_bytes, self.live_bytes - self.held_bytes
+            )
+
+        def reset_peak(self) -> None:
+            super().reset_peak()
+            self.peak_without_held_bytes = self.live_bytes - self.held_bytes
+
+    return GradAwareTracker()
+
+
+@contextlib.contextmanager
+def _static_expert_shapes() -> Iterator[None]:
+    """Mixture-of-experts layers of transformers 5 (``experts_implementation="grouped_mm"``)
+    sort the token-expert pairs by expert and multiply them in groups: shapes that do not
+    depend on the routing, top-k rows per token, as on a GPU. PyTorch's grouped matmul has
+    no fake-tensor rule for fp32, so the trace takes transformers' own fallback kernel,
+    which has one and allocates the same outputs."""
+    try:
+        from transformers.integrations import moe
+    except ImportError:  # transformers before 5: no grouped experts to trace
+        yield
+        return
+    chooser = getattr(moe, "_can_use_grouped_mm", None)
+    if chooser is None:
+        yield
+        return
+    moe._can_use_grouped_mm = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = chooser
+
+
+@functools.lru_cache(maxsize=16)
+def _fake_model(workload: Workload, dtype_name: str, checkpointing: bool) -> _FakeModel:
+    return _FakeModel(workload, dtype_name, checkpointing)
+
+
+@functools.lru_cache(maxsize=1024)
+def _depth(workload: Workload) -> tuple[int | None, Any]:
+    layers = getattr(workload, "num_layers", None)
+    with_layers = getattr(workload, "with_layers", None)
+    if layers is None or with_layers is None or layers <= max(TRACE_LAYERS):
+        return None, None
+    return layers, with_layers
+
+
+def trace_once(
+    workload: Workload,
+    micro_batch_size: int,
+    precision: str,
+    checkpointing: bool,
+    kind: Kind = "kept",
+) -> ActivationProfile:
+    """One trace of the whole model (no extrapolation)."""
+    return _fake_model(workload, _dtype_name(precision), checkpointing).trace(
+        micro_batch_size, kind
+    )
+
+
+def profile(
+    workload: Workload,
+    micro_batch_size: int,
+    precision: str,
+    checkpointing: bool,
+    kind: Kind = "kept",
+) -> ActivationProfile:
+    """The activation profile of ``kind`` at a micro-batch, extrapolated over blocks."""
+    # fp16 and bf16 trace alike: one cache entry for both
+    return _profile(workload, micro_batch_size, _dtype_name(precision), checkpointing, kind)
+
+
+@functools.lru_cache(maxsize=1024)
+def _profile(
+    workload: Workload, micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: Kind
+) -> ActivationProfile:
+    """Kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
+    from autotune.memory import _trace_cache as trace_cache
+
+    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind)
+    return trace_cache.kept_or_made(
+        workload,
+        name,
+        ActivationProfile,
+        lambda: _traced(workload, micro_batch_size, dtype_name, checkpointing, kind),
+    )
+
+
+def _traced(
+    workload: Workload, micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: Kind
+) -> ActivationProfile:
+    layers, with_layers = _depth(workload)
+    if layers is None:
+        return trace_once(workload, micro_batch_size, dtype_name, checkpointing, kind)
+    short, longer = TRACE_LAYERS
+    a = trace_once(with_layers(short), micro_batch_size, dtype_name, checkpointing, kind)
+    b = trace_once(with_layers(longer), micro_batch_size, dtype_name, checkpointing, kind)
+    values = {}
+    for field in ActivationProfile.model_fields:
+        low, high = getattr(a, field), getattr(b, field)
+        values[field] = max(0.0, low + (high - low) * (layers - short) / (longer - short))
+    return ActivationProfile(**values)

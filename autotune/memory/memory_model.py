@@ -1,0 +1,262 @@
+"""Predicted peak memory of a candidate, per rank, before any probe runs.
+
+``MemoryModel.predict(candidate)`` returns a :class:`MemoryEstimate` for the device and the
+host, broken into parameters, gradients, optimizer states, activations, communication
+buckets and workspace, and says which phase of a step peaks.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
+Toward Training Trillion Parameter Models", sec. 5: with mixed precision and Adam a
+parameter costs 2 + 2 + 12 bytes, of which ZeRO-1 partitions the 12 optimizer bytes, ZeRO-2
+also the 2 gradient bytes, ZeRO-3 also the 2 parameter bytes) as DeepSpeed 0.19 holds them
+after the first optimizer step (:meth:`MemoryModel.model_states`, measured): ZeRO-1/2 hold
+no gradient between steps, where DeepSpeed's estimators
+(``estimate_zero2/3_model_states_mem_needs``) count a gradient partition. What DeepSpeed
+allocates on top of that, phase by phase, is in :mod:`autotune.memory._zero_phases`.
+
+Activations come from :mod:`autotune.memory.activations` (the workload's real forward and
+backward on fake tensors). :class:`Calibration` corrects predictions by the ratio of
+measured to predicted peaks of the study's completed probes.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.candidate import Candidate
+from autotune.memory._zero_phases import (
+    DEFAULT_MAX_LIVE,
+    DEFAULT_PERSISTENCE_THRESHOLD,
+    DEFAULT_PREFETCH_BUCKET,
+    DEFAULT_REDUCE_BUCKET,
+    Breakdown,
+    transient_phases,
+)
+
+if TYPE_CHECKING:
+    from autotune.workloads import Workload
+
+MiB = 2**20
+
+
+class MemoryEstimate(BaseModel):
+    """A candidate's predicted peak per rank, on the device and on the host."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Breakdown = Field(description="The device at its peak phase.")
+    host: Breakdown = Field(description="Host memory holding offloaded states and buffers.")
+    phase: str = Field(description="Phase of the step where the device peaks.")
+    correction: float = Field(default=1.0, description="Calibration factor applied.")
+
+    @property
+    def device_bytes(self) -> int:
+        return int(self.device.total * self.correction)
+
+    @property
+    def host_bytes(self) -> int:
+        return int(self.host.total)
+
+    def tracked_bytes(self, accelerator: str) -> int:
+        """What the probe measures: device bytes on CUDA; on CPU ranks every tensor,
+        offloaded ones included, lives in the same RAM and is tracked."""
+        if accelerator == "cuda":
+            return self.device_bytes
+        return int((self.device.total + self.host.total) * self.correction)
+
+
+class ModelFacts(BaseModel):
+    """What the memory model needs to know of a workload's parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    params: int = Field(description="Unique parameters (tied weights once).")
+    largest_param: int = Field(description="Elements of the largest parameter tensor.")
+    small_params: int = Field(description="Elements in tensors under the persistence threshold.")
+    active_params: int = Field(
+        default=0,
+        description="Parameters each token computes with (an MoE's top-k experts, not all; "
+        "a DiT's without its per-sample conditioning): compute and cost, not model states; "
+        "0 when unknown (then all).",
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def model_facts(workload: Workload, persistence_threshold: int) -> ModelFacts:
+    """Parameter counts from the model built on the meta device (no memory, no weights);
+    kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
+    from autotune.memory import _trace_cache as trace_cache
+
+    return trace_cache.kept_or_made(
+        workload,
+        trace_cache.facts_name(persistence_threshold),
+        ModelFacts,
+        lambda: _counted(workload, persistence_threshold),
+    )
+
+
+def _counted(workload: Workload, persistence_threshold: int) -> ModelFacts:
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    unique = {id(p): p for p in model.parameters()}.values()
+    numels = [p.numel() for p in unique]
+    active = getattr(workload, "active_params", None)  # user workloads may predate it
+    return ModelFacts(
+        params=sum(numels),
+        largest_param=max(numels),
+        small_params=sum(n for n in numels if n < persistence_threshold),
+        active_params=active(model) if callable(active) else sum(numels),
+    )
+
+
+class Calibration(BaseModel):
+    """Measured / predicted peak ratios of a study's probes, by (stage, precision)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ratios: dict[str, list[float]] = Field(default_factory=dict)
+
+    @staticmethod
+    def key(candidate: Candidate) -> str:
+        return f"z{candidate.zero_stage}-{candidate.precision}"
+
+    def add(self, candidate: Candidate, predicted_bytes: int, measured_bytes: int) -> None:
+        if predicted_bytes > 0 and measured_bytes > 0:
+            self.ratios.setdefault(self.key(candidate), []).append(measured_bytes / predicted_bytes)
+
+    def factor(self, candidate: Candidate) -> float:
+        """The median ratio of the same class, else of all probes, else 1."""
+        same = self.ratios.get(self.key(candidate))
+        every = [r for values in self.ratios.values() for r in values]
+        chosen = same or every
+        return statistics.median(chosen) if chosen else 1.0
+
+
+class MemoryModel:
+    """Predicts per-rank peak memory for candidates of one workload."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        base_config: dict[str, Any] | None = None,
+        calibration: Calibration | None = None,
+    ) -> None:
+        self.workload = workload
+        self.base_zero = dict((base_config or {}).get("zero_optimization") or {})
+        self.calibration = calibration or Calibration()
+        self._facts: ModelFacts | None = None
+
+    def _knob(self, candidate: Candidate, name: str, default: int) -> int:
+        value = getattr(candidate.zero_knobs, name, None)
+        if value is None:
+            value = self.base_zero.get(name, default)
+        return int(value)
+
+    def facts(self, candidate: Candidate) -> ModelFacts:
+        threshold = self._knob(
+            candidate, "stage3_param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD
+        )
+        return model_facts(self.workload, threshold)
+
+    def model_states(self, candidate: Candidate) -> tuple[Breakdown, Breakdown]:
+        """Steady (device, host) model states per rank after the first optimizer step."""
+        facts = self.facts(candidate)
+        p, n = float(facts.params), float(candidate.data_parallel_size)
+        stage = candidate.zero_stage
+        mixed = candidate.precision != "fp32"
+        width = 2.0 if mixed else 4.0  # bytes of a parameter (and its gradient) as trained
+        params = width * p
+        if stage == 3:
+            persistent = width * facts.small_params
+            params = persistent + width * (p - facts.small_params) / n
+        # Optimizer: fp32 master copy (kept even in fp32 from ZeRO-1 on) + Adam m and v.
+        if stage == 0 and not mixed:
+            master, adam, grads = 0.0, 8.0 * p, 0.0  # gradients are freed by zero_grad
+        elif stage == 0:
+            # BF16_Optimizer: partitioned master and Adam, a whole-model fp32 gradient
+            # buffer and the bf16 gradients.
+            master, adam, grads = 4.0 * p / n, 8.0 * p / n, 4.0 * p + width * p
+        else:
+            master, adam = 4.0 * p / n, 8.0 * p / n
+            grads = width * p / n if stage == 3 else 0.0
+        optimizer = master + adam
+        device = Breakdown(params=params, grads=grads, optimizer_states=optimizer)
+        host = Breakdown()
+        ratio = candidate.offload_optimizer_ratio
+        if candidate.offload_optimizer != "none" and stage >= 1:
+            moved = optimizer * ratio
+            device.optimizer_states -= moved
+            if candidate.offload_optimizer == "cpu":
+                host.optimizer_states += moved
+                # gradients are copied to the host partition for CPU Adam
+                host.grads += 4.0 * p / n * ratio
+            device.grads *= 1.0 - ratio  # ZeRO-3's gradient partition follows them
+        if candidate.offload_param != "none" and stage == 3:
+            moved = device.params
+            device.params = 0.0
+            if candidate.offload_param == "cpu":
+                host.params += moved
+        return device, host
+
+    def _bucket(self, candidate: Candidate) -> float:
+        elements = self._knob(candidate, "reduce_bucket_size", DEFAULT_REDUCE_BUCKET)
+        return elements * (4.0 if candidate.precision == "fp32" else 2.0)
+
+    def predict(self, candidate: Candidate, *, stop_above: float | None = None) -> MemoryEstimate:
+        """The peak per rank. With ``stop_above``, a candidate whose model states alone
+        exceed it is returned at once (phase ``model states``), without tracing."""
+        from autotune.memory.activations import profile
+
+        facts = self.facts(candidate)
+        stage = candidate.zero_stage
+        device, host = self.model_states(candidate)
+        if stage == 3:
+            device.buckets += self._bucket(candidate)
+        correction = self.calibration.factor(candidate)
+        if stop_above is not None and device.total * correction > stop_above:
+            return MemoryEstimate(
+                device=device, host=host, phase="model states", correction=correction
+            )
+        # With accumulation, later micro-batches run with the gradients of earlier ones held
+        # (ZeRO 0-1 keep parameter gradients until the step, and each new gradient exists
+        # beside the held one until autograd adds it: for GPT-2 at ZeRO-1, one more copy of
+        # the tied embedding's gradient, measured +154 MB fp32); ZeRO 2-3 drop each
+        # gradient into a bucket as it is produced.
+        accumulating = candidate.gradient_accumulation_steps > 1
+        kind = ("accumulate" if accumulating else "kept") if stage <= 1 else "dropped"
+        act = profile(
+            self.workload,
+            candidate.micro_batch_size,
+            candidate.precision,
+            candidate.activation_checkpointing,
+            kind,  # type: ignore[arg-type]
+        )
+        knobs = {
+            name: self._knob(candidate, name, default)
+            for name, default in (
+                ("reduce_bucket_size", DEFAULT_REDUCE_BUCKET),
+                ("stage3_max_live_parameters", DEFAULT_MAX_LIVE),
+                ("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET),
+            )
+        }
+        phases, host = transient_phases(candidate, facts, act, knobs, host)
+        phase, extra = max(phases.items(), key=lambda item: item[1].total)
+        return MemoryEstimate(
+            device=device.plus(extra), host=host, phase=phase, correction=correction
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def largest_layer_params(workload: Workload) -> int:
+    """DeepSpeed's "largest layer": the most parameters any one module owns directly."""
+    import torch
+
+    with torch.device("meta"):
+        model = workload.build_model()
+    return max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())

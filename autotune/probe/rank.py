@@ -1,0 +1,280 @@
+"""One probe rank: ``python -m autotune.probe.rank --spec spec.json``, under torchrun or forked by
+:mod:`autotune.probe.fork_ranks` (CPU).
+
+Each rank builds the workload (at ZeRO-3 under ``deepspeed.zero.Init``, partitioned as it
+is built; at other stages on the device in the target dtype), calls ``deepspeed.initialize``
+with the candidate's config, runs warm-up steps (where, on CPU, tensor memory is traced and
+the limit enforced), then times optimizer steps, and writes a
+:class:`~autotune.protocol.RankReport` to ``rank-<r>.json`` next to the spec. A failure is
+data: the rank reports ``oom`` or ``error`` and exits without tearing down collectives
+(its launcher stops its peers).
+
+Ranks that probe several candidates (a warm worker, several ``--spec``) drop every
+reference to a candidate's engine before collecting and emptying caches, and check at the
+start of the next candidate that nothing of the earlier ones is still allocated; if
+something is, they report ``unclean`` and exit, and their launcher probes the candidate in
+a fresh group. The memory side (limit, leak check, release, what counts as an OOM) is
+:mod:`autotune.probe._rank_memory`; how the model is built, :mod:`autotune.probe._model_build`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from autotune.probe import _rank_memory as rank_memory
+from autotune.probe._model_build import _target_dtype, build_model
+from autotune.probe._rank_memory import classify_failure, dismantle, leak_tolerance_bytes
+from autotune.probe._rank_process import (
+    device_of,
+    host_peak_bytes,
+    leave_now,
+    leave_process_group,
+    quiet_libraries,
+    record_peaks,
+    versions,
+    write_report,
+)
+from autotune.probe._timed_steps import PROGRESS_FILE, reporting, time_steps, timed_step, warm_up
+from autotune.protocol import ProbeSpec, RankReport
+
+# What the "leak" fault keeps alive (a test double for a library holding on to an engine).
+_KEPT_BY_FAULT: list[Any] = []
+
+
+def _inject(fault: str, rank: int, world_size: int) -> None:
+    """Faults for tests of the tuner (named as such in ProbeSpec.fault)."""
+    if fault == "none" or rank != world_size - 1:
+        return
+    import torch
+
+    if fault == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory (injected fault for testing)")
+    if fault == "error":
+        raise RuntimeError("injected fault for testing: a rank raised")
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "hang":
+        # Like a rank stuck inside a collective's C++ code: deaf to SIGTERM, only SIGKILL
+        # (or its parent's death) ends it. The peers block in their next collective.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(3600)
+
+
+def run_rank(
+    spec: ProbeSpec,
+    report: RankReport,
+    started: float,
+    device: Any,
+    progress_file: Path | None = None,
+) -> None:
+    """Build, initialise, warm up, time; fill ``report``. Every reference to the engine lives
+    in this frame (helpers hold it only while they run) and is gone when it returns, so the
+    caller's collection frees it."""
+    import deepspeed
+
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    tracker, overhead = _set_up(spec, report, device)
+    from autotune.workloads import get_workload
+
+    candidate = spec.candidate
+    with tracker:
+        workload = get_workload(spec.workload)
+        model, report.build = build_model(workload, spec, device)
+        if candidate.activation_checkpointing:
+            workload.enable_activation_checkpointing(model)
+        if spec.fault == "leak" and rank == world_size - 1:
+            _keep_alive(model, spec, device)
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            config=spec.ds_config,
+        )
+        report.init_s = time.perf_counter() - started
+        batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
+        _inject(spec.fault, rank, world_size)
+        step = functools.partial(timed_step, engine, workload, batch, candidate, device)
+        if progress_file is not None and rank == 0:
+            step = reporting(step, report, progress_file)
+        warmup_skipped = warm_up(step, spec, report)
+    timed_skipped = time_steps(step, spec, report)
+    report.skipped_steps = warmup_skipped + timed_skipped
+    if not report.step_times_s:
+        raise RuntimeError(
+            f"fp16 loss scaling skipped every timed step ({timed_skipped} overflows after "
+            f"{warmup_skipped} in warm-up): the loss scale never settled; check the model or "
+            "the fp16 block of the base config"
+        )
+    record_peaks(report, tracker, device, overhead)
+    if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
+        engine.destroy()
+    dismantle(engine, model)
+
+
+def make_batch(workload: Any, micro_batch_size: int, device: Any, precision: str) -> Any:
+    """The workload's batch with its inputs in the engine's dtype: a ``make_batch`` that
+    takes ``dtype`` is told it (and decides); another has its floating-point tensors cast
+    (an fp32 input to a bf16 model fails: "mat1 and mat2 must have the same dtype")."""
+    import inspect
+
+    dtype = _target_dtype(precision)
+    if "dtype" in inspect.signature(workload.make_batch).parameters:
+        return workload.make_batch(micro_batch_size, device, dtype=dtype)
+    return _cast_floating(workload.make_batch(micro_batch_size, device), dtype)
+
+
+def _cast_floating(batch: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {key: _cast_floating(value, dtype) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_cast_floating(value, dtype) for value in batch)
+    return batch
+
+
+def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]:
+    """Process group, numeric settings and the memory limit of one candidate: the CPU
+    tracker (or a null context on CUDA) and the CUDA memory outside the allocator."""
+    import deepspeed
+    import torch
+
+    quiet_libraries()
+    deepspeed.init_distributed()
+    # Explicit for every candidate: production's setting, never the previous candidate's.
+    torch.set_float32_matmul_precision(spec.float32_matmul_precision)
+    report.versions = versions(device)
+    report.threads = torch.get_num_threads()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return contextlib.nullcontext(), rank_memory.limit_cuda_memory(spec, device)
+    from autotune.probe._memtrack import TensorMemoryTracker, live_tensors
+
+    tracker = TensorMemoryTracker(limit_bytes=spec.vram_limit_bytes)
+    # What is still alive counts toward this peak, as a device's allocator would count it.
+    tracker.adopt(live_tensors("cpu"))
+    return tracker, 0
+
+
+def _keep_alive(model: Any, spec: ProbeSpec, device: Any) -> None:
+    """The "leak" fault: keep the model and twice the leak tolerance alive for good."""
+    import torch
+
+    held = torch.empty(2 * leak_tolerance_bytes(spec.vram_limit_bytes), dtype=torch.uint8)
+    _KEPT_BY_FAULT.extend([model, held.to(device)])
+
+
+def probe_spec(spec_path: Path, started: float) -> None:
+    """Probe one spec and write this rank's report beside it; on failure, or when earlier
+    candidates left memory behind (``unclean``), write the report and exit."""
+    spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+    report = RankReport(rank=int(os.environ.get("RANK", "0")), status="ok", pid=os.getpid())
+    tolerance = leak_tolerance_bytes(spec.vram_limit_bytes)
+    try:
+        device = device_of(spec)
+        report.leaked_bytes = rank_memory.leaked_bytes(device)
+        report.pinned_host_bytes_at_start = rank_memory.pinned_host_bytes(device)
+        if report.leaked_bytes <= tolerance:
+            run_rank(spec, report, started, device, spec_path.parent / PROGRESS_FILE)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+        report.status, report.error = classify_failure(exc)
+        if report.status == "error":
+            traceback.print_exc()
+        leave_now(report, spec_path, started)
+    if report.leaked_bytes > tolerance:
+        report.status = "unclean"
+        report.error = (
+            f"{report.leaked_bytes} bytes of earlier candidates still allocated at the start "
+            f"(more than {tolerance}); the ranks must restart"
+        )
+        leave_now(report, spec_path, started)
+    report.host_peak_bytes = host_peak_bytes()
+    report.wall_s = time.perf_counter() - started
+    write_report(report, spec_path.parent)
+    rank_memory.release(spec.accelerator)
+
+
+def serve(inbox: Path) -> None:
+    """Probe the jobs posted to ``inbox`` in order (``job-000001.json`` ...), until a job
+    says stop: a warm worker that pays interpreter start, imports and process-group set-up
+    once for many probes. Every rank reads the same job files, so all agree on the order;
+    each job's output goes to its own ``probe.log``."""
+    number = 1
+    while True:
+        job_path = inbox / f"job-{number:06d}.json"
+        while not job_path.exists():
+            time.sleep(0.02)
+        job = json.loads(job_path.read_text(encoding="utf-8"))
+        if job.get("stop"):
+            return
+        spec_path = Path(job["spec"])
+        started = time.perf_counter()
+        with _output_to(spec_path.parent / "probe.log"):
+            probe_spec(spec_path, started)
+        number += 1
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Any:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Probe each ``--spec`` in turn, or serve the jobs of ``--serve INBOX``."""
+    from autotune.probe._rank_process import die_with_parent
+
+    started = time.perf_counter()
+    die_with_parent()  # launcher killed (its driver died): this rank goes too, even if hung
+    # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH);
+    # a yaml.py or torch.py the user keeps there must not shadow the real packages
+    sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
+    from autotune.backends.deepspeed import guard_op_loads
+
+    guard_op_loads()  # op loads hold a kernel lock; a killed loader's leftover lock is cleared
+    parser = argparse.ArgumentParser(prog="python -m autotune.probe.rank", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", type=Path, action="append", help="ProbeSpec JSON (repeatable).")
+    source.add_argument("--serve", type=Path, help="Inbox folder of a warm worker.")
+    args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve)
+    else:
+        for spec_path in args.spec:
+            probe_spec(spec_path, started)
+            started = time.perf_counter()
+    leave_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    from autotune.process_exit import exit_without_teardown
+
+    exit_without_teardown(main())

@@ -1,0 +1,402 @@
+"""One rank of a script probe: ``python -m autotune.probe.script_rank --spec spec.json`` under
+torchrun. The user's training script, unedited, is the probe.
+
+The rank patches ``deepspeed.initialize`` (accelerate and the Hugging Face Trainer look it up
+at call time, so they get the patch too), then runs the script with :mod:`runpy` and the
+candidate's arguments. When the script calls ``deepspeed.initialize``:
+
+- the config it passes (``config=``/``config_params=``, a dict, a path or base64, or
+  ``args.deepspeed_config``) is the base, and the candidate's tuned keys are laid over it
+  (:meth:`~autotune.candidate.Candidate.to_ds_config`, the only code that spells them): every
+  other key of the user's config (optimizer, scheduler, clipping, offload paths) is kept;
+- the model it hands over is described in the report (:class:`ModelInfo`), for the ZeRO
+  formulas; on CPU ranks the tensor tracker (:mod:`autotune.probe._memtrack`) starts from the
+  model's tensors and enforces the memory limit as a device allocator would;
+- the engine's ``step`` is wrapped: an optimizer step ends where
+  ``engine.is_gradient_accumulation_boundary()`` held before ``step()``, and its time is
+  from the end of the previous one (the script's data loading, forward and backward of
+  every micro-batch, the step). Each step's time is all-reduced (MAX), so every rank sees
+  the same series and stops after the same step; warm-up, adaptive timing and early stop
+  follow :mod:`autotune.timing`, as in built-in probes.
+
+Once the probe has its steps, the rank writes its :class:`~autotune.protocol.RankReport`,
+meets its peers at a barrier, destroys the process group and exits 0 (no need to finish an
+epoch). A script that raises, exits or ends too soon gets a report saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import inspect
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from autotune import timing as steps
+from autotune.probe._rank_memory import classify_failure
+from autotune.probe._rank_process import (
+    device_of,
+    host_peak_bytes,
+    leave_now,
+    leave_process_group,
+    quiet_libraries,
+    record_peaks,
+    versions,
+    write_report,
+)
+from autotune.protocol import ModelInfo, ProbeSpec, RankReport
+
+INITIALIZED_MARKER = "initialized-rank-{rank}"  # written when the script reaches initialize
+
+
+class ScriptProbe:
+    """This rank's probe of one script run: the patched initialize, the step clock, and
+    the report."""
+
+    def __init__(self, spec: ProbeSpec, spec_path: Path, started: float) -> None:
+        assert spec.script is not None
+        self.spec = spec
+        self.script = spec.script
+        self.spec_path = spec_path
+        self.started = started
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.report = RankReport(rank=self.rank, status="ok", pid=os.getpid())
+        self.device: Any = None
+        self.tracker: Any = contextlib.nullcontext()
+        self.tracking = False
+        self.overhead = 0
+        self.engine: Any = None
+        self.warmup_skipped: list[bool] = []
+        self.timed_skipped = 0
+        self.timing = False
+        self.last_s = 0.0
+        self.first_forward = True
+
+    # -- deepspeed.initialize ---------------------------------------------------------------
+    def install(self) -> None:
+        """Replace ``deepspeed.initialize`` for the script (and what it imports)."""
+        import deepspeed
+
+        original = deepspeed.initialize
+        signature = inspect.signature(original)
+
+        def initialize(*args: Any, **kwargs: Any) -> Any:
+            if self.engine is not None:  # a second engine (evaluation ...): not probed
+                return original(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs)
+            return self._initialize(original, dict(bound.arguments))
+
+        deepspeed.initialize = initialize
+
+    def _initialize(self, original: Any, arguments: dict[str, Any]) -> Any:
+        model = arguments.get("model")
+        arguments["config"] = self.config_for(self._passed_config(arguments), model)
+        arguments.pop("config_params", None)
+        Path(self.spec_path.parent, INITIALIZED_MARKER.format(rank=self.rank)).touch()
+        if model is not None:
+            self.report.model = ModelInfo.of(model)
+        self._start_tracking(model)
+        engine, *rest = original(**arguments)
+        self.report.init_s = time.perf_counter() - self.started
+        self.engine = engine
+        self._attach(engine)
+        self.last_s = time.perf_counter()
+        return (engine, *rest)
+
+    @staticmethod
+    def _passed_config(arguments: dict[str, Any]) -> dict[str, Any]:
+        """The config the script passed, as a dict (DeepSpeed's own loader reads paths and
+        base64); ``args.deepspeed_config`` is taken over, so DeepSpeed sees one config."""
+        from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
+
+        passed = arguments.get("config")
+        if passed is None:
+            passed = arguments.get("config_params")
+        ds_args = arguments.get("args")
+        if passed is None and getattr(ds_args, "deepspeed_config", None) is not None:
+            passed = ds_args.deepspeed_config
+            arguments["args"] = copy.copy(ds_args)
+            arguments["args"].deepspeed_config = None
+        return copy.deepcopy(load_ds_config(passed)) if passed is not None else {}
+
+    def config_for(self, base: dict[str, Any], model: Any) -> dict[str, Any]:
+        """The candidate's tuned keys over the config the script passed."""
+        largest = ModelInfo.of(model).largest_param if model is not None else None
+        config = self.spec.candidate.to_ds_config(
+            base, nvme_path=self.script.nvme_path, largest_param_numel=largest
+        )
+        if self.script.torch_adam:
+            from autotune.backends.deepspeed import use_torch_adam
+
+            config = use_torch_adam(config)
+        if self.rank == 0:
+            _write_json(self.spec_path.parent / "engine_config.json", config)
+        return config
+
+    def _start_tracking(self, model: Any) -> None:
+        """CPU: count tensor memory from here (the model's tensors held), under the limit.
+        CUDA: the allocator's limit and statistics."""
+        from autotune.probe import _rank_memory as rank_memory
+
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.overhead = rank_memory.limit_cuda_memory(self.spec, self.device)
+            return
+        from autotune.probe._memtrack import TensorMemoryTracker
+
+        self.tracker = TensorMemoryTracker(limit_bytes=self.spec.vram_limit_bytes)
+        if model is not None:
+            held = [getattr(p, "ds_tensor", p) for p in model.parameters()]
+            self.tracker.adopt([*held, *model.buffers()])
+        self.tracker.__enter__()
+        self.tracking = True
+
+    def _stop_tracking(self) -> None:
+        if self.tracking:
+            self.tracker.__exit__(None, None, None)
+            self.tracking = False
+
+    # -- the engine's steps -----------------------------------------------------------------
+    def _attach(self, engine: Any) -> None:
+        original_step = engine.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if not engine.is_gradient_accumulation_boundary():
+                return original_step(*args, **kwargs)
+            skipped_before = int(getattr(engine, "skipped_steps", 0))
+            result = original_step(*args, **kwargs)
+            skipped = int(getattr(engine, "skipped_steps", 0)) > skipped_before
+            self._optimizer_step_done(skipped)
+            return result
+
+        engine.step = step
+        module = getattr(engine, "module", None)
+        if module is not None and hasattr(module, "register_forward_hook"):
+            module.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+            module.register_forward_hook(self._after_forward)
+
+    def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        if self.first_forward:
+            self.first_forward = False
+            self._check_batch(args, kwargs)
+        self._forward_start = self.tracker.live_bytes if self.tracking else 0
+
+    def _after_forward(self, module: Any, args: Any, output: Any) -> None:
+        if self.tracking:
+            held = self.tracker.live_bytes - self._forward_start
+            self.report.activation_bytes = max(self.report.activation_bytes, held)
+
+    def _check_batch(self, args: Any, kwargs: Any) -> None:
+        """The first micro-batch must have the candidate's size: a script that sizes its
+        batches itself (not from the config) would be timed at the wrong batch."""
+        import torch
+
+        first = next(
+            (v for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor) and v.dim()),
+            None,
+        )
+        micro_batch = self.spec.candidate.micro_batch_size
+        if first is not None and micro_batch not in first.shape:
+            raise BatchMismatch(
+                f"the script's first micro-batch has shape {tuple(first.shape)}, but the "
+                f"candidate's micro-batch is {micro_batch}: it does not size its batches from "
+                "the config (engine.train_micro_batch_size_per_gpu()); map its batch flag, "
+                "e.g. --script-arg micro_batch_size=--batch-size"
+            )
+
+    def _optimizer_step_done(self, skipped: bool) -> None:
+        elapsed, skipped = self._agreed(time.perf_counter() - self.last_s, skipped)
+        spec, report = self.spec, self.report
+        if not self.timing:
+            report.warmup_step_times_s.append(elapsed)
+            self.warmup_skipped.append(skipped)
+            max_warmup = spec.max_warmup_steps or spec.warmup_steps
+            if steps.warmup_done(
+                report.warmup_step_times_s, self.warmup_skipped, spec.warmup_steps, max_warmup
+            ):
+                self._stop_tracking()  # timed steps run without the dispatch hook
+                report.warmup_s = sum(report.warmup_step_times_s)
+                self.timing = True
+        elif skipped:
+            self.timed_skipped += 1
+        else:
+            report.step_times_s.append(elapsed)
+            samples = spec.candidate.train_batch_size
+            if steps.clearly_slower(report.step_times_s, samples, spec.stop_below_samples_per_s):
+                report.stopped_early = True
+        if self.timing and (report.stopped_early or self._timed_enough()):
+            self.finish()
+        self.last_s = time.perf_counter()
+
+    def _timed_enough(self) -> bool:
+        spec = self.spec
+        return steps.timing_done(
+            self.report.step_times_s,
+            self.timed_skipped,
+            min_steps=spec.timed_steps,
+            max_steps=spec.max_timed_steps or spec.timed_steps,
+            target=spec.target_spread,
+            max_s=spec.max_timed_s,
+        )
+
+    def _agreed(self, elapsed: float, skipped: bool) -> tuple[float, bool]:
+        """The slowest rank's time and whether any rank's loss scaler skipped the step."""
+        import torch
+        import torch.distributed as dist
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            elapsed = time.perf_counter() - self.last_s
+        agreed = torch.tensor([elapsed, float(skipped)], device=self.device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return float(agreed[0].item()), bool(agreed[1].item() > 0)
+
+    def steps_seen(self) -> int:
+        return len(self.report.warmup_step_times_s) + len(self.report.step_times_s)
+
+    def steps_needed(self) -> int:
+        """Optimizer steps the probe needs at least, as far as it knows now."""
+        warmup = len(self.report.warmup_step_times_s) if self.timing else None
+        if warmup is None:
+            warmup = max(self.spec.warmup_steps, 2)
+        return warmup + self.spec.timed_steps + self.timed_skipped
+
+    # -- the end ----------------------------------------------------------------------------
+    def finish(self) -> None:
+        """The probe has its steps: report, leave the process group together, exit 0."""
+        self._stop_tracking()
+        report = self.report
+        report.skipped_steps = sum(self.warmup_skipped) + self.timed_skipped
+        record_peaks(report, self.tracker, self.device, self.overhead)
+        report.host_peak_bytes = host_peak_bytes()
+        report.wall_s = time.perf_counter() - self.started
+        write_report(report, self.spec_path.parent)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        leave_process_group()
+        os._exit(0)
+
+    def fail(self, exc: BaseException) -> None:
+        """The script raised: report ``oom`` or ``error`` (with where in the script) and
+        exit without tearing down collectives (torchrun stops the peers)."""
+        self._stop_tracking()
+        self.report.status, self.report.error = classify_failure(exc)
+        if isinstance(exc, BatchMismatch):
+            self.report.error = str(exc)
+        elif self.report.status == "error":
+            traceback.print_exc()
+            self.report.error = self._where(exc, self.report.error)
+        leave_now(self.report, self.spec_path, self.started)
+
+    def _where(self, exc: BaseException, error: str) -> str:
+        """``error`` with the script's innermost line that raised it."""
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if f.filename == self.script.path
+        ]
+        if not frames:
+            return f"{Path(self.script.path).name} raised {error}"
+        frame = frames[-1]
+        return f"{Path(self.script.path).name} line {frame.lineno} raised {error} (`{frame.line}`)"[
+            :600
+        ]
+
+    def ended(self, code: int) -> None:
+        """The script returned (or exited) before the probe had what it needs."""
+        name = Path(self.script.path).name
+        if self.engine is None:
+            self.report.status = "error"
+            self.report.error = (
+                f"{name} ended without calling deepspeed.initialize; autotune probes the "
+                "engine the script creates"
+                if code == 0
+                else f"{name} exited with code {code} before calling deepspeed.initialize"
+                + (" (argparse's code: it refused its arguments)" if code == 2 else "")
+            )
+        elif code == 0 and len(self.report.step_times_s) >= self.spec.timed_steps:
+            self.finish()  # a short script, but the probe has its timed steps
+        else:
+            self.report.status = "error"
+            seen, needed = self.steps_seen(), self.steps_needed()
+            self.report.error = (
+                f"the script stopped after {seen} optimizer steps; the probe needs {needed}: "
+                "give it more data (or more steps), or fewer --warmup-steps/--timed-steps"
+                if code == 0
+                else f"{name} exited with code {code} after {seen} optimizer steps"
+            )
+        self._stop_tracking()
+        leave_now(self.report, self.spec_path, self.started)
+
+
+class BatchMismatch(RuntimeError):
+    """The script's micro-batch is not the candidate's."""
+
+
+def _write_json(path: Path, data: Any) -> None:
+    import json
+
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _exit_code(exc: SystemExit) -> int:
+    return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+
+
+def run(spec_path: Path, started: float) -> None:
+    """Run the script of ``spec_path`` as this rank's probe; never returns."""
+    import torch
+
+    spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+    probe = ScriptProbe(spec, spec_path, started)
+    script = probe.script
+    try:
+        quiet_libraries()
+        probe.device = device_of(spec)
+        torch.set_float32_matmul_precision(spec.float32_matmul_precision)
+        probe.report.versions = versions(probe.device)
+        probe.report.threads = torch.get_num_threads()
+        probe.install()
+        sys.argv = [script.path, *script.argv]
+        sys.path.insert(0, str(Path(script.path).parent))
+        runpy.run_path(script.path, run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
+        probe.fail(exc)
+        raise AssertionError("unreachable") from None
+    probe.ended(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autotune.probe._rank_process import die_with_parent
+
+    started = time.perf_counter()
+    die_with_parent()  # torchrun killed (its driver died): this rank goes too, even if hung
+    # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH):
+    # the script's folder goes there instead, as `python train.py` has it
+    sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
+    from autotune.backends.deepspeed import guard_op_loads
+
+    guard_op_loads()
+    parser = argparse.ArgumentParser(
+        prog="python -m autotune.probe.script_rank", description=__doc__
+    )
+    parser.add_argument("--spec", type=Path, required=True, help="ProbeSpec JSON with a script.")
+    args = parser.parse_args(argv)
+    run(args.spec, started)
+    return 0
+
+
+if __name__ == "__main__":
+    from autotune.process_exit import exit_without_teardown
+
+    exit_without_teardown(main())

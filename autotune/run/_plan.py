@@ -1,0 +1,375 @@
+"""A run's settings resolved against the hardware, the workload, the space and the base
+config: everything checked before any process starts or any trial is written."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import SettingsError
+from autotune.settings import RunSettings, format_bytes
+from autotune.study import StudyConfig
+
+if TYPE_CHECKING:
+    from autotune.candidate import Candidate
+    from autotune.hardware import Hardware
+    from autotune.space import BoundSpace, SpaceSpec
+    from autotune.workloads import Workload
+
+
+@dataclass
+class Plan:
+    """What one ``autotune run`` will do."""
+
+    settings: RunSettings
+    hardware: Hardware
+    workload: Workload
+    workload_ref: str
+    space: BoundSpace
+    study_name: str
+    config: StudyConfig
+    trials_dir: Path
+    probe_timeout_s: float = 300.0
+    notes: list[str] = field(default_factory=list)
+    torch_adam: bool = False  # FusedAdam does not build here: probes step with torch's Adam
+    largest_param_numel: int = 0  # sizes NVMe parameter offload's swap buffer
+
+    def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
+        """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
+        config = candidate.to_ds_config(
+            self.config.base_config,
+            nvme_path=nvme_dir or self.config.nvme_path,
+            largest_param_numel=self.largest_param_numel,
+        )
+        if self.torch_adam:
+            from autotune.backends.deepspeed import use_torch_adam
+
+            config = use_torch_adam(config)
+        return config
+
+
+def bind_space(
+    spec: SpaceSpec,
+    hardware: Hardware,
+    *,
+    ranks: int,
+    global_batch: int | None,
+    max_global_batch: int | None,
+    nvme_path: str | None,
+) -> BoundSpace:
+    """Bind a space, asking DeepSpeed what it supports only where the space needs it."""
+    from autotune.backends.deepspeed import async_io_problem, partial_offload_supported
+
+    nvme_unavailable = async_io_problem(hardware) if spec.uses("nvme") and nvme_path else None
+    return spec.bind(
+        hardware,
+        data_parallel_size=ranks,
+        global_batch=global_batch,
+        max_global_batch=max_global_batch,
+        nvme_path=nvme_path,
+        nvme_unavailable=nvme_unavailable,
+        partial_offload_supported=partial_offload_supported(),
+    )
+
+
+def check_nvme_path(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    if not path.is_dir() or not os.access(path, os.W_OK):
+        raise SettingsError(
+            f"--nvme-path {path}: not a writable folder; create it on an NVMe disk or pass "
+            "another folder"
+        )
+    return str(path.resolve())
+
+
+def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
+    """Check and resolve everything a run needs before any process is started."""
+    from autotune.space import load_space
+
+    space_spec = load_space(settings.space)
+    nvme_path = check_nvme_path(settings.nvme_path)
+    _check_batch_flags(settings)
+    hardware = _run_hardware(settings, hardware)
+    per_trial = _gpus_per_trial(settings)
+    inputs = (
+        _script_inputs(settings, space_spec, per_trial)
+        if settings.script is not None
+        else _workload_inputs(settings, space_spec)
+    )
+    vram_limit_bytes = _vram_limit_bytes(settings, hardware)
+    bound = bind_space(
+        inputs.space,
+        hardware,
+        ranks=per_trial,
+        global_batch=inputs.global_batch,
+        max_global_batch=settings.max_global_batch,
+        nvme_path=nvme_path,
+    )
+    notes = [*inputs.notes, *bound.notes]
+    if inputs.base is not None and settings.script is None:
+        _check_base(inputs.base, bound, str(settings.base_config), nvme_path)
+    if inputs.global_batch is None:
+        notes.append(
+            f"--global-batch auto: the global batch varies up to {settings.max_global_batch}; "
+            "the chosen one may need a rescaled learning rate (summary.md says)"
+        )
+    config = _study_config(settings, inputs, hardware, per_trial, vram_limit_bytes, nvme_path)
+    study_name = settings.study_name or inputs.study_name
+    if settings.script is None:
+        _size_workload_probes(inputs, settings, hardware, bound, per_trial)
+    check_writable(settings.trials_dir, flag="--trials-dir")  # the first thing written
+    return Plan(
+        settings=settings,
+        hardware=hardware,
+        workload=inputs.workload,
+        workload_ref=inputs.ref,
+        space=bound,
+        study_name=study_name,
+        config=config,
+        trials_dir=settings.trials_dir.resolve() / study_name,
+        probe_timeout_s=inputs.probe_timeout_s,
+        notes=notes,
+        largest_param_numel=inputs.largest_param_numel,
+    )
+
+
+def _check_batch_flags(settings: RunSettings) -> None:
+    if settings.global_batch == "auto" and settings.max_global_batch is None:
+        raise SettingsError(
+            "--global-batch auto needs --max-global-batch N, the largest global batch "
+            "your training may use"
+        )
+
+
+def _run_hardware(settings: RunSettings, hardware: Hardware | None) -> Hardware:
+    """The hardware a probe runs on: given, a Ray cluster node's, or this machine's."""
+    from autotune.hardware import detect
+
+    if hardware is None and settings.ray_address is not None:
+        from autotune.execution import cluster_hardware
+
+        hardware = cluster_hardware(settings.ray_address)  # a node's, not this machine's
+    hardware = hardware or detect()
+    if settings.ray_address is None:  # a cluster's devices are checked as it is joined
+        hardware.check_ranks(settings.gpus)
+    return hardware
+
+
+def _gpus_per_trial(settings: RunSettings) -> int:
+    per_trial = settings.gpus_per_trial or settings.gpus
+    if per_trial > settings.gpus:
+        raise SettingsError(
+            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
+            "more devices than the study has"
+        )
+    return per_trial
+
+
+def _vram_limit_bytes(settings: RunSettings, hardware: Hardware) -> int:
+    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
+    if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
+        raise SettingsError(
+            f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
+            f"{format_bytes(hardware.device_memory_bytes)} of each GPU; pass --vram auto or less"
+        )
+    return vram_limit_bytes
+
+
+def _study_config(
+    settings: RunSettings,
+    inputs: _Inputs,
+    hardware: Hardware,
+    per_trial: int,
+    vram_limit_bytes: int,
+    nvme_path: str | None,
+) -> StudyConfig:
+    """What the study records of the run: the settings every trial of it shares."""
+    return StudyConfig(
+        workload=inputs.ref,
+        space=inputs.space.model_dump(mode="json"),
+        accelerator=hardware.accelerator,
+        gpus_per_trial=per_trial,
+        global_batch=inputs.global_batch,
+        max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
+        vram_limit_bytes=vram_limit_bytes,
+        base_config=inputs.base,
+        nvme_path=nvme_path,
+        threads_per_rank=hardware.threads_per_rank(settings.gpus),
+        float32_matmul_precision="high" if settings.tf32 else "highest",
+        script=settings.script,
+    )
+
+
+def _size_workload_probes(
+    inputs: _Inputs, settings: RunSettings, hardware: Hardware, bound: BoundSpace, per_trial: int
+) -> None:
+    """Build a workload's model once (its largest parameter) and set its probes' timeout."""
+    inputs.largest_param_numel = check_model_builds(inputs.workload, settings.workload)
+    inputs.probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
+        inputs.workload,
+        hardware,
+        inputs.global_batch or settings.max_global_batch or 1,
+        per_trial,
+        settings,
+        fp16="fp16" in bound.precisions,
+    )
+
+
+@dataclass
+class _Inputs:
+    """What a workload (or a script) brings to a plan."""
+
+    workload: Workload
+    ref: str
+    study_name: str
+    base: dict[str, Any] | None
+    global_batch: int | None
+    space: SpaceSpec
+    notes: list[str] = field(default_factory=list)
+    probe_timeout_s: float = 0.0
+    largest_param_numel: int = 0
+
+
+def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
+    from autotune.space import base_global_batch, load_base_config
+    from autotune.workloads import absolute_workload_ref, get_workload, workload_study_name
+
+    workload = get_workload(settings.workload)
+    base = load_base_config(settings.base_config) if settings.base_config else None
+    global_batch = None
+    if settings.global_batch != "auto":
+        global_batch = base_global_batch(
+            base or {}, settings.global_batch, str(settings.base_config)
+        )
+        global_batch = global_batch or workload.default_global_batch
+    notes: list[str] = []
+    if True in space.activation_checkpointing and not _checkpoints(workload):
+        space = space.model_copy(update={"activation_checkpointing": [False]})
+        notes.append(
+            f"workload {workload.name!r} does not override enable_activation_checkpointing: "
+            "checkpointing dropped from the space"
+        )
+    return _Inputs(
+        workload=workload,
+        ref=absolute_workload_ref(settings.workload),
+        study_name=workload_study_name(settings.workload),
+        base=base,
+        global_batch=global_batch,
+        space=space,
+        notes=notes,
+    )
+
+
+def _checkpoints(workload: Workload) -> bool:
+    """The workload can turn activation checkpointing on (overrides the base's method)."""
+    from autotune.workloads.base import Workload as Base
+
+    method = getattr(type(workload), "enable_activation_checkpointing", None)
+    return method is not None and method is not Base.enable_activation_checkpointing
+
+
+def _script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> _Inputs:
+    from autotune.run._script_plan import script_inputs
+
+    found = script_inputs(settings, space, ranks)
+    return _Inputs(
+        workload=found.workload,
+        ref=settings.workload,
+        study_name=found.workload.name.rpartition(".")[0] or found.workload.name,
+        base=found.base,
+        global_batch=found.global_batch,
+        space=found.space,
+        notes=found.notes,
+        probe_timeout_s=found.probe_timeout_s,
+    )
+
+
+def _check_base(base: dict[str, Any], bound: BoundSpace, source: str, nvme: str | None) -> None:
+    from autotune.space import check_conflicts, find_auto_values
+
+    check_conflicts(base, bound, source)
+    autos = find_auto_values(next(bound.candidates()).to_ds_config(base, nvme_path=nvme))
+    if autos:
+        raise SettingsError(
+            f'--base-config {source} leaves {", ".join(autos[:3])} as "auto", a '
+            "placeholder only the Hugging Face Trainer fills in; give values"
+        )
+
+
+def check_model_builds(workload: Workload, ref: str) -> int:
+    """Build the workload's model on the meta device once (the memory and cost models do
+    the same), so user code that fails says so in one line before anything starts; return
+    the elements of its largest parameter. A model whose counts are kept from an earlier
+    run (:func:`autotune.memory.model_facts`) built then and is not built again."""
+    from autotune.errors import WorkloadError
+    from autotune.memory import model_facts
+
+    try:
+        return model_facts(workload, 0).largest_param
+    except Exception as exc:  # noqa: BLE001 - user code: any failure is the user's to fix
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise WorkloadError(
+            f"workload {ref!r}: build_model() failed on the meta device with "
+            f"{type(exc).__name__}: {first}; fix the model code (it must build without data "
+            "or downloads)"
+        ) from None
+
+
+def check_writable(folder: Path, *, flag: str) -> None:
+    """Fail before anything runs if ``folder`` cannot take the run's files (a read-only
+    mount, a full disk, a file in the way); root ignores permission bits, so try a write."""
+    import errno
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".autotune-write-check-") as probe:
+            probe.write(b"x" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+        raise SettingsError(
+            f"{flag} {folder}: cannot write there ({why}); make it writable, free space, or "
+            f"pass {flag} OTHER_FOLDER"
+        ) from None
+
+
+# Seconds a probe may spend before its first step: interpreter, imports, process group,
+# model build, deepspeed.initialize. Measured cold on this project's 2-core CPU machines at
+# ~25 s for gpt-tiny; the margin covers slow shared filesystems and busy hosts.
+PROBE_START_S = 120.0
+# A conservative training rate per device (FLOP/s): far below an H100's bf16 peak and an
+# AVX2 core's fp32 peak, so a healthy probe is never cut off.
+_RATE_FLOP_S = {"cuda": 20e12, "cpu": 2e9}
+
+
+def derived_probe_timeout_s(
+    workload: Workload,
+    hardware: Hardware,
+    global_batch: int,
+    ranks: int,
+    settings: RunSettings,
+    *,
+    fp16: bool = False,
+) -> float:
+    """The default ``--probe-timeout``: start-up plus every probe step at a pessimistic
+    rate, times 4 for offload and recomputation. Training costs ~6 FLOPs per parameter and
+    token (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1)."""
+    from autotune.memory import model_facts
+
+    params = model_facts(workload, 0).params
+    flops_per_rank_step = 6 * params * workload.tokens_per_sample * global_batch / ranks
+    rate = _RATE_FLOP_S[hardware.accelerator]
+    if hardware.accelerator == "cpu":
+        rate *= hardware.threads_per_rank(ranks)
+    steps = settings.warmup_steps + settings.timed_steps
+    if fp16:  # steps the loss scaler skips are run again, in warm-up and in timing
+        from autotune.timing import MAX_SKIPPED_STEPS
+
+        steps += 2 * MAX_SKIPPED_STEPS
+    build_s = params / 1e8  # random init of the weights, ~1 s per 100M parameters
+    return round(PROBE_START_S + build_s + 4 * steps * flops_per_rank_step / rate)

@@ -1,0 +1,360 @@
+"""One ``autotune run``: hold the study, set up, search, confirm, export.
+
+Orchestration only; the rules live in the parts:
+
+=====================  ==================================================================
+:mod:`~autotune.run._driver_session`   the study, its one-driver lock, heartbeats, Ctrl-C, storage
+faults
+:mod:`~autotune.memory._memory_screen`    what may fit (memory model, calibration, monotonicity)
+:mod:`~autotune.run.budget`    the study's budget, probe-time estimate, confirmation reserve
+:mod:`~autotune.run._search`    ask -> screen -> dispatch -> record
+:mod:`~autotune.run._confirmation_rounds`   the confirmation round on real probes
+:mod:`~autotune.study.best`      which trial is the best, for every output
+=====================  ==================================================================
+
+The budget is the command's wall time: the clock counts from the command's start
+(``started_s``), set-up included, except the one-time build of DeepSpeed's ops: a first run
+must not spend its budget compiling. Probing ends early enough for the run's finish (closing
+the workers, deciding, exporting) to fit in the budget too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune import events
+from autotune.errors import ExecutorError
+from autotune.memory import Limits, MemoryScreen
+from autotune.run.budget import BudgetClock, ReservePolicy, probe_estimate_s, read_budget
+from autotune.study import best, records
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.execution import Executor
+    from autotune.run._dispatch import InFlight
+    from autotune.run._driver_session import DriverSession
+    from autotune.run._plan import Plan
+    from autotune.run._search import Search
+    from autotune.run.sampler import CandidatePolicy
+    from autotune.study import Best, Confirmation, TrialRecord, TrialView
+
+
+@dataclass
+class RunSummary:
+    """What one ``autotune run`` did."""
+
+    study_name: str
+    vram_limit_bytes: int
+    probes: int = 0
+    pruned: int = 0
+    duplicates: int = 0
+    screened: int = 0  # unevaluated candidates the memory model rules out before sampling
+    stop: events.SearchStopped | None = None
+    elapsed_s: float = 0.0
+    best: Best | None = None
+    best_record: TrialRecord | None = None
+    export_dir: str | None = None
+    confirmation: Confirmation | None = None  # the round's verdict, None without a round
+    interrupted: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Heartbeat:
+    """What the study lock's heartbeat thread keeps fresh, each part set once the run has
+    it: the study's clock, and the heartbeats of the trials being probed."""
+
+    session: DriverSession | None = None
+    clock: BudgetClock | None = None
+    search: Search | None = None
+
+    def beat(self) -> None:
+        """One heartbeat (in the lock's heartbeat thread)."""
+        session = self.session
+        if session is None:
+            return
+        if self.clock is not None:
+            self.clock.store(session.study)
+        if self.search is not None:
+            trials = [job.trial for job in self.search.dispatcher.inflight if job.trial]
+            session.record_heartbeats(trials)
+
+
+class Tuner:
+    """Runs one study to its budget; see the module docstring."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        emit: events.Emit = events.ignore,
+        executor_factory: Callable[[Plan], Executor] | None = None,
+        fault: str = "none",
+        run_flags: dict[str, Any] | None = None,
+        started_s: float | None = None,
+    ) -> None:
+        self.plan = plan
+        # time.monotonic() when the command started; None: when probing starts
+        self._started_s = started_s
+        self.emit = emit
+        self.run_flags = run_flags or {}
+        self._executor_factory = executor_factory or default_executor
+        self._fault = fault
+        settings = plan.settings
+        self.screen = MemoryScreen(
+            plan.workload,
+            Limits(
+                accelerator=plan.hardware.accelerator,
+                vram_limit_bytes=plan.config.vram_limit_bytes,
+                margin=settings.memory_margin,
+                host_ram_bytes=settings.host_ram_bytes or plan.hardware.host_memory_bytes,
+                ranks_per_node=plan.hardware.ranks_on_node(settings.gpus),
+            ),
+            base_config=plan.config.base_config,
+            use_model=settings.prune,
+        )
+        self.reserve = ReservePolicy(enabled=settings.confirm)
+
+    def run(self) -> RunSummary:
+        from autotune.run._driver_session import DriverSession
+
+        sampler, policy = self.make_sampler()
+        summary = RunSummary(
+            study_name=self.plan.study_name, vram_limit_bytes=self.plan.config.vram_limit_bytes
+        )
+        heartbeat = Heartbeat()
+        with (
+            DriverSession(
+                self.plan,
+                sampler=sampler,
+                run_flags=self.run_flags,
+                emit=self.emit,
+                on_beat=heartbeat.beat,
+            ) as session,
+            session.storage_faults(),
+        ):
+            settings = self.plan.settings
+            stored = read_budget(session.study)
+            clock = BudgetClock(stored, settings.budget_s, shared=settings.shared)
+            heartbeat.session, heartbeat.clock = session, clock
+            self._search(session, clock, policy, summary, heartbeat)
+            self._finish(session.study, summary)
+            clock.finished()
+            summary.elapsed_s = clock.elapsed_s
+            clock.store(session.study)
+        self.emit(events.RunFinished(summary, summary.interrupted))
+        return summary
+
+    def _search(
+        self,
+        session: DriverSession,
+        clock: BudgetClock,
+        policy: CandidatePolicy | None,
+        summary: RunSummary,
+        heartbeat: Heartbeat,
+    ) -> None:
+        from autotune.run._dispatch import Dispatcher
+        from autotune.run._search import Search
+
+        trials = self._recover(session)
+        evaluated = {t.record.candidate_key for t in trials if t.is_evaluation}
+        self.emit(
+            events.RunStarted(
+                study_name=self.plan.study_name,
+                evaluated_before=len(evaluated),
+                valid_candidates=self.plan.space.size(),
+                budget_total_s=clock.total_s,
+                spent_before_s=clock.spent_before_s,
+                left_s=max(clock.run_budget_s, 0.0),
+                probe_timeout_s=self.plan.probe_timeout_s,
+            )
+        )
+        clock.store(session.study)
+        summary.screened = self._report_screened(session.study, evaluated)
+        if clock.run_budget_s <= 0 or clock.run_budget_s < probe_estimate_s(trials):
+            summary.stop = events.SearchStopped(
+                "budget", spent_s=clock.spent_s, total_s=clock.total_s
+            )
+            return
+        ops_build_s = self._prepare_ops()
+        dispatcher = Dispatcher(self.plan, self._executor_factory(self.plan), fault=self._fault)
+        search = Search(
+            self.plan, session, dispatcher, self.screen, clock, self.reserve, policy, self.emit
+        )
+        heartbeat.search = search
+        clock.start(None if self._started_s is None else self._started_s + ops_build_s)
+        search.load(trials)  # its first BudgetUpdated counts the set-up the clock charged
+        self._probe(session, search, summary)
+
+    def _recover(self, session: DriverSession) -> list[TrialView]:
+        """The study's trials, once those a stopped driver left running are failed and
+        queued once more (and with ``--retry-failed`` every failed candidate too); the
+        memory screen learns what they showed."""
+        from autotune.study import requeue_failed
+
+        interrupted = session.recover()
+        trials = records.views(session.study)
+        for trial in trials:
+            if trial.is_evaluation:
+                self.screen.learn(trial)
+        if interrupted:
+            self.emit(events.TrialsRecovered(interrupted, retries=len(interrupted)))
+        if self.plan.settings.retry_failed:
+            requeued = requeue_failed(session.study, trials)
+            # after the replay above, which stopped the precisions their failures stop
+            self.screen.forget_failures()
+            self.emit(events.FailedRequeued(requeued))
+            if requeued:
+                trials = records.views(session.study)
+        return trials
+
+    def _probe(self, session: DriverSession, search: Search, summary: RunSummary) -> None:
+        """The search and its confirmation round; the probes still out when it ends are
+        stopped, recorded interrupted and queued once more."""
+        from autotune.run._confirmation_rounds import run_confirmation
+
+        dispatcher = search.dispatcher
+        try:
+            summary.stop = search.run()
+            self.emit(summary.stop)
+            if summary.stop.kind != "interrupted" and self.plan.settings.confirm:
+                verdict = run_confirmation(search)
+                summary.confirmation = verdict
+        except ExecutorError:
+            # the executor is gone (a lost cluster): probes still out are interrupted
+            self._interrupted(session, dispatcher.cancel_all(), summary)
+            raise
+        finally:
+            search.clock.probing_done()
+            stopped = dispatcher.cancel_all()
+            dispatcher.close()
+            summary.probes = search.counts.probes
+            summary.pruned = search.counts.pruned
+            summary.duplicates = search.counts.duplicates
+        self._interrupted(session, stopped, summary)
+        if session.stopping:
+            summary.stop = events.SearchStopped("interrupted")
+
+    @staticmethod
+    def _interrupted(session: DriverSession, stopped: list[InFlight], summary: RunSummary) -> None:
+        """Probes the run stopped: recorded interrupted, each queued once more."""
+        for job in stopped:
+            if job.trial is not None:
+                records.record_interrupted(session.study, job.trial, job.record)
+                session.requeue(job.trial)
+                summary.interrupted.append(job.trial.number)
+
+    def _finish(self, study: optuna.Study, summary: RunSummary) -> None:
+        """Decide the best (one rule for every output), store it, export it."""
+        from autotune.export import export
+        from autotune.study import confirmation as confirm
+
+        trials = records.views(study)
+        summary.best = best.decide_best(trials, confirm.load(study))
+        best.store(study, summary.best)
+        if summary.best is None:
+            return
+        summary.best_record = trials[summary.best.trial].record
+        exported = export(study, self.plan.trials_dir / "best")
+        summary.export_dir = str(exported.folder)
+
+    def make_sampler(self) -> tuple[optuna.samplers.BaseSampler, CandidatePolicy | None]:
+        """The study's sampler, and autotune's candidate policy behind it (None under
+        Optuna's own samplers): the search's confirmation reserve waits for its coverage."""
+        import optuna
+
+        settings = self.plan.settings
+        seed = settings.seed
+        if settings.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed), None
+        if settings.sampler == "gp":
+            return optuna.samplers.GPSampler(seed=seed), None
+        if settings.sampler == "random":
+            return optuna.samplers.RandomSampler(seed=seed), None
+        from autotune.run.sampler import CandidatePolicy, CandidateSampler
+
+        mode = "grid" if settings.sampler == "grid" else "model"
+        policy = CandidatePolicy(
+            list(self.plan.space.candidates()),
+            cost=self._cost_model() if mode == "model" else None,
+            may_fit=self.screen.may_fit if settings.prune else None,
+            mode=mode,
+        )
+        return CandidateSampler(self.plan.space, policy, seed=seed), policy
+
+    def _cost_model(self) -> Any:
+        from autotune.run.cost_model import CostModel, WorkloadFacts
+
+        plan = self.plan
+        workload = plan.workload
+        facts = WorkloadFacts.of(workload)  # active parameters for MoE and DiT
+        hardware, threads = plan.hardware, plan.config.threads_per_rank
+        scale: dict[str, float] = {}
+        if hardware.accelerator == "cpu":
+            from autotune.run.cost_model import compute_scale_from, measure_cpu_matmul_flops
+
+            measured = tuple(dict.fromkeys(("fp32", *plan.space.precisions)))  # fp32: anchor
+            flops = measure_cpu_matmul_flops(measured, threads)
+            scale = compute_scale_from(flops)
+            self.emit(events.CostModelCalibrated(threads, flops))
+        return CostModel(
+            facts,
+            hardware.accelerator,
+            threads=threads,
+            compute_scale=scale,
+            nodes=hardware.nodes_spanned(plan.config.gpus_per_trial),
+            tf32=plan.config.float32_matmul_precision == "high",
+        )
+
+    def _report_screened(self, study: optuna.Study, evaluated: set[str]) -> int:
+        """With autotune's sampler, candidates the memory model rules out are never
+        proposed (so never become trials): count them, keep their keys in the study."""
+        from autotune.study import store_screened
+
+        settings = self.plan.settings
+        if not settings.prune or settings.sampler != "autotune":
+            return 0
+        screened = self.screen.screened(list(self.plan.space.candidates()), evaluated)
+        store_screened(study, screened)
+        if screened:
+            self.emit(
+                events.CandidatesScreened(
+                    len(screened),
+                    self.plan.space.size() - len(evaluated),
+                    self.plan.config.vram_limit_bytes,
+                )
+            )
+        return len(screened)
+
+    def _prepare_ops(self) -> float:
+        """Build the DeepSpeed ops the probes need (once per environment, with progress);
+        where FusedAdam cannot be built, the probes use torch's Adam. Returns the seconds
+        spent compiling (0 when every op was built already): the budget leaves them out."""
+        from autotune.backends.deepspeed import ensure_deepspeed_ops
+
+        targets = {
+            device
+            for c in self.plan.space.candidates()
+            for device in (c.offload_optimizer, c.offload_param)
+        } - {"none"}
+        report = ensure_deepspeed_ops(self.plan.hardware, offload_targets=targets, emit=self.emit)
+        if report.built:
+            self.emit(events.OpsBuilt(tuple(report.built), report.seconds))
+        self.plan.torch_adam = report.torch_adam
+        return report.seconds if report.built else 0.0
+
+
+def default_executor(plan: Plan) -> Executor:
+    from autotune.execution import make_executor
+
+    return make_executor(
+        plan.settings.executor,
+        total_devices=plan.settings.gpus,
+        devices_per_probe=plan.config.gpus_per_trial,
+        cuda=plan.hardware.accelerator == "cuda",
+        cpu_count=plan.hardware.cpu_count,
+        warm=plan.settings.warm_workers,
+        ray_address=plan.settings.ray_address,
+    )

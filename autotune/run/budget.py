@@ -1,0 +1,184 @@
+"""The study's time: its budget across runs, what the next probe will take, and the time
+held back for the confirmation round.
+
+Plain objects over plain numbers, so that ``benchmarks/search_efficiency.py`` replays the
+tuner's own rules (counting probes instead of seconds) instead of a copy of them.
+
+- :class:`BudgetClock`: the budget is the study's (``total_s``, ``spent_s`` in the study
+  user attr :data:`BUDGET_ATTR`); a run gets what is left, or a new total, and its probing
+  ends early enough for the run's finish (closing workers, deciding, exporting) to fit.
+- :func:`probe_estimate_s`: the median wall time of the study's probes; a probe that paid
+  its process group's start (a cold launch, or a warm worker's first probe) is left out
+  once a warm one exists, or one cold start makes the next probe look too long to fit.
+- :class:`ReservePolicy`: when the round's time is held back, and how much.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.settings import DEFAULT_BUDGET_S
+from autotune.study import confirmation as confirm
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.study import TrialView
+
+BUDGET_ATTR = "autotune_budget"
+# What a run takes after its last probe (closing the warm workers and Ray, deciding the best,
+# writing the export): 0-5.4 s past the budget's end on a 2-core machine when nothing was
+# held back for it (benchmarks/RESULTS.md, "autotune against DeepSpeed's own autotuner").
+# Held back until a run of the study has measured its own finish.
+DEFAULT_FINISH_S = 5.0
+
+
+class BudgetRecord(BaseModel):
+    """The study user attr :data:`BUDGET_ATTR`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    total_s: float = Field(default=DEFAULT_BUDGET_S, description="The study's whole budget.")
+    spent_s: float = Field(default=0.0, description="Wall time its runs have used so far.")
+    finish_s: float | None = Field(
+        default=None,
+        description="Wall time the last run took after its last probe (closing workers, "
+        "deciding, exporting): held back from the next run's probing. None: not measured yet.",
+    )
+
+
+def read_budget(study: optuna.Study) -> BudgetRecord:
+    return BudgetRecord.model_validate(study.user_attrs.get(BUDGET_ATTR) or {})
+
+
+class BudgetClock:
+    """One run's share of the study's budget. ``start`` when probing begins, from the
+    moment the command started (``origin``): a run's own set-up (imports, the plan, Ray,
+    the warm workers) is part of the wall time its user asked for; the one-time build of
+    DeepSpeed's ops is left out by the caller, who moves the origin past it.
+
+    So is the run's finish: probing stops ``finish_s`` before the budget's end
+    (:attr:`probing_left_s`), the study's last measured finish or :data:`DEFAULT_FINISH_S`;
+    :meth:`probing_done` and :meth:`finished` measure this run's."""
+
+    def __init__(
+        self, stored: BudgetRecord, given_total_s: float | None, *, shared: bool = False
+    ) -> None:
+        self.shared = shared
+        if shared:
+            # side by side with other drivers, each runs for its own --budget (else what the
+            # study had left when it joined) and the study's counter is left alone
+            left_s = stored.total_s - stored.spent_s
+            self.total_s = given_total_s if given_total_s is not None else left_s
+            self.spent_before_s = 0.0
+        else:
+            self.total_s = given_total_s if given_total_s is not None else stored.total_s
+            self.spent_before_s = stored.spent_s
+        self.stored_finish_s = stored.finish_s
+        self.finish_s = DEFAULT_FINISH_S if stored.finish_s is None else stored.finish_s
+        self._started: float | None = None
+        self._probing_done: float | None = None
+        self._measured_finish_s: float | None = None
+
+    def start(self, origin: float | None = None) -> None:
+        """Run the clock from ``origin`` (a ``time.monotonic()`` reading), else from now."""
+        now = time.monotonic()
+        self._started = now if origin is None else min(origin, now)
+
+    @property
+    def elapsed_s(self) -> float:
+        return 0.0 if self._started is None else time.monotonic() - self._started
+
+    @property
+    def spent_s(self) -> float:
+        return self.spent_before_s + self.elapsed_s
+
+    @property
+    def run_budget_s(self) -> float:
+        """What this run may use: the total less what earlier runs spent."""
+        return self.total_s - self.spent_before_s
+
+    @property
+    def left_s(self) -> float:
+        return self.total_s - self.spent_s
+
+    @property
+    def probing_left_s(self) -> float:
+        """What is left for probes: the budget less the time held back for the finish."""
+        return self.left_s - self.finish_s
+
+    def probing_done(self) -> None:
+        """The run's last probe is over: its finish starts now."""
+        self._probing_done = time.monotonic()
+
+    def finished(self) -> None:
+        """The run's finish is over: measure it for the study's next run."""
+        if self._probing_done is not None:
+            self._measured_finish_s = time.monotonic() - self._probing_done
+
+    def record(self) -> BudgetRecord:
+        measured = self._measured_finish_s
+        return BudgetRecord(
+            total_s=self.total_s,
+            spent_s=round(self.spent_s, 1),
+            finish_s=round(measured, 1) if measured is not None else self.stored_finish_s,
+        )
+
+    def store(self, study: optuna.Study) -> None:
+        if not self.shared:
+            study.set_user_attr(BUDGET_ATTR, self.record().model_dump())
+
+
+def probe_estimate_s(trials: Iterable[TrialView], *, full_only: bool = False) -> float:
+    """Median wall time of the study's probes (of those that ran in full if ``full_only``:
+    confirmation probes never stop early, and an early-stopped probe is a fraction of one).
+    0 when there is none yet."""
+    walls: list[tuple[float, bool]] = []
+    for trial in trials:
+        record = trial.record
+        if record.probe_wall_s is None or not trial.is_evaluation:
+            continue
+        if full_only and not trial.measured_in_full:
+            continue
+        walls.append((record.probe_wall_s, record.probe_cold_start))
+    warm = [wall for wall, cold in walls if not cold]
+    chosen = warm or [wall for wall, _ in walls]
+    return statistics.median(chosen) if chosen else 0.0
+
+
+@dataclass(frozen=True)
+class ReservePolicy:
+    """The budget held back from the search for the confirmation round.
+
+    Nothing is held back before the search has two feasible configs (there is nothing to
+    confirm, and a search stopped with one never reaches a round), nor, with autotune's
+    sampler, before every ZeRO stage that may fit has had its probe (on a short budget the
+    reserve otherwise ends the search after two configs and confirms the wrong ones). Then:
+    :func:`autotune.study.confirmation.reserve_s` for the contenders the search leaves so far, at
+    the
+    wall time of a full-length probe.
+    """
+
+    enabled: bool = True
+    fallback_probe_s: float = 20.0
+
+    def reserve_s(
+        self,
+        *,
+        feasible: int,
+        stages_covered: bool,
+        contenders: int,
+        full_probe_s: float,
+        probe_s: float,
+        budget_s: float,
+    ) -> float:
+        if not self.enabled or feasible < 2 or not stages_covered:
+            return 0.0
+        per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
+        return confirm.reserve_s(per_probe_s, contenders, budget_s)

@@ -1,0 +1,219 @@
+"""autotune's own Optuna sampler: it proposes whole candidates, ordered by the models.
+
+Optuna's samplers see a define-by-run space of conditional categoricals and learn it from
+scratch; autotune knows much more before the first probe: which candidates cannot fit (the
+memory model, and monotonicity in the micro-batch), and roughly how fast each one will be
+(the cost model). :class:`CandidateSampler` picks the next candidate in
+:meth:`~optuna.samplers.BaseSampler.before_trial` and answers each
+``suggest_categorical`` of that trial with the candidate's value, so Optuna's storage,
+dashboard and enqueue/retry machinery work unchanged.
+
+Policies:
+
+- ``model`` (``--sampler autotune``): among unevaluated candidates that may fit, the
+  highest predicted samples/s of the calibrated cost model, times an exploration bonus for
+  values no probe has measured yet (a ZeRO stage, precision, offload target, checkpointing
+  or micro-batch the model has no data on is where it is least certain). The bonus decays
+  as probes accumulate. Before that, every ZeRO stage that may fit is probed once (its
+  best-predicted candidate, stages in predicted order): the cost model's stage terms
+  (collectives, partitioning, optimizer share) are its crudest, so a stage it misjudges
+  would be probed last: on GPT-2 on a CPU it ranks ZeRO-0, the fastest there by 20%, below
+  every ZeRO-1/2 candidate.
+- ``grid`` (``--sampler grid``): every valid candidate once, in the space's order, for
+  exhaustive tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from autotune.candidate import Candidate
+from autotune.memory import Monotonicity, shape_key
+from autotune.run.cost_model import CostModel
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
+    from optuna.trial import FrozenTrial
+
+    from autotune.space import BoundSpace
+    from autotune.study import TrialView
+
+EXPLORATION = 0.6  # bonus of a fully novel candidate over its predicted samples/s, at start
+COVERED_ATTRIBUTES = ("zero_stage",)  # each value that may fit gets one probe first
+NOVELTY_ATTRIBUTES = (
+    "precision",
+    "zero_stage",
+    "offload_optimizer",
+    "offload_param",
+    "activation_checkpointing",
+    "micro_batch_size",
+)
+
+
+class History:
+    """What a study's trials say about candidates (shared by sampler and replays)."""
+
+    def __init__(self) -> None:
+        self.evaluated: set[str] = set()
+        self.tried: list[Candidate] = []  # every candidate probed or being probed
+        self.measured: list[tuple[Candidate, float]] = []  # (candidate, step time s)
+        self.monotonicity = Monotonicity()
+
+    def add(self, candidate: Candidate, status: str, step_time_s: float | None) -> None:
+        self.evaluated.add(candidate.key)
+        self.tried.append(candidate)
+        self.monotonicity.add(candidate, status, len(self.tried))
+        if status == "ok" and step_time_s:
+            self.measured.append((candidate, step_time_s))
+
+    @classmethod
+    def of(cls, trials: Iterable[TrialView]) -> History:
+        history = cls()
+        for trial in trials:
+            if not trial.is_evaluation:
+                continue
+            if trial.running:
+                history.evaluated.add(trial.candidate.key)
+                history.tried.append(trial.candidate)
+                continue
+            if trial.status == "interrupted":
+                continue  # probed again by the tuner's retry, not by the sampler
+            step_time_s = trial.record.step_time_s if trial.status == "ok" else None
+            history.add(trial.candidate, trial.status, step_time_s)
+        return history
+
+    @classmethod
+    def of_study(cls, study: optuna.Study) -> History:
+        from autotune.study import views
+
+        return cls.of(views(study))
+
+    def known_to_fit(self, candidate: Candidate) -> bool:
+        return self.monotonicity.known_to_fit(candidate)
+
+    def known_not_to_fit(self, candidate: Candidate) -> bool:
+        floor = self.monotonicity.oom_floor.get(shape_key(candidate))
+        return floor is not None and candidate.micro_batch_size >= floor[0]
+
+
+class CandidatePolicy:
+    """Chooses the next candidate from a history; pure, so benchmarks replay it offline."""
+
+    def __init__(
+        self,
+        candidates: Sequence[Candidate],
+        *,
+        cost: CostModel | None,
+        may_fit: Callable[[Candidate], bool] | None = None,
+        mode: str = "model",
+    ) -> None:
+        self.candidates = list(candidates)
+        self.cost = cost
+        self.may_fit = may_fit
+        self.mode = mode
+        self._may_fit_cache: dict[str, bool] = {}
+
+    def _open(self, history: History) -> list[Candidate]:
+        open_ = []
+        for candidate in self.candidates:
+            if candidate.key in history.evaluated or history.known_not_to_fit(candidate):
+                continue
+            checked = self.mode != "grid" and self.may_fit is not None
+            if checked and not history.known_to_fit(candidate) and not self._fits(candidate):
+                continue
+            open_.append(candidate)
+        return open_
+
+    def _fits(self, candidate: Candidate) -> bool:
+        fits = self._may_fit_cache.get(candidate.key)
+        if fits is None:
+            assert self.may_fit is not None
+            fits = self._may_fit_cache[candidate.key] = self.may_fit(candidate)
+        return fits
+
+    def choose(self, history: History) -> Candidate | None:
+        open_ = self._open(history)
+        if not open_:
+            return None
+        if self.mode == "grid" or self.cost is None:
+            return open_[0]
+        self.cost.fit(history.measured)
+        seen = {
+            attribute: {getattr(c, attribute) for c, _ in history.measured}
+            for attribute in NOVELTY_ATTRIBUTES
+        }
+        bonus = EXPLORATION / (1.0 + len(history.measured) / 4.0)
+
+        def score(candidate: Candidate) -> float:
+            novel = sum(getattr(candidate, a) not in seen[a] for a in NOVELTY_ATTRIBUTES)
+            assert self.cost is not None
+            return self.cost.samples_per_s(candidate) * (
+                1.0 + bonus * novel / len(NOVELTY_ATTRIBUTES)
+            )
+
+        return max(self._uncovered(open_, history) or open_, key=score)
+
+    @staticmethod
+    def _uncovered(open_: list[Candidate], history: History) -> list[Candidate]:
+        tried = {a: {getattr(c, a) for c in history.tried} for a in COVERED_ATTRIBUTES}
+        return [c for c in open_ if any(getattr(c, a) not in tried[a] for a in COVERED_ATTRIBUTES)]
+
+    def covered(self, history: History) -> bool:
+        """Every ZeRO stage that may fit has had its probe (the model's search only)."""
+        return self.mode != "model" or not self._uncovered(self._open(history), history)
+
+
+class CandidateSampler(optuna.samplers.BaseSampler):
+    """An Optuna sampler whose trials are whole candidates chosen by a :class:`CandidatePolicy`
+    (see the module docstring); parameters it has no value for come from a RandomSampler."""
+
+    def __init__(self, space: BoundSpace, policy: CandidatePolicy, seed: int | None = None):
+        self.space = space
+        self.policy = policy
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+        self._chosen: dict[int, dict[str, Any]] = {}
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        pick = self.policy.choose(History.of_study(study))
+        if pick is not None:
+            self._chosen[trial.number] = self.space.params_of(pick)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        params = self._chosen.get(trial.number, {})
+        if param_name in params:
+            value = params[param_name]
+            choices = getattr(param_distribution, "choices", None)
+            if choices is None or value in choices:
+                return value
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: optuna.trial.TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._chosen.pop(trial.number, None)

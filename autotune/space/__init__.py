@@ -1,0 +1,20 @@
+"""The search space: space files (YAML), their validity rules, the user's base config,
+and the define-by-run suggestion of a :class:`~autotune.candidate.Candidate`."""
+
+from autotune.space._base_config import (
+    base_global_batch,
+    check_conflicts,
+    find_auto_values,
+    load_base_config,
+)
+from autotune.space.search_space import BoundSpace, SpaceSpec, load_space
+
+__all__ = [
+    "BoundSpace",
+    "SpaceSpec",
+    "base_global_batch",
+    "check_conflicts",
+    "find_auto_values",
+    "load_base_config",
+    "load_space",
+]

@@ -1,0 +1,407 @@
+"""Search spaces: YAML files validated by pydantic, bound to a machine and a batch.
+
+A :class:`SpaceSpec` is what the YAML says; :meth:`SpaceSpec.bind` keeps what this
+hardware, batch and NVMe path allow and returns a :class:`BoundSpace`. A bound space makes
+its decisions in one place, :meth:`BoundSpace._decide` (define-by-run: a dimension is
+decided only where it can vary and is valid), and that one procedure serves Optuna
+(:meth:`suggest`), exhaustive enumeration (:meth:`candidates`) and the reverse mapping to
+Optuna parameters (:meth:`params_of`), so the three can never disagree. The DeepSpeed
+validity rules and the filters of binding live in :mod:`autotune.space._rules`
+(``combination_problem``, re-exported here) and ``ZERO_KNOB_STAGES``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+
+from autotune.candidate import ZERO_KNOB_STAGES, Candidate, OffloadDevice, Precision, ZeroKnobs
+from autotune.errors import SpaceError
+from autotune.space._files import builtin_space_names as builtin_space_names  # re-exported
+from autotune.space._files import key_lines, resolve_space_path
+from autotune.space._rules import (
+    combination_problem,
+    keep_micro_batches,
+    keep_offload_targets,
+    keep_precisions,
+    keep_stages,
+)
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.hardware import Hardware
+
+Chooser = Callable[[str, Sequence[Any], str], Any]
+
+
+def _non_empty_unique(values: list[Any] | None) -> list[Any] | None:
+    if values is None:
+        return None
+    if not values:
+        raise ValueError("must list at least one value")
+    if len(set(values)) != len(values):
+        raise ValueError(f"lists a value twice: {values}")
+    return values
+
+
+class ZeroKnobChoices(BaseModel):
+    """Fine ZeRO knobs to search; an absent knob keeps DeepSpeed's (or the base's) value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    overlap_comm: list[bool] | None = Field(default=None, description="ZeRO 1-3.")
+    contiguous_gradients: list[bool] | None = Field(default=None, description="ZeRO 1-3.")
+    reduce_bucket_size: list[PositiveInt] | None = Field(
+        default=None, description="Elements, ZeRO 1-3."
+    )
+    allgather_bucket_size: list[PositiveInt] | None = Field(
+        default=None, description="Elements, ZeRO 1-2."
+    )
+    stage3_prefetch_bucket_size: list[PositiveInt] | None = Field(
+        default=None, description="Elements, ZeRO 3."
+    )
+    stage3_param_persistence_threshold: list[PositiveInt] | None = Field(
+        default=None, description="Elements, ZeRO 3."
+    )
+    stage3_max_live_parameters: list[PositiveInt] | None = Field(
+        default=None, description="Elements, ZeRO 3."
+    )
+    sub_group_size: list[PositiveInt] | None = Field(default=None, description="Elements, ZeRO 3.")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _non_empty(cls, values: list[Any] | None) -> list[Any] | None:
+        return _non_empty_unique(values)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _floats_to_ints(cls, values: Any) -> Any:
+        # YAML reads 5.0e+8 as a float; bucket sizes are element counts.
+        if isinstance(values, list):
+            return [int(v) if isinstance(v, float) and v.is_integer() else v for v in values]
+        return values
+
+    def items(self) -> list[tuple[str, list[Any]]]:
+        return [(k, v) for k, v in self.model_dump().items() if v is not None]
+
+
+class SpaceSpec(BaseModel):
+    """The values each dimension may take; every list is tried in all valid combinations."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    precision: list[Precision] = Field(
+        default=["fp32", "bf16", "fp16"],
+        description="Precisions to try; those the hardware refuses are dropped with a note.",
+    )
+    zero_stage: list[Literal[0, 1, 2, 3]] = Field(
+        default=[0, 1, 2, 3], description="ZeRO stages to try."
+    )
+    offload_optimizer: list[OffloadDevice] = Field(
+        default=["none"], description="Optimizer-state offload targets (ZeRO 1-3)."
+    )
+    offload_optimizer_ratio: list[float] = Field(
+        default=[1.0],
+        description="Share of optimizer states offloaded to CPU; < 1 is partial (ZeRO 3, cpu).",
+    )
+    offload_param: list[OffloadDevice] = Field(
+        default=["none"], description="Parameter offload targets (ZeRO 3 only)."
+    )
+    micro_batch_size: list[PositiveInt] = Field(
+        description="Micro-batch sizes; those that do not divide the global batch are dropped."
+    )
+    gradient_accumulation_steps: list[PositiveInt] = Field(
+        default=[1, 2, 4, 8, 16, 32],
+        description="Accumulation steps to try with --global-batch auto (else derived).",
+    )
+    activation_checkpointing: list[bool] = Field(
+        default=[False], description="Activation checkpointing off and/or on."
+    )
+    zero_knobs: ZeroKnobChoices = Field(
+        default_factory=ZeroKnobChoices,
+        description="Fine ZeRO knobs to search (off by default).",
+    )
+
+    @field_validator(
+        "precision",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_optimizer_ratio",
+        "offload_param",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "activation_checkpointing",
+    )
+    @classmethod
+    def _lists(cls, values: list[Any]) -> list[Any]:
+        return _non_empty_unique(values) or []
+
+    @field_validator("offload_optimizer_ratio")
+    @classmethod
+    def _ratios(cls, values: list[float]) -> list[float]:
+        bad = [v for v in values if not 0 < v <= 1]
+        if bad:
+            raise ValueError(f"ratios must lie in (0, 1], got {bad}")
+        return values
+
+    def uses(self, device: str) -> bool:
+        return device in self.offload_optimizer or device in self.offload_param
+
+    def bind(
+        self,
+        hardware: Hardware,
+        *,
+        data_parallel_size: int,
+        global_batch: int | None,
+        max_global_batch: int | None = None,
+        nvme_path: str | None = None,
+        nvme_unavailable: str | None = None,
+        partial_offload_supported: bool = True,
+    ) -> BoundSpace:
+        """Keep what this machine, batch and disk allow; raise SpaceError if nothing is left.
+
+        ``global_batch=None`` is ``--global-batch auto``: accumulation becomes a dimension
+        and micro x accumulation x ranks may be anything up to ``max_global_batch``.
+        """
+        notes: list[str] = []
+        precisions = keep_precisions(list(self.precision), hardware, notes)
+        offload_optimizer, offload_param = keep_offload_targets(
+            list(self.offload_optimizer),
+            list(self.offload_param),
+            list(self.zero_stage),
+            nvme_path,
+            nvme_unavailable,
+            notes,
+        )
+        ratios = list(self.offload_optimizer_ratio)
+        if not partial_offload_supported and any(r < 1 for r in ratios):
+            notes.append(
+                "offload_optimizer_ratio < 1 dropped: this DeepSpeed has no partial offload"
+            )
+            ratios = [1.0]
+        micro_batches = keep_micro_batches(
+            list(self.micro_batch_size),
+            list(self.gradient_accumulation_steps),
+            data_parallel_size=data_parallel_size,
+            global_batch=global_batch,
+            max_global_batch=max_global_batch,
+            notes=notes,
+        )
+        zero_stages = keep_stages(list(self.zero_stage), offload_optimizer, offload_param)
+        return BoundSpace(
+            spec=self,
+            precisions=tuple(precisions),
+            zero_stages=tuple(zero_stages),
+            offload_optimizer=tuple(offload_optimizer),
+            offload_optimizer_ratios=tuple(sorted(ratios)),
+            offload_param=tuple(offload_param),
+            micro_batch_sizes=tuple(micro_batches),
+            data_parallel_size=data_parallel_size,
+            global_batch=global_batch,
+            max_global_batch=max_global_batch,
+            nvme_path=nvme_path,
+            notes=tuple(notes),
+        )
+
+
+class BoundSpace(BaseModel):
+    """A space bound to one machine and batch: exactly the valid candidates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spec: SpaceSpec
+    precisions: tuple[str, ...] = Field(description="Precisions the hardware supports.")
+    zero_stages: tuple[int, ...] = Field(description="Stages with at least one valid candidate.")
+    offload_optimizer: tuple[str, ...] = Field(description="Optimizer offload targets kept.")
+    offload_optimizer_ratios: tuple[float, ...] = Field(description="Partial offload ratios.")
+    offload_param: tuple[str, ...] = Field(description="Parameter offload targets kept.")
+    micro_batch_sizes: tuple[PositiveInt, ...] = Field(description="Micro-batches kept.")
+    data_parallel_size: PositiveInt = Field(description="Ranks of one probe.")
+    global_batch: PositiveInt | None = Field(description="Samples per step; None: auto.")
+    max_global_batch: PositiveInt | None = Field(default=None, description="Cap in auto mode.")
+    nvme_path: str | None = Field(default=None, description="Folder for NVMe offload.")
+    notes: tuple[str, ...] = Field(default=(), description="What binding dropped, and why.")
+
+    def _accumulations(self, micro_batch_size: int) -> list[int]:
+        assert self.max_global_batch is not None
+        limit = self.max_global_batch // (micro_batch_size * self.data_parallel_size)
+        return [a for a in sorted(self.spec.gradient_accumulation_steps) if a <= limit]
+
+    def _optimizer_targets(self, stage: int) -> tuple[str, ...]:
+        """The optimizer offload targets valid at ``stage`` with some listed parameter target
+        (binding keeps only stages where at least one is)."""
+        return tuple(
+            device
+            for device in self.offload_optimizer
+            if any(
+                combination_problem(stage, device, param) is None
+                for param in (self.offload_param if stage == 3 else ("none",))
+            )
+        )
+
+    def _decide(self, choose: Chooser) -> Candidate:
+        """Every decision, in define-by-run order; ``choose(name, choices, attribute)``."""
+        precision = choose("precision", self.precisions, "precision")
+        stage = choose("zero_stage", self.zero_stages, "zero_stage")
+        offload_optimizer = "none"
+        if stage >= 1:
+            targets = self._optimizer_targets(stage)
+            # Optuna wants one fixed set of choices per parameter name: a stage where fewer
+            # targets are valid (no nvme below ZeRO-3) asks under its own name.
+            name = "offload_optimizer"
+            if targets != self.offload_optimizer:
+                name = "offload_optimizer_z12"
+            offload_optimizer = choose(name, targets, "offload_optimizer")
+        ratio = 1.0
+        if stage == 3 and offload_optimizer == "cpu":
+            ratio = choose(
+                "offload_optimizer_ratio", self.offload_optimizer_ratios, "offload_optimizer_ratio"
+            )
+        offload_param = "none"
+        if stage == 3:
+            offload_param = choose("offload_param", self.offload_param, "offload_param")
+        micro_batch = choose("micro_batch_size", self.micro_batch_sizes, "micro_batch_size")
+        if self.global_batch is None:
+            accumulation = choose(
+                f"gradient_accumulation_steps_mb{micro_batch}",
+                self._accumulations(micro_batch),
+                "gradient_accumulation_steps",
+            )
+        else:
+            accumulation = self.global_batch // (micro_batch * self.data_parallel_size)
+        checkpointing = choose(
+            "activation_checkpointing",
+            self.spec.activation_checkpointing,
+            "activation_checkpointing",
+        )
+        knobs = {
+            name: choose(f"zero.{name}", choices, f"zero_knobs.{name}")
+            for name, choices in self.spec.zero_knobs.items()
+            if stage in ZERO_KNOB_STAGES[name]
+        }
+        return Candidate(
+            precision=precision,
+            zero_stage=stage,
+            offload_optimizer=offload_optimizer,
+            offload_optimizer_ratio=ratio,
+            offload_param=offload_param,
+            micro_batch_size=micro_batch,
+            gradient_accumulation_steps=accumulation,
+            data_parallel_size=self.data_parallel_size,
+            activation_checkpointing=checkpointing,
+            zero_knobs=ZeroKnobs(**knobs),
+        )
+
+    def suggest(self, trial: optuna.Trial) -> Candidate:
+        """Ask Optuna for each decision that has more than one valid value."""
+
+        def choose(name: str, choices: Sequence[Any], _: str) -> Any:
+            # A dimension with one value is not a parameter: Optuna would record a constant.
+            if len(choices) == 1:
+                return choices[0]
+            return trial.suggest_categorical(name, list(choices))
+
+        return self._decide(choose)
+
+    def candidates(self) -> Iterator[Candidate]:
+        """Every valid candidate, in a stable order (an odometer over the decision tree)."""
+        path: list[int] = []
+        while True:
+            sizes: list[int] = []
+
+            def choose(
+                _: str,
+                choices: Sequence[Any],
+                __: str,
+                path: list[int] = path,
+                sizes: list[int] = sizes,
+            ) -> Any:
+                index = path[len(sizes)] if len(sizes) < len(path) else 0
+                sizes.append(len(choices))
+                return choices[index]
+
+            yield self._decide(choose)
+            path = [path[i] if i < len(path) else 0 for i in range(len(sizes))]
+            position = len(sizes) - 1
+            while position >= 0 and path[position] + 1 >= sizes[position]:
+                position -= 1
+            if position < 0:
+                return
+            path = [*path[:position], path[position] + 1]
+
+    def params_of(self, candidate: Candidate) -> dict[str, Any]:
+        """The Optuna parameters :meth:`suggest` records for ``candidate``."""
+        params: dict[str, Any] = {}
+
+        def choose(name: str, choices: Sequence[Any], attribute: str) -> Any:
+            value: Any = candidate
+            for part in attribute.split("."):
+                value = getattr(value, part)
+            if len(choices) > 1:
+                params[name] = value
+            return value
+
+        self._decide(choose)
+        return params
+
+    def size(self) -> int:
+        return sum(1 for _ in self.candidates())
+
+    def dimensions(self) -> dict[str, dict[str, int]]:
+        """For each dimension, how many valid candidates take each value."""
+        counts: dict[str, dict[str, int]] = {}
+        for candidate in self.candidates():
+            values = candidate.model_dump(mode="json")
+            knobs = values.pop("zero_knobs")
+            values.update({f"zero.{k}": v for k, v in knobs.items() if v is not None})
+            values.pop("data_parallel_size")
+            for name, value in values.items():
+                bucket = counts.setdefault(name, {})
+                bucket[str(value)] = bucket.get(str(value), 0) + 1
+        return counts
+
+
+def load_space(ref: str) -> SpaceSpec:
+    """Load and validate a space; errors name the file, the key and what is allowed."""
+    name, text = resolve_space_path(ref)
+    return parse_space(text, source=name)
+
+
+def parse_space(text: str, *, source: str = "<space>") -> SpaceSpec:
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(f"{where}: not valid YAML ({problem}); fix the syntax") from None
+    if not isinstance(data, dict):
+        raise SpaceError(
+            f"{source}: a space is a mapping of dimension -> list of values, got "
+            f"{type(data).__name__}; see search_spaces/default.yaml"
+        )
+    lines = key_lines(node)
+    try:
+        return SpaceSpec.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error["loc"]]
+        key = loc[0] if loc else "?"
+        line = lines.get(".".join(loc[:2])) or lines.get(key)
+        where = f"{source}:{line}" if line else source
+        if error["type"] == "extra_forbidden":
+            model: type[BaseModel] = ZeroKnobChoices if len(loc) > 1 else SpaceSpec
+            allowed = ", ".join(model.model_fields)
+            name = loc[-1]
+            raise SpaceError(f"{where}: unknown key {name!r}; allowed keys: {allowed}") from None
+        field = SpaceSpec.model_fields.get(key)
+        hint = f" ({field.description})" if field is not None and field.description else ""
+        path = key + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in loc[1:])
+        raise SpaceError(
+            f"{where}: {path}: {error['msg']}, got {error.get('input')!r}{hint}"
+        ) from None

@@ -1,0 +1,108 @@
+"""The one decision of "the best" trial.
+
+Every output that names a best trial asks :func:`decide_best`: the run's export, ``autotune
+export``, the ``*`` of ``autotune status``, ``summary.md`` and the study user attr
+:data:`BEST_ATTR`, which optuna-dashboard shows among the study's user attributes. The
+confirmation round's winner when there is one, else the fastest feasible trial.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.study.records import TrialView, ranked_feasible
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.study.confirmation import Confirmation
+
+BEST_ATTR = "autotune_best"
+
+
+class Best(BaseModel):
+    """The one trial every output calls the best, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int = Field(description="Trial number.")
+    label: str
+    samples_per_s: float = Field(description="The estimate the decision rests on.")
+    half_width: float = Field(default=0.0, description="95% interval of that estimate.")
+    probes: int = Field(default=1, description="Probes behind the estimate.")
+    confirmed: bool = Field(description="Decided by the confirmation round.")
+    reason: str = Field(description="One line: why this trial.")
+
+
+def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best | None:
+    """The confirmation round's winner when there is one; else the fastest feasible trial.
+
+    A trial measured after the round was decided that beats the winner's confirmed estimate
+    outright (above its 95% interval) takes its place: a continued study's search found
+    something faster, and the next round will confirm it. A single probe the round ranked
+    below the winner never does, however fast it once measured. A winner that is not feasible
+    now leaves its place to the next contender in the round's order that is."""
+    ranked = ranked_feasible(trials)
+    if not ranked:
+        return None
+    fastest = f"fastest of {len(ranked)} feasible configuration(s) measured"
+    if verdict is None or verdict.winner is None or not verdict.contenders:
+        return _unconfirmed(ranked[0], fastest)
+    by_number = {t.number: t for t in ranked}
+    standing = [c for c in verdict.contenders if c.trial in by_number]
+    if not standing:
+        return _unconfirmed(
+            ranked[0], fastest + "; no contender of the confirmation round is feasible any more"
+        )
+    leader = standing[0]
+    newer = [t for t in ranked if t.number > verdict.after_trial]
+    if newer and (newer[0].value or 0.0) > leader.estimate + leader.half_width:
+        return _unconfirmed(
+            newer[0],
+            f"measured after the confirmation round, above the {leader.estimate:.1f} "
+            f"samples/s ±{leader.half_width:.1f} of its winner (trial {leader.trial})",
+        )
+    reprobes = len(leader.samples_per_s) - 1  # the first is its search probe
+    reason = (
+        f"confirmed on the median of its search probe and {reprobes} interleaved re-probe(s), "
+        f"among {len(verdict.contenders)} contenders"
+    )
+    if leader.trial != verdict.winner:
+        reason += f"; the round's winner, trial {verdict.winner}, is not feasible now"
+    elif verdict.steadier_over is not None:
+        reason += ", the steadier within noise of the fastest"
+    return Best(
+        trial=leader.trial,
+        label=by_number[leader.trial].label,
+        samples_per_s=leader.estimate,
+        half_width=leader.half_width,
+        probes=len(leader.samples_per_s),
+        confirmed=True,
+        reason=reason,
+    )
+
+
+def _unconfirmed(trial: TrialView, reason: str) -> Best:
+    """``trial`` as the best on its single probe's measurement."""
+    return Best(
+        trial=trial.number,
+        label=trial.label,
+        samples_per_s=float(trial.value or 0.0),
+        confirmed=False,
+        reason=reason,
+    )
+
+
+def store(study: optuna.Study, decided: Best | None) -> None:
+    """Keep the decision in the study, where optuna-dashboard shows it."""
+    study.set_user_attr(BEST_ATTR, None if decided is None else decided.model_dump())
+
+
+def of_study(study: optuna.Study) -> Best | None:
+    """The best of ``study`` by :func:`decide_best` (computed, never read back stale)."""
+    from autotune.study import confirmation as confirm
+    from autotune.study.records import views
+
+    return decide_best(views(study), confirm.load(study))

@@ -1,0 +1,334 @@
+"""The confirmation round: pick the winner on repeated, interleaved measurements.
+
+One short probe moves by about ±10% on a shared machine, so the search's ranking of close
+candidates is partly luck. Before the export, the top candidates (:data:`TOP`, plus every
+candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) are probed
+again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them
+alike. Each probe's samples/s is one sample; a contender's estimate is the median of its
+samples (one lucky or unlucky probe moves it little), with a 95% interval and its spread
+between probes; the winner is the highest median unless a markedly steadier contender is
+within noise of it (:class:`Confirmation`).
+
+The round's time is reserved from the budget before the search starts
+(:func:`reserve_s`), so it is never skipped because the search used everything.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from autotune.timing import mean_interval, t95
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.study.records import TrialView
+
+TOP = 3
+MAX_CONTENDERS = 5
+ROUNDS = 3
+TIE_ROUNDS = 3  # rounds of the two closest alone while they overlap, reserved
+MAX_TIE_ROUNDS = 6  # ... and more while the budget has room for them
+MAX_RESERVE_SHARE = 0.4  # the search keeps at least the rest of the budget
+CONFIRMATION_ATTR = "autotune_confirmation"
+# The sample median's standard error is sqrt(pi/2) ~ 1.2533 times the mean's for normally
+# distributed data (Kenney and Keeping, "Mathematics of Statistics", 1962, sec. 13.13).
+MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
+# Within noise of the leader, a contender whose spread between probes is markedly smaller
+# (the leader's variance over its own above the F distribution's 95% quantile: sample spreads
+# of a few probes differ by chance) is the steadier one, and wins; under MIN_SPREAD every
+# contender is steady enough.
+MIN_SPREAD = 0.05
+# ... unless the leader's mean over all its probes, its slow ones included, is ahead by more
+# than this: then it is faster on the whole, however wide its spread (a production run pays
+# the mean), and the steadier one would give up more than a steady spread's worth.
+MAX_MEAN_LOSS = 0.05
+# a 95% interval of fewer probes is too wide, or of two equal ones too narrow, to race on
+MIN_PROBES_TO_RACE = 3
+MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank by it
+STEADIER_CONFIDENCE_Z = 1.645  # one-sided 95%
+
+
+class Contender(BaseModel):
+    """One candidate in the round: every probe of it, and what they say together."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int = Field(description="The search trial of this candidate.")
+    label: str
+    samples_per_s: list[float] = Field(description="One value per probe: search + confirmation.")
+    step_spreads: list[float] = Field(
+        default_factory=list,
+        description="Each re-probe's own spread over its timed steps, (max - min) / median.",
+    )
+    estimate: float = Field(default=0.0, description="Median of the probes' samples/s.")
+    half_width: float = Field(default=0.0, description="95% interval of the median, samples/s.")
+    spread: float = Field(
+        default=0.0, description="Spread between probes: standard deviation / estimate."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy(cls, data: Any) -> Any:
+        """Verdicts stored by the mean-based rule carry ``mean``; decide() recomputes."""
+        if isinstance(data, dict) and "mean" in data:
+            data = {k: v for k, v in data.items() if k != "mean"}
+        return data
+
+    def summarize(self) -> None:
+        values = self.samples_per_s
+        self.estimate = statistics.median(values) if values else 0.0
+        if len(values) < 2 or self.estimate <= 0:
+            self.half_width = self.spread = 0.0
+            return
+        stdev = statistics.stdev(values)
+        self.half_width = t95(len(values) - 1) * MEDIAN_SE_FACTOR * stdev / math.sqrt(len(values))
+        self.spread = stdev / self.estimate
+
+    def overlaps(self, other: Contender) -> bool:
+        """The two 95% intervals overlap: within noise of each other."""
+        return (
+            self.estimate - self.half_width <= other.estimate + other.half_width
+            and other.estimate - other.half_width <= self.estimate + self.half_width
+        )
+
+    def describe(self) -> str:
+        count = len(self.samples_per_s)
+        if count < 2:
+            return f"{self.label}: {self.estimate:.1f} samples/s (1 probe)"
+        return (
+            f"{self.label}: {self.estimate:.1f} samples/s ±{self.half_width:.1f} (median of "
+            f"{count} probes, 95% interval; they ranged {min(self.samples_per_s):.1f}.."
+            f"{max(self.samples_per_s):.1f}, spread ±{100 * self.spread:.0f}%)"
+        )
+
+
+class Confirmation(BaseModel):
+    """The round's outcome, stored as a study user attr and read by the decision of the
+    best (:mod:`autotune.study.best`).
+
+    The winner has the highest median, unless a contender within noise of it is markedly
+    steadier (:func:`markedly_steadier`): a config taken to production for weeks should be
+    fast every time, not the one whose probes were sometimes lucky (CPU offload, for one,
+    measures bimodal here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    contenders: list[Contender]
+    rounds: int = 0
+    tie_rounds: int = Field(default=0, description="Extra rounds of the two closest.")
+    seconds: float = 0.0
+    winner: int | None = Field(default=None, description="Trial number of the winner.")
+    after_trial: int = Field(default=-1, description="Last trial number when it was decided.")
+    left_race: list[int] = Field(
+        default_factory=list,
+        description="Trials that left the rounds early, out of the winner's noise.",
+    )
+    steadier_over: int | None = Field(
+        default=None,
+        description="The trial with the higher median that the steadier winner was chosen over.",
+    )
+
+    def decide(self) -> None:
+        for contender in self.contenders:
+            contender.summarize()
+        ranked = sorted(self.contenders, key=lambda c: c.estimate, reverse=True)
+        self.steadier_over = None
+        if ranked:
+            leader = ranked[0]
+            steadier = [c for c in ranked[1:] if markedly_steadier(c, leader)]
+            if steadier:
+                ranked.remove(steadier[0])
+                ranked.insert(0, steadier[0])
+                self.steadier_over = leader.trial
+        self.contenders = ranked
+        self.winner = ranked[0].trial if ranked else None
+
+    def racing(self) -> list[int]:
+        """The contenders worth another round, in their order: all before the first
+        decision; then the winner and every contender whose 95% interval still reaches its
+        own (racing, as in Maron and Moore, "Hoeffding races", NIPS 1993: a contender out of
+        the winner's noise cannot win, not even as the steadier one)."""
+        everyone = [c.trial for c in self.contenders]
+        if self.winner is None:
+            return everyone
+        winner = next(c for c in self.contenders if c.trial == self.winner)
+        if len(winner.samples_per_s) < MIN_PROBES_TO_RACE:
+            return everyone
+        return [
+            c.trial
+            for c in self.contenders
+            if c is winner or len(c.samples_per_s) < MIN_PROBES_TO_RACE or c.overlaps(winner)
+        ]
+
+    @property
+    def tie(self) -> bool:
+        """The winner overlaps another contender: not ranked apart yet."""
+        return self.rounds > 0 and bool(self.closest())
+
+    def closest(self) -> list[int]:
+        """The winner and the contender within its noise whose spread is widest (the one
+        least ranked), for the extra rounds; empty when the winner stands apart."""
+        if len(self.contenders) < 2:
+            return []
+        winner = self.contenders[0]
+        near = [c for c in self.contenders[1:] if c.overlaps(winner)]
+        if not near:
+            return []
+        return [winner.trial, max(near, key=lambda c: c.spread).trial]
+
+    def describe(self) -> str:
+        if not self.contenders:
+            return "no confirmation round"
+        lines = [f"winner {self.contenders[0].describe()}"]
+        lines += [f"runner-up {c.describe()}" for c in self.contenders[1:]]
+        if self.left_race:
+            lines.append(
+                f"trial(s) {', '.join(map(str, self.left_race))} left the rounds early, out of "
+                "the winner's noise"
+            )
+        if self.tie_rounds:
+            lines.append(f"{self.tie_rounds} more round(s) of the two closest to rank them")
+        if self.steadier_over is not None:
+            lines.append(
+                f"within noise of trial {self.steadier_over}'s higher median and markedly "
+                "steadier: chose the steadier"
+            )
+        elif self.tie:
+            lines.append("the best two overlap within noise: the higher median was taken")
+        return "; ".join(lines)
+
+
+def f_quantile(d1: int, d2: int, z: float = STEADIER_CONFIDENCE_Z) -> float:
+    """The F distribution's quantile for the normal quantile ``z``, by Paulson's cube-root
+    approximation (Paulson, "An approximate normalization of the analysis of variance
+    distribution", Ann. Math. Stat. 13, 1942; within 7% of the exact 95% quantile from 3
+    degrees of freedom, on the conservative side)."""
+    a, b = 2.0 / (9.0 * d1), 2.0 / (9.0 * d2)
+    denominator = (1.0 - b) ** 2 - z * z * b
+    if denominator <= 0:
+        return math.inf
+    root = math.sqrt(max((1.0 - a) ** 2 * b + (1.0 - b) ** 2 * a - z * z * a * b, 0.0))
+    return (((1.0 - a) * (1.0 - b) + z * root) / denominator) ** 3
+
+
+def markedly_steadier(contender: Contender, leader: Contender) -> bool:
+    """``contender`` is within ``leader``'s noise, gives up at most :data:`MAX_MEAN_LOSS` of
+    the leader's mean, and its spread between probes is smaller beyond chance (an F test of
+    the two variances), the leader's being wide at all."""
+    n_c, n_l = len(contender.samples_per_s), len(leader.samples_per_s)
+    if min(n_c, n_l) < MIN_PROBES_FOR_SPREAD or leader.spread <= MIN_SPREAD:
+        return False
+    if not contender.overlaps(leader):
+        return False
+    leader_mean = statistics.fmean(leader.samples_per_s)
+    if statistics.fmean(contender.samples_per_s) < leader_mean * (1.0 - MAX_MEAN_LOSS):
+        return False
+    if contender.spread <= 0:
+        return True
+    ratio = (leader.spread / contender.spread) ** 2
+    return ratio > f_quantile(n_l - 1, n_c - 1)
+
+
+def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) -> None:
+    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender still in the
+    race (:meth:`Confirmation.racing`: a contender out of the winner's noise gets no more
+    probes, its time goes to the close calls), then, while
+    the winner overlaps another, up to :data:`MAX_TIE_ROUNDS` rounds of the winner and the
+    widest-spread contender within its noise (a contender too scattered to rank gets more
+    probes before any other). ``one_round(trials)`` probes those contenders once each and
+    appends to their samples; False when there was no time for the whole round (it is not
+    counted). When a round of every contender no longer fits, the rounds of the two
+    closest still may: the closest call gets the time that is left; where not even the
+    first round of every contender fits, the search's best two get it, so that the winner
+    never rests on one probe of each while the budget held back for the round goes unused.
+    Decides ``verdict``."""
+    order = [c.trial for c in verdict.contenders]  # every round in the same order
+    no_room = False
+    for _ in range(ROUNDS):
+        still = set(verdict.racing())
+        racing = [trial for trial in order if trial in still]
+        verdict.left_race = [trial for trial in order if trial not in still]
+        if len(racing) < 2:
+            break  # the winner stands apart
+        if not one_round(racing):
+            no_room = True  # no time for the whole round
+            break
+        verdict.rounds += 1
+        verdict.decide()
+    verdict.decide()
+    if no_room and verdict.rounds == 0 and len(order) > 2:
+        while verdict.tie_rounds < MAX_TIE_ROUNDS and one_round(order[:2]):
+            verdict.tie_rounds += 1
+            verdict.decide()
+            if not verdict.closest():
+                break  # the two stand apart
+        return
+    while verdict.tie and verdict.tie_rounds < MAX_TIE_ROUNDS:
+        if not one_round(verdict.closest()):
+            break
+        verdict.tie_rounds += 1
+        verdict.decide()
+
+
+def step_interval(trial: TrialView) -> tuple[float, float]:
+    """A search trial's samples/s and the half-width of its 95% interval, from its steps."""
+    record = trial.record
+    times = record.step_times_s
+    rate = record.samples_per_s
+    if len(times) < 2 or rate <= 0:
+        return rate, rate * 0.1  # one step: assume the ±10% noise of this machine class
+    mean, half = mean_interval(times)
+    batch = rate * statistics.median(times)
+    return batch / mean, batch / max(mean - half, 1e-9) - batch / mean
+
+
+def pick_contenders(estimates: list[tuple[float, float]]) -> list[int]:
+    """Indexes of the contenders among ``estimates`` ((samples/s, 95% half-width), fastest
+    first): the top :data:`TOP` plus any whose interval reaches the best's, at most
+    :data:`MAX_CONTENDERS`."""
+    if not estimates:
+        return []
+    best_rate, best_half = estimates[0]
+    chosen = []
+    for index, (rate, half) in enumerate(estimates):
+        if index < TOP or rate + half >= best_rate - best_half:
+            chosen.append(index)
+        if len(chosen) >= MAX_CONTENDERS:
+            break
+    return chosen
+
+
+def contenders(ranked: list[TrialView]) -> list[TrialView]:
+    """The contenders among feasible trials ranked fastest first (:func:`pick_contenders`)."""
+    return [ranked[i] for i in pick_contenders([step_interval(t) for t in ranked])]
+
+
+def planned_probes(contenders: int) -> int:
+    """Probes the round is planned for: :data:`ROUNDS` of every contender and
+    :data:`TIE_ROUNDS` of the best two."""
+    return ROUNDS * min(max(contenders, 2), MAX_CONTENDERS) + 2 * TIE_ROUNDS
+
+
+def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float:
+    """Budget held back from the search for the round: :func:`planned_probes` at the wall
+    time of one full-length probe (confirmation probes never stop early), at most
+    :data:`MAX_RESERVE_SHARE` of the budget (the search must still have room to find
+    something worth confirming). ``contenders`` is how many the search leaves so far
+    (:func:`contenders`), at least :data:`TOP` (more may join)."""
+    wanted = planned_probes(max(contenders, TOP)) * max(confirm_probe_s, 1.0)
+    return min(wanted, MAX_RESERVE_SHARE * max(budget_s, 0.0))
+
+
+def load(study: optuna.Study) -> Confirmation | None:
+    raw: Any = study.user_attrs.get(CONFIRMATION_ATTR)
+    return Confirmation.model_validate(raw) if raw else None
+
+
+def store(study: optuna.Study, verdict: Confirmation) -> None:
+    study.set_user_attr(CONFIRMATION_ATTR, verdict.model_dump(mode="json"))

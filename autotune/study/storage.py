@@ -1,0 +1,234 @@
+"""autotune's view of an Optuna study: its storage and the settings it was started with.
+
+A study remembers the settings that decide what was measured (:class:`StudyConfig`), the
+flags it was started with (a continue reuses them) and the candidates the memory model
+ruled out before sampling, each a study user attr read and written only here. Trial records
+are :mod:`autotune.study.records`; the budget, the confirmation verdict, the best trial and the
+driver lock keep their study attrs in :mod:`autotune.run.budget`,
+:mod:`autotune.study.confirmation`,
+:mod:`autotune.study.best` and :mod:`autotune.study._driver_lock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import StorageError
+from autotune.script_config import ScriptConfig
+from autotune.settings import mask_url
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import optuna
+    from optuna.trial import FrozenTrial
+
+CONFIG_ATTR = "autotune_config"
+FLAGS_ATTR = "autotune_flags"  # the run flags a study was started with; a continue reuses them
+SCREENED_ATTR = "autotune_screened"  # keys the memory model ruled out before sampling
+METRIC = "samples_per_s"
+
+
+class StudyConfig(BaseModel):
+    """Settings that decide what a study measured; a study keeps them for its lifetime."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload: str = Field(description="Workload reference.")
+    space: dict[str, Any] = Field(description="The search-space spec, as validated.")
+    accelerator: str = Field(description="cuda or cpu.")
+    gpus_per_trial: int = Field(description="Ranks of every probe.")
+    global_batch: int | None = Field(description="Samples per optimizer step; None: searched.")
+    max_global_batch: int | None = Field(default=None, description="Cap when searched.")
+    vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
+    base_config: dict[str, Any] | None = Field(
+        default=None, description="The user's DeepSpeed config the tuned keys are laid over."
+    )
+    nvme_path: str | None = Field(default=None, description="NVMe folder for nvme offload.")
+    threads_per_rank: int = Field(default=1, description="OMP threads of each rank.")
+    float32_matmul_precision: str = Field(
+        default="highest",
+        description="torch.set_float32_matmul_precision of the probes: 'highest' (IEEE fp32, "
+        "PyTorch's default) or 'high' (TF32 on GPUs that have it).",
+    )
+    script: ScriptConfig | None = Field(
+        default=None,
+        description="The user's training script that is the probe: its file, its arguments, "
+        "the folder it runs in and how the candidate's values reach it.",
+    )
+
+    def differences(self, other: StudyConfig) -> list[str]:
+        """One line per setting that differs, naming the flag that sets it."""
+        mine, theirs = self.model_dump(), other.model_dump()
+        lines = []
+        for key in mine:
+            if mine[key] == theirs[key]:
+                continue
+            flag = FLAG_OF_CONFIG[key]
+            if key in ("space", "base_config", "script"):  # documents: say that they differ
+                lines.append(f"{flag}: its content differs from the study's")
+            else:
+                lines.append(
+                    f"{flag}: study has {_show(key, mine[key])}, this run asks "
+                    f"{_show(key, theirs[key])}"
+                )
+        return lines
+
+
+# The flag (or what stands behind it) of each StudyConfig field, for error messages.
+FLAG_OF_CONFIG = {
+    "workload": "--workload",
+    "space": "--space",
+    "accelerator": "the accelerator (cuda/cpu)",
+    "gpus_per_trial": "--gpus-per-trial",
+    "global_batch": "--global-batch",
+    "max_global_batch": "--max-global-batch",
+    "vram_limit_bytes": "--vram",
+    "base_config": "--base-config",
+    "nvme_path": "--nvme-path",
+    "threads_per_rank": "threads per rank (--gpus on a CPU machine)",
+    "float32_matmul_precision": "--tf32",
+    "script": "--script (its arguments, --script-arg, the folder it runs in)",
+}
+
+
+def _show(key: str, value: Any) -> str:
+    if key == "vram_limit_bytes" and isinstance(value, int):
+        from autotune.settings import format_bytes
+
+        return format_bytes(value)
+    return repr(value)
+
+
+def open_storage(
+    url: str,
+    *,
+    heartbeat_s: int | None = None,
+    grace_s: float | None = None,
+    on_stale: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+) -> optuna.storages.RDBStorage:
+    """An RDB storage; SQLite folders are created and WAL is switched on (readers such as
+    optuna-dashboard then never block the driver's writes). A driver opens it with
+    heartbeats (``heartbeat_s``; a running trial silent for ``grace_s`` is stale and handed
+    to ``on_stale``); readers (status, export) without."""
+    import optuna
+    import sqlalchemy.exc
+
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.closing(sqlite3.connect(path, timeout=30)) as connection:
+                connection.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.Error) as exc:
+            raise StorageError(
+                f"--storage {mask_url(url)}: cannot open the SQLite file {path} ({exc}); check "
+                "that the folder is writable, or pass another --storage"
+            ) from None
+    # How long a write waits for another process's SQLite lock before failing.
+    busy_timeout_s = float(os.environ.get("AUTOTUNE_SQLITE_BUSY_TIMEOUT_S", "30"))
+    engine_kwargs = (
+        {"connect_args": {"timeout": busy_timeout_s}} if url.startswith("sqlite") else {}
+    )
+    try:
+        return optuna.storages.RDBStorage(
+            url,
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=heartbeat_s,
+            grace_period=None if grace_s is None else int(grace_s),
+            heartbeat_stale_trial_callback=on_stale,
+        )
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(
+            f"--storage {mask_url(url)}: cannot open ({mask_url(first)}); pass a reachable "
+            "SQLAlchemy URL such as sqlite:///trials/autotune.db"
+        ) from None
+
+
+def study_names(storage: optuna.storages.BaseStorage) -> list[str]:
+    return [s.study_name for s in storage.get_all_studies()]
+
+
+def load_existing_study(url: str, name: str | None) -> optuna.Study:
+    """A study that must exist (status, export); the error lists the ones that do. An
+    SQLite file that does not exist is not created by asking."""
+    import optuna
+
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        raise StorageError(
+            f"--study {name or ''}: no such study in {mask_url(url)} (there is no database "
+            "file there); pass the --storage of a study, or start one with autotune run"
+        )
+    storage = open_storage(url)
+    names = study_names(storage)
+    if name is None:
+        if len(names) == 1:
+            name = names[0]
+        else:
+            raise StorageError(
+                f"--study: {mask_url(url)} holds {len(names)} studies "
+                f"({', '.join(names) or 'none'}); name one with --study"
+            )
+    if name not in names:
+        raise StorageError(
+            f"--study {name}: no such study in {mask_url(url)}; studies there: "
+            f"{', '.join(names) or 'none'} (start one with autotune run)"
+        )
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def stored_run_flags(url: str, name: str) -> dict[str, Any]:
+    """The flags study ``name`` was started with, or {} if there is no such study yet (an
+    SQLite file that does not exist yet is not created by asking)."""
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
+        return {}
+    storage = open_storage(url)
+    for summary in storage.get_all_studies():
+        if summary.study_name == name:
+            return dict(summary.user_attrs.get(FLAGS_ATTR) or {})
+    return {}
+
+
+def study_config(study: optuna.Study) -> StudyConfig | None:
+    """The settings the study was started with (None: not a study autotune made)."""
+    from pydantic import ValidationError
+
+    raw = study.user_attrs.get(CONFIG_ATTR)
+    if raw is None:
+        return None
+    try:
+        return StudyConfig.model_validate(raw)
+    except ValidationError as exc:
+        where = ".".join(str(part) for part in exc.errors()[0]["loc"]) or "settings"
+        raise StorageError(
+            f"study {study.study_name!r}: its stored settings ({CONFIG_ATTR}.{where}) are not "
+            "what this autotune reads (edited, or written by another version); start a new "
+            "study with --study NEW_NAME"
+        ) from None
+
+
+def store_start(study: optuna.Study, config: StudyConfig, flags: dict[str, Any]) -> None:
+    """A new study: what it measures, and the flags a continue takes back. The best is
+    stored first (empty for now): optuna-dashboard lists study attrs in that order, and the
+    decision belongs on its first page."""
+    from autotune.study.best import BEST_ATTR
+
+    study.set_user_attr(BEST_ATTR, None)
+    study.set_user_attr(CONFIG_ATTR, config.model_dump(mode="json"))
+    study.set_user_attr(FLAGS_ATTR, flags)
+    study.set_metric_names([METRIC])
+
+
+def screened_keys(study: optuna.Study) -> set[str]:
+    return set(study.user_attrs.get(SCREENED_ATTR) or [])
+
+
+def store_screened(study: optuna.Study, keys: list[str]) -> None:
+    study.set_user_attr(SCREENED_ATTR, keys)

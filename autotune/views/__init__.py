@@ -1,0 +1,37 @@
+"""What people read of a study: the status table, `report.html` and its charts, the notes
+and figure in optuna-dashboard, and the `--json` documents."""
+
+from autotune.views._dashboard import LOOPBACK, annotate, serve
+from autotune.views._html_report import REPORT_NAME, write_report
+from autotune.views._json_documents import (
+    dumps,
+    export_document,
+    plan_document,
+    space_document,
+    status_document,
+)
+from autotune.views._status_table import (
+    plan_candidates,
+    plan_report,
+    space_facts,
+    space_report,
+    trials_table,
+)
+
+__all__ = [
+    "LOOPBACK",
+    "REPORT_NAME",
+    "annotate",
+    "dumps",
+    "export_document",
+    "plan_candidates",
+    "plan_document",
+    "plan_report",
+    "serve",
+    "space_document",
+    "space_facts",
+    "space_report",
+    "status_document",
+    "trials_table",
+    "write_report",
+]

@@ -1,0 +1,156 @@
+"""``--json`` documents of ``status``, ``plan``, ``space`` and ``export``, for scripts and CI.
+
+Each command prints one JSON object on stdout. Every document carries ``kind`` (e.g.
+``"autotune.status"``) and ``version`` (:data:`VERSION`); keys are only ever added within a
+version, never renamed or removed. Sizes are bytes, times seconds, rates samples/s (global).
+docs/json.md lists every key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.candidate import Candidate
+    from autotune.export import Exported
+    from autotune.study import Best, TrialView
+    from autotune.views._status_table import Planned, SpaceFacts
+
+VERSION = 1
+
+
+def dumps(document: dict[str, Any]) -> str:
+    """One JSON document, keys in the order written, ending in a newline."""
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _head(kind: str) -> dict[str, Any]:
+    return {"kind": f"autotune.{kind}", "version": VERSION}
+
+
+def _candidate(candidate: Candidate) -> dict[str, Any]:
+    return candidate.model_dump(mode="json")
+
+
+def trial_entry(trial: TrialView, decided: Best | None) -> dict[str, Any]:
+    """One evaluated trial of ``status --json``."""
+    record = trial.record
+    return {
+        "number": trial.number,
+        "state": trial.state,
+        "status": trial.status,
+        "label": record.label,
+        "candidate": None if record.candidate is None else _candidate(record.candidate),
+        "feasible": trial.feasible,
+        "best": decided is not None and decided.trial == trial.number,
+        "samples_per_s": trial.value if trial.state == "COMPLETE" else None,
+        "samples_per_s_min": record.samples_per_s_min or None,
+        "samples_per_s_max": record.samples_per_s_max or None,
+        "tokens_per_s": record.tokens_per_s or None,
+        "stopped_early": record.stopped_early,
+        "peak_bytes": record.peak_bytes or None,
+        "peak_bytes_per_rank": record.peak_bytes_per_rank,
+        "predicted_peak_bytes": record.predicted_peak_bytes,
+        "vram_limit_bytes": record.vram_limit_bytes,
+        "probe_wall_s": record.probe_wall_s,
+        "pruned_by": record.pruned_by,
+        "error": record.error,
+        "retry_of": record.retry_of,
+        "trial_dir": record.trial_dir,
+    }
+
+
+def status_document(study: optuna.Study) -> dict[str, Any]:
+    from autotune.export import outcome_counts
+    from autotune.run import read_budget
+    from autotune.study import best, records, screened_keys, study_config
+    from autotune.study import confirmation as confirm
+
+    trials = records.views(study)
+    evaluated = records.evaluations(trials)
+    verdict = confirm.load(study)
+    decided = best.decide_best(trials, verdict)
+    config = study_config(study)
+    known = {t.record.candidate_key for t in evaluated}
+    return {
+        **_head("status"),
+        "study": study.study_name,
+        "config": None if config is None else config.model_dump(mode="json"),
+        "budget": read_budget(study).model_dump(),
+        "best": None if decided is None else decided.model_dump(),
+        "confirmation": None if verdict is None else verdict.model_dump(mode="json"),
+        "counts": {
+            "trials": len(trials),
+            "evaluated": len(evaluated),
+            "duplicates": sum(1 for t in trials if t.record.duplicate_of is not None),
+            "screened": len(screened_keys(study) - known),
+            "outcomes": dict(sorted(outcome_counts(evaluated).items())),
+        },
+        "trials": [trial_entry(t, decided) for t in evaluated],
+    }
+
+
+def plan_document(planned: Planned) -> dict[str, Any]:
+    return {
+        **_head("plan"),
+        "workload": planned.description,
+        "params": planned.params,
+        "largest_layer_params": planned.largest_layer_params,
+        "gpus": planned.gpus,
+        "vram_bytes": planned.vram_bytes,
+        "limit_bytes": int(planned.limit_bytes),
+        "margin": planned.margin,
+        "host_ram_bytes": planned.host_ram_bytes,
+        "global_batch": planned.global_batch,
+        "fitting": sum(1 for row in planned.rows if row.fits),
+        "notes": planned.notes,
+        "candidates": [
+            {
+                "label": row.candidate.label,
+                "candidate": _candidate(row.candidate),
+                "fits": row.fits,
+                "why_not": row.why or None,
+                "device_bytes": row.device_bytes,
+                "host_bytes": row.host_bytes,
+                "peak_at": row.phase,
+            }
+            for row in planned.rows
+        ],
+    }
+
+
+def space_document(facts: SpaceFacts) -> dict[str, Any]:
+    return {
+        **_head("space"),
+        "space": facts.space,
+        "hardware": facts.hardware,
+        "gpus": facts.gpus,
+        "global_batch": facts.global_batch,
+        "max_global_batch": facts.max_global_batch,
+        "candidates": facts.candidates,
+        "dimensions": facts.dimensions,
+        "notes": facts.notes,
+        "examples": [{"label": c.label, "candidate": _candidate(c)} for c in facts.examples],
+    }
+
+
+def export_document(study_name: str, exported: Exported, decided: Best | None) -> dict[str, Any]:
+    from pathlib import Path
+
+    return {
+        **_head("export"),
+        "study": study_name,
+        "trial": exported.trial,
+        "label": exported.label,
+        "folder": exported.folder,
+        "files": {
+            "ds_config": exported.ds_config,
+            "launch": exported.launch,
+            "summary": exported.summary,
+        },
+        "best": None if decided is None else decided.model_dump(),
+        "ds_config": json.loads(Path(exported.ds_config).read_text(encoding="utf-8")),
+    }

@@ -1,0 +1,370 @@
+"""Text reports of a study: the trials table of ``autotune status``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from autotune.settings import format_bytes
+from autotune.study import study_config
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.candidate import Candidate
+    from autotune.hardware import Hardware
+    from autotune.memory import MemoryModel
+    from autotune.space import BoundSpace
+    from autotune.study import best, records
+
+
+def trials_table(study: optuna.Study) -> Table:
+    """One row per evaluated candidate (duplicate proposals are counted in the caption);
+    ``*`` marks the best by :func:`autotune.study.best.decide_best`, as every output does."""
+    from autotune.study import best, records
+    from autotune.study import confirmation as confirm
+
+    config = study_config(study)
+    limit = config.vram_limit_bytes if config else None
+    trials = records.views(study)
+    duplicates = sum(1 for t in trials if t.record.duplicate_of is not None)
+    decided = best.decide_best(trials, confirm.load(study))
+    table = Table(
+        title=f"study {study.study_name}"
+        + (
+            f": {config.workload}, {config.gpus_per_trial} rank(s), global batch "
+            f"{config.global_batch or f'searched (up to {config.max_global_batch})'}"
+            if config
+            else ""
+        ),
+        caption=(
+            f"{len(trials) - duplicates} evaluated, {duplicates} duplicate proposal(s) not shown; "
+            + (f"limit {format_bytes(limit)} per rank; " if limit else "")
+            + "* = best"
+            + (" (confirmed)" if decided is not None and decided.confirmed else "")
+        ),
+    )
+    _add_trial_columns(table)
+    for trial in trials:
+        if trial.record.duplicate_of is not None:
+            continue
+        record = trial.record
+        ok = trial.status == "ok"
+        rate = record.samples_per_s
+        spread = ""
+        if ok and rate:
+            half = (record.samples_per_s_max - record.samples_per_s_min) / 2
+            spread = f" ±{100 * half / rate:.0f}%"
+        is_best = decided is not None and trial.number == decided.trial
+        table.add_row(
+            f"{trial.number}{'*' if is_best else ''}",
+            trial.status,
+            record.label,
+            f"{rate:.1f}{spread}" if ok else "",
+            f"{record.tokens_per_s:.0f}" if ok else "",
+            format_bytes(record.peak_bytes) if record.peak_bytes else "",
+            _note(trial, decided),
+        )
+    return table
+
+
+def _add_trial_columns(table: Table) -> None:
+    """The columns of :func:`trials_table`. In a narrow terminal (80 columns) the candidate
+    and the note wrap at their spaces; the numbers and every header stay whole, so the
+    columns can still be read."""
+    for column, justify, wraps in (
+        ("#", "right", False),
+        ("status", "left", False),
+        ("candidate", "left", True),
+        ("samples/s", "right", False),
+        ("tokens/s", "right", False),
+        ("peak/rank", "right", False),
+        ("note", "left", True),
+    ):
+        table.add_column(
+            column,
+            justify=justify,
+            no_wrap=not wraps,
+            min_width=None if wraps else len(column),
+            overflow="fold" if wraps else "ellipsis",
+        )
+
+
+def _note(trial: records.TrialView, decided: best.Best | None) -> str:
+    record = trial.record
+    if decided is not None and decided.trial == trial.number and decided.confirmed:
+        return (
+            f"confirmed: {decided.samples_per_s:.1f} ±{decided.half_width:.1f} samples/s over "
+            f"{decided.probes} probes"
+        )
+    if record.confirmation_of is not None:
+        return f"confirmation probe of trial {record.confirmation_of}"
+    if record.stopped_early:
+        return "stopped early: clearly slower than the best so far"
+    if record.retry_of is not None:
+        text = f"retry of interrupted trial {record.retry_of}"
+        return text if trial.status == "ok" else f"{text}; {record.error}"[:100]
+    if trial.state == "WAITING":
+        return "queued: probed again at the next run"
+    return "" if trial.status == "ok" else record.error[:120]
+
+
+@dataclass
+class SpaceFacts:
+    """What ``autotune space`` found: the valid candidates of a space on this hardware."""
+
+    space: str
+    hardware: str
+    gpus: int
+    global_batch: int | None  # None: searched (--global-batch auto)
+    max_global_batch: int | None
+    notes: list[str]
+    dimensions: dict[str, dict[str, int]]  # dimension -> value -> candidates
+    candidates: int
+    examples: list[Candidate]
+
+
+def space_facts(
+    space_ref: str,
+    *,
+    gpus: int,
+    workload: str,
+    global_batch: int | str | None,
+    max_global_batch: int | None,
+    nvme_path: Path | None,
+    examples: int,
+) -> SpaceFacts:
+    """The valid candidates of a space on this hardware, per dimension, with examples."""
+    import random
+
+    from autotune.hardware import detect
+    from autotune.run import bind_space, check_nvme_path
+    from autotune.space import load_space
+    from autotune.workloads import get_workload
+
+    spec = load_space(space_ref)
+    hardware = detect()
+    hardware.check_ranks(gpus)
+    batch = None if global_batch == "auto" else global_batch
+    if global_batch is None:
+        batch = get_workload(workload).default_global_batch
+    bound = bind_space(
+        spec,
+        hardware,
+        ranks=gpus,
+        global_batch=batch,  # type: ignore[arg-type]
+        max_global_batch=max_global_batch,
+        nvme_path=check_nvme_path(nvme_path),
+    )
+    candidates = list(bound.candidates())
+    return SpaceFacts(
+        space=space_ref,
+        hardware=hardware.describe(gpus),
+        gpus=gpus,
+        global_batch=batch,  # type: ignore[arg-type]
+        max_global_batch=max_global_batch,
+        notes=list(bound.notes),
+        dimensions={
+            name: {str(value): n for value, n in counts.items()}
+            for name, counts in bound.dimensions().items()
+        },
+        candidates=len(candidates),
+        examples=random.Random(0).sample(candidates, min(examples, len(candidates))),
+    )
+
+
+def space_report(facts: SpaceFacts) -> Group:
+    """``autotune space``'s text for :func:`space_facts`' result."""
+    batch = facts.global_batch
+    lines = [
+        Text(facts.hardware),
+        Text(
+            f"space {facts.space}: {facts.candidates} valid candidate(s) for {facts.gpus} "
+            f"rank(s), global batch {batch if batch else f'auto (up to {facts.max_global_batch})'}"
+        ),
+    ]
+    lines += [Text(f"note: {note}") for note in facts.notes]
+    table = Table(title="candidates per value of each dimension")
+    table.add_column("dimension")
+    table.add_column("value: candidates")
+    for name, counts in facts.dimensions.items():
+        table.add_row(name, ", ".join(f"{value}: {n}" for value, n in counts.items()))
+    lines.append(table)
+    lines.append(Text("examples:"))
+    lines += [Text(f"  {candidate.label}") for candidate in facts.examples]
+    return Group(*lines)
+
+
+@dataclass
+class PlannedRow:
+    """One candidate of ``autotune plan``: predicted memory per rank and whether it fits."""
+
+    fits: bool
+    device_bytes: int | None  # None: not traced (a smaller micro-batch already did not fit)
+    host_bytes: int | None
+    candidate: Candidate
+    phase: str  # where the predicted peak is (or "> mbN" when not traced)
+    why: str  # "", "device" or "host"
+
+
+@dataclass
+class Planned:
+    """What ``autotune plan`` found: every valid candidate, fitting ones first."""
+
+    description: str
+    params: int
+    active_params: int
+    largest_layer_params: int
+    gpus: int
+    vram_bytes: int
+    limit_bytes: float
+    margin: float
+    host_ram_bytes: int
+    global_batch: int
+    rows: list[PlannedRow]
+    notes: list[str]
+    seconds: float
+
+
+def plan_candidates(
+    workload_ref: str,
+    *,
+    gpus: int,
+    vram_bytes: int,
+    global_batch: int | None,
+    host_ram_bytes: int | None,
+    space_ref: str,
+    margin: float,
+) -> Planned:
+    """Every valid candidate on ``gpus`` hypothetical GPUs of ``vram_bytes``, with predicted
+    device and host memory per rank, fitting ones first."""
+    import time
+
+    import psutil
+
+    from autotune.memory import MemoryModel, largest_layer_params, model_facts
+    from autotune.space import load_space
+    from autotune.workloads import get_workload
+
+    started = time.monotonic()
+    workload = get_workload(workload_ref)
+    spec = load_space(space_ref)
+    host_ram = host_ram_bytes or int(psutil.virtual_memory().total)
+    target = _planned_hardware(gpus, vram_bytes, host_ram)
+    batch = global_batch or workload.default_global_batch
+    bound = spec.bind(target, data_parallel_size=gpus, global_batch=batch)
+    threshold = vram_bytes * (1.0 - margin)
+    rows = _planned_rows(bound, MemoryModel(workload), threshold, gpus, host_ram)
+    facts = model_facts(workload, 100_000)
+    return Planned(
+        description=workload.describe(),
+        params=facts.params,
+        active_params=facts.active_params or facts.params,
+        largest_layer_params=largest_layer_params(workload),
+        gpus=gpus,
+        vram_bytes=vram_bytes,
+        limit_bytes=threshold,
+        margin=margin,
+        host_ram_bytes=host_ram,
+        global_batch=batch,
+        rows=rows,
+        notes=[note for note in bound.notes if "nvme" in note],
+        seconds=time.monotonic() - started,
+    )
+
+
+def _planned_hardware(gpus: int, vram_bytes: int, host_ram_bytes: int) -> Hardware:
+    """``gpus`` hypothetical CUDA devices of ``vram_bytes`` on a host of ``host_ram_bytes``."""
+    import os
+
+    from autotune.hardware import Hardware
+
+    return Hardware(
+        accelerator="cuda",
+        device_count=gpus,
+        device_name="planned GPU",
+        device_memory_bytes=vram_bytes,
+        host_memory_bytes=host_ram_bytes,
+        cpu_count=os.cpu_count() or 1,
+        precisions=("fp32", "bf16", "fp16"),
+    )
+
+
+def _planned_rows(
+    bound: BoundSpace, model: MemoryModel, threshold: float, gpus: int, host_ram_bytes: int
+) -> list[PlannedRow]:
+    """Each candidate's predicted memory and whether it fits, fitting ones first, then by
+    device memory."""
+    rows = []
+    # Activations grow with the micro-batch: once a micro-batch does not fit on the device,
+    # larger ones of the same configuration are not traced.
+    too_big: dict[str, int] = {}
+    for candidate in sorted(bound.candidates(), key=lambda c: c.micro_batch_size):
+        shape = candidate.model_copy(
+            update={"micro_batch_size": 1, "gradient_accumulation_steps": 1}
+        ).key
+        if shape in too_big and candidate.micro_batch_size > too_big[shape]:
+            rows.append(PlannedRow(False, None, None, candidate, f"> mb{too_big[shape]}", "device"))
+            continue
+        estimate = model.predict(candidate, stop_above=threshold)
+        device, host = estimate.device_bytes, estimate.host_bytes
+        why = "device" if device > threshold else ("host" if host * gpus > host_ram_bytes else "")
+        if why == "device":
+            too_big.setdefault(shape, candidate.micro_batch_size)
+        rows.append(PlannedRow(not why, device, host, candidate, estimate.phase, why))
+    rows.sort(
+        key=lambda r: (not r.fits, r.device_bytes if r.device_bytes is not None else float("inf"))
+    )
+    return rows
+
+
+def plan_report(planned: Planned, *, limit_rows: int | None) -> Group:
+    """``autotune plan``'s tables for :func:`plan_candidates`' result."""
+    fitting = sum(1 for r in planned.rows if r.fits)
+    header = [
+        Text(
+            f"{planned.description}: {planned.params / 1e9:.2f}B parameters ("
+            + (
+                f"{planned.active_params / 1e9:.2f}B per token, "
+                if planned.active_params < planned.params
+                else ""
+            )
+            + f"largest layer {planned.largest_layer_params / 1e6:.0f}M); {planned.gpus} GPU(s) of "
+            f"{format_bytes(planned.vram_bytes)}, limit {format_bytes(planned.limit_bytes)} "
+            f"after the {100 * planned.margin:.0f}% margin; host RAM "
+            f"{format_bytes(planned.host_ram_bytes)}; global batch {planned.global_batch}"
+        ),
+        Text(
+            f"{fitting} of {len(planned.rows)} valid candidates fit "
+            f"(planned in {planned.seconds:.0f} s, no GPU used)"
+        ),
+    ]
+    header += [Text(f"note: {note}") for note in planned.notes]
+    table = Table(title="fitting first, then by device memory; GiB per rank")
+    for column, justify in (
+        ("fits", "left"),
+        ("candidate", "left"),
+        ("device", "right"),
+        ("host", "right"),
+        ("peak at", "left"),
+    ):
+        table.add_column(column, justify=justify, no_wrap=column != "candidate")
+    rows = planned.rows
+    shown = rows if limit_rows is None else rows[:limit_rows]
+    for row in shown:
+        table.add_row(
+            "yes" if row.fits else f"no ({row.why})",
+            row.candidate.label,
+            "" if row.device_bytes is None else f"{row.device_bytes / 2**30:.1f}",
+            "" if row.host_bytes is None else f"{row.host_bytes / 2**30:.1f}",
+            row.phase,
+        )
+    footer = []
+    if limit_rows is not None and len(rows) > limit_rows:
+        footer.append(Text(f"... {len(rows) - limit_rows} more (use --all to list every one)"))
+    return Group(*header, table, *footer)
