@@ -97,7 +97,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
     if job.spec.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without LOCAL_SIZE DeepSpeed's CPU backend skips its shared-memory all-reduce, which
-        # only inference uses and which leaves 69 MB per rank in /dev/shm when a probe is
+        # only inference uses and which leaves a buffer per rank in /dev/shm when a probe is
         # killed; training collectives go through gloo either way.
         env.pop("LOCAL_SIZE", None)
         env[PRELOAD_OPS_VARIABLE] = adam_builder(job.spec.ds_config) or ""
