@@ -1,9 +1,10 @@
 """Launching probe ranks: the command, the environment, signals, and one-shot launches.
 
-:func:`launch_probes` starts the ranks of ``autotune.probe --spec ...`` (:func:`probe_command`:
-forked on CPU, under torchrun elsewhere) in their own process group under a hard timeout
-and turns whatever happened into :class:`~autotune.protocol.ProbeResult` s. Warm workers
-(:mod:`autotune.execution._worker`) use the same command and environment with ``--serve``.
+:func:`launch_probes` starts the ranks of ``autotune.probe.rank --spec ...``
+(:func:`probe_command`: forked on CPU, under torchrun elsewhere) in their own process group
+under a hard timeout and turns whatever happened into
+:class:`~autotune.protocol.ProbeResult` s. Warm workers (:mod:`autotune.execution._worker`)
+use the same command and environment with ``--serve``.
 """
 
 from __future__ import annotations
