@@ -1,8 +1,9 @@
 """How autotune's own processes end: as a normal exit, less the interpreter's teardown.
 
-A process that imported torch, DeepSpeed and transformers spends 1-2 s of CPU at exit
-freeing every module, tensor and C++ static (measured here: a CPU probe rank 2 s, the
-driver 1.4 s), after its work is done and while its parent waits; a study launches many.
+A process that imported torch, DeepSpeed and transformers spends seconds of CPU at exit
+freeing every module, tensor and C++ static (benchmarks/RESULTS.md, "Start and end of a run
+and of a probe launch"), after its work is done and while its parent waits; a study launches
+many.
 """
 
 from __future__ import annotations

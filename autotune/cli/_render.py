@@ -8,7 +8,8 @@ from functools import singledispatch
 from autotune import events
 from autotune.settings import format_bytes, format_duration
 
-# The JIT build of one op: one to three minutes on 2 busy cores (CPU Adam is the longest).
+# The JIT build of one op on 2 busy cores, as benchmarks/RESULTS.md records it (CPU Adam is
+# the longest).
 BUILD_ESTIMATE = "one time, 1-3 min"
 
 

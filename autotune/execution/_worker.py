@@ -1,8 +1,9 @@
 """A warm probe worker: one process group of ranks that probes candidates one after another.
 
 A cold probe pays interpreter start, imports of torch, DeepSpeed and transformers, and
-process-group set-up (about 20 s of the ~25 s a gpt-tiny trial took here) for a second of
-timed steps. A :class:`WarmWorker` keeps the ranks of ``autotune.probe --serve INBOX``
+process-group set-up (most of a cold gpt-tiny trial's time: benchmarks/RESULTS.md,
+"Per-trial overhead with warm workers") for a short run of timed steps. A
+:class:`WarmWorker` keeps the ranks of ``autotune.probe.rank --serve INBOX``
 running (:func:`~autotune.execution.launch.probe_command`) and posts each job as a file; the ranks
 build, initialise, step and release one candidate after the other. A failed, hung or
 cancelled probe kills the whole group (its ranks may be stuck in a collective, or hold a

@@ -1,9 +1,10 @@
 """Launching probe ranks: the command, the environment, signals, and one-shot launches.
 
-:func:`launch_probes` starts the ranks of ``autotune.probe --spec ...`` (:func:`probe_command`:
-forked on CPU, under torchrun elsewhere) in their own process group under a hard timeout
-and turns whatever happened into :class:`~autotune.protocol.ProbeResult` s. Warm workers
-(:mod:`autotune.execution._worker`) use the same command and environment with ``--serve``.
+:func:`launch_probes` starts the ranks of ``autotune.probe.rank --spec ...``
+(:func:`probe_command`: forked on CPU, under torchrun elsewhere) in their own process group
+under a hard timeout and turns whatever happened into
+:class:`~autotune.protocol.ProbeResult` s. Warm workers (:mod:`autotune.execution._worker`)
+use the same command and environment with ``--serve``.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
     if job.spec.accelerator == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
         # Without LOCAL_SIZE DeepSpeed's CPU backend skips its shared-memory all-reduce, which
-        # only inference uses and which leaves 69 MB per rank in /dev/shm when a probe is
+        # only inference uses and which leaves a buffer per rank in /dev/shm when a probe is
         # killed; training collectives go through gloo either way.
         env.pop("LOCAL_SIZE", None)
         env[PRELOAD_OPS_VARIABLE] = adam_builder(job.spec.ds_config) or ""

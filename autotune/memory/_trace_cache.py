@@ -1,12 +1,13 @@
 """What tracing and building a model teach, kept on disk between runs, for workloads that
 can name their model.
 
-Tracing a model on fake tensors (:mod:`autotune.memory.activations`) costs about 0.4 s a trace on a
-small model and much more on a large one, and a study traces every micro-batch x precision
-x checkpointing combination of its space before its first probe (to screen the space): 6 s
-of every ``autotune run`` of gpt-tiny, again at every continuation, ``plan`` and test. The
-parameter counts (:func:`autotune.memory.model_facts`) need the model built on the meta
-device, which imports the model's code: 3 s of a run's driver for gpt-tiny. Both depend only
+Tracing a model on fake tensors (:mod:`autotune.memory.activations`) takes a noticeable
+time even on a small model and much more on a large one, and a study traces every
+micro-batch x precision x checkpointing combination of its space before its first probe (to
+screen the space): seconds of every ``autotune run`` of gpt-tiny, again at every
+continuation, ``plan`` and test (benchmarks/RESULTS.md, "Start and end of a run and of a
+probe launch"). The parameter counts (:func:`autotune.memory.model_facts`) need the model
+built on the meta device, which imports the model's code. Both depend only
 on the model's shapes (:meth:`Workload.trace_fingerprint`), the library versions that build
 and run it, and the code that traces and counts, so they are kept under that key in
 ``<cache>/activations/`` and read back by later runs: a run of a known model does not build

@@ -121,7 +121,8 @@ def _zero0(candidate: Candidate, p: float, act: ActivationProfile) -> dict[str, 
             activations=act.backward_peak_bytes,
             workspace=max(0.0, 4.0 * p - act.backward_peak_bytes),
         ),
-        # measured 10P at 2 ranks: fp32 partition updates, taken to scale with them
+        # measured at 2 ranks (benchmarks/RESULTS.md): fp32 partition updates, taken to scale
+        # with them
         "step": Breakdown(workspace=20.0 * p / _ranks(candidate)),
     }
 
@@ -133,13 +134,13 @@ def _zero12(
     n = _ranks(candidate)
     offloaded = candidate.offload_optimizer != "none"
     backward = Breakdown(activations=act.backward_peak_bytes, buckets=width * bucket_elements)
-    phases = {"backward": backward, "step": Breakdown(workspace=9.0 * p / n)}  # 4.5P at 2
+    phases = {"backward": backward, "step": Breakdown(workspace=9.0 * p / n)}  # at 2 ranks
     if candidate.zero_stage == 2 and candidate.gradient_accumulation_steps > 1:
         # ZeRO-2 holds the rank's reduced gradient partition (grads_in_partition) from one
         # micro-batch to the next (stage_1_and_2.py: accumulated in the gradient
         # accumulation dtype, the model's by default), on the host with optimizer offload.
-        # Measured on GPT-2 124M fp32 at 2 ranks: +255 MB at mb1x2 over mb2x1, 4 B x P/N =
-        # 249 MB.
+        # Measured on GPT-2 124M fp32 at 2 ranks, mb1x2 against mb2x1: what 4 B x P/N
+        # predicts (benchmarks/RESULTS.md).
         held = width * p / n
         if offloaded:
             host = host.plus(Breakdown(grads=held))
@@ -151,10 +152,10 @@ def _zero12(
     # DiT-B/8 at mb2x4 and mb4x2: the peak is that partition plus the flattened buffers).
     # Then 16-bit ZeRO allocates the rank's partition, after the flattened buffers are
     # released. On CPU ranks gloo's worker thread sometimes releases them late, so that
-    # both exist at once (+ width x P/N on one rank: seen in 2 of 44 bf16 ZeRO-1 probes of
-    # DiT-S, +2.1-2.6%, never in DiT-B/8 or GPT-2 ones). That transient is not predicted:
-    # the screen's margin (5% by default) is there for it; predicting it over-predicted
-    # every probe where it did not happen (DiT-B/8 by 5.5%).
+    # both exist at once (+ width x P/N on one rank: seen in a few bf16 ZeRO-1 probes of
+    # DiT-S, never in DiT-B/8 or GPT-2 ones; benchmarks/RESULTS.md). That transient is not
+    # predicted: the screen's margin (5% by default) is there for it; predicting it
+    # over-predicted every probe where it did not happen (DiT-B/8 most).
     flat = width * min(p, bucket_elements)
     phases["reduce"] = Breakdown(grads=backward.grads, buckets=backward.buckets, workspace=flat)
     if p > bucket_elements:  # a full bucket is reduced during backward
@@ -189,7 +190,7 @@ def _zero3(
             params=gathered, activations=act.backward_peak_bytes, workspace=during_backward
         ),
         "reduce": Breakdown(params=gathered, workspace=flat),
-        # measured 2P (fp32) and 3P (bf16) at 2 ranks: partition-sized updates
+        # measured at 2 ranks (benchmarks/RESULTS.md): partition-sized updates
         "step": Breakdown(
             workspace=(4.0 if candidate.precision == "fp32" else 6.0) * p / _ranks(candidate)
         ),

@@ -226,7 +226,7 @@ class MemoryModel:
         # With accumulation, later micro-batches run with the gradients of earlier ones held
         # (ZeRO 0-1 keep parameter gradients until the step, and each new gradient exists
         # beside the held one until autograd adds it: for GPT-2 at ZeRO-1, one more copy of
-        # the tied embedding's gradient, measured +154 MB fp32); ZeRO 2-3 drop each
+        # the tied embedding's gradient, measured in benchmarks/RESULTS.md); ZeRO 2-3 drop each
         # gradient into a bucket as it is produced.
         accumulating = candidate.gradient_accumulation_steps > 1
         kind = ("accumulate" if accumulating else "kept") if stage <= 1 else "dropped"

@@ -100,8 +100,10 @@ _FROZEN_TENSORS: list[weakref.ref[torch.Tensor]] = []
 def freeze_heap() -> None:
     """Move every object alive now into the collector's permanent generation (``gc.freeze``):
     later collections and :func:`live_tensors` walk only the objects made since. A warm
-    rank's heap holds ~0.5 M objects of torch, transformers and DeepSpeed, and a full
-    collection plus a walk of it cost 0.45 s, twice per candidate. Call it after a full
+    rank's heap holds the objects of torch, transformers and DeepSpeed, and a full
+    collection plus a walk of them, twice per candidate, is a large share of a short
+    probe's CPU (benchmarks/RESULTS.md, "Per-probe cost in a warm rank: the frozen heap").
+    Call it after a full
     collection, once the process's long-lived objects exist (imports, caches); objects alive
     then that later die in a reference cycle are not collected. :func:`live_tensors` still
     sees the tensors alive now."""

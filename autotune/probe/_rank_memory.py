@@ -216,8 +216,8 @@ def cuda_overhead_bytes(device: Any) -> int:
 def dismantle(engine: Any, model: Any) -> None:
     """Drop what a destroyed engine still holds, however its objects live on: DeepSpeed's
     ZeRO-3 objects stay reachable after ``destroy()`` (from outside Python's collector: a
-    warm rank kept 16 bytes per parameter of model states, and the next candidate's peak
-    read 37% high), so their attributes are cleared and every parameter's storage, ZeRO-3's
+    warm rank kept the model states, and the next candidate's peak read high), so their
+    attributes are cleared and every parameter's storage, ZeRO-3's
     partition included, is freed whatever still points at the parameter."""
     import torch
 
@@ -280,7 +280,7 @@ def empty_host_cache() -> bool:
 def trim_host_heap() -> None:
     """Hand freed heap pages back to the OS (glibc ``malloc_trim``): without it a warm
     worker's resident memory ratchets up over candidates of a 124M model until the kernel's
-    OOM killer takes a rank (seen at 11 GB after 30 candidates on a 24 GB host)."""
+    OOM killer takes a rank (benchmarks/RESULTS.md, "Memory model accuracy")."""
     import ctypes
     import ctypes.util
 

@@ -55,8 +55,8 @@ def versions(device: Any) -> dict[str, str]:
 
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     versions["deepspeed"] = deepspeed.__version__
-    # from the installed metadata: importing transformers costs a rank 2 s where the
-    # workload (a DiT, a plain script) does not use it
+    # from the installed metadata: importing transformers would cost a rank seconds of CPU
+    # where the workload (a DiT, a plain script) does not use it
     with contextlib.suppress(PackageNotFoundError):
         versions["transformers"] = version("transformers")
     versions["float32_matmul_precision"] = torch.get_float32_matmul_precision()

@@ -1,8 +1,9 @@
 """CPU probe ranks forked from a launcher that has imported their code.
 
-A CPU probe rank started as its own program spends ~4 s of CPU importing torch, DeepSpeed,
-transformers and the model's code before it probes anything, and every rank of every launch
-pays it. ``python -m autotune.probe.fork_ranks --nproc-per-node N --workload REF -- ARGS`` imports
+A CPU probe rank started as its own program spends seconds of CPU importing torch,
+DeepSpeed, transformers and the model's code before it probes anything, and every rank of
+every launch pays it (benchmarks/RESULTS.md, "A probe launch: ranks forked after their
+imports"). ``python -m autotune.probe.fork_ranks --nproc-per-node N --workload REF -- ARGS`` imports
 that code once and forks the N ranks of ``python -m autotune.probe.rank ARGS`` from it
 (``torch.multiprocessing``, start method ``fork``): they begin with everything imported.
 
@@ -51,8 +52,8 @@ def import_rank_code(workload_ref: str | None) -> None:
     model code of a built-in or ``hf:`` workload. A workload whose code cannot be imported
     here is left to the ranks, which report why."""
     # DeepSpeed (DS_ACCELERATOR=cpu is in the environment), with the Muon optimizer its
-    # engine imports at the first ZeRO optimizer (its sanity check): 1.2 s of torch's
-    # compiler stack, which Muon only decorates with at import
+    # engine imports at the first ZeRO optimizer (its sanity check): torch's compiler stack,
+    # which Muon only decorates with at import, would otherwise be imported in every rank
     import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
     import torch.utils.cpp_extension  # noqa: F401 - every op load
 

@@ -339,8 +339,9 @@ def check_writable(folder: Path, *, flag: str) -> None:
 
 
 # Seconds a probe may spend before its first step: interpreter, imports, process group,
-# model build, deepspeed.initialize. Measured cold on this project's 2-core CPU machines at
-# ~25 s for gpt-tiny; the margin covers slow shared filesystems and busy hosts.
+# model build, deepspeed.initialize. Several times what a cold gpt-tiny probe takes on 2 CPU
+# cores (benchmarks/RESULTS.md, "Start and end of a run and of a probe launch"): the margin
+# covers slow shared filesystems and busy hosts.
 PROBE_START_S = 120.0
 # A conservative training rate per device (FLOP/s): far below an H100's bf16 peak and an
 # AVX2 core's fp32 peak, so a healthy probe is never cut off.

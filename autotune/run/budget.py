@@ -33,8 +33,8 @@ if TYPE_CHECKING:
 
 BUDGET_ATTR = "autotune_budget"
 # What a run takes after its last probe (closing the warm workers and Ray, deciding the best,
-# writing the export): 0-5.4 s past the budget's end on a 2-core machine when nothing was
-# held back for it (benchmarks/RESULTS.md, "autotune against DeepSpeed's own autotuner").
+# writing the export): how far past the budget's end runs ended when nothing was held back
+# for it is in benchmarks/RESULTS.md, "autotune against DeepSpeed's own autotuner".
 # Held back until a run of the study has measured its own finish.
 DEFAULT_FINISH_S = 5.0
 

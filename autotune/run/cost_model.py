@@ -43,7 +43,7 @@ _FLOPS = {  # per rank per second
     ("cuda", "bf16"): 150e12,
     ("cuda", "fp16"): 150e12,
     ("cpu", "fp32"): 4e9,  # per thread
-    ("cpu", "bf16"): 0.5e9,  # per thread, AVX2 without native bf16 (measured ~10x slower)
+    ("cpu", "bf16"): 0.5e9,  # per thread, AVX2 without native bf16 (emulated: far slower)
     ("cpu", "fp16"): 0.5e9,
 }
 _TF32_FLOPS = 75e12  # fp32 matmuls on TF32 tensor cores (--tf32), about half of bf16's
@@ -93,10 +93,11 @@ class WorkloadFacts:
 
 
 def measure_cpu_matmul_flops(precisions: tuple[str, ...], threads: int) -> dict[str, float]:
-    """FLOP/s of a 256x256 matmul per precision on this CPU with ``threads`` threads (~0.1 s
-    each). CPUs differ by more than any prior can cover: bf16 is emulated and ~10x slower
-    than fp32 on AVX2, but ~5x faster with AMX (measured 0.11 vs 0.54 TFLOP/s per thread on
-    a Xeon with AMX), and a cost model that assumes the wrong one never tries the winner."""
+    """FLOP/s of a 256x256 matmul per precision on this CPU with ``threads`` threads (a
+    short timed loop each). CPUs differ by more than any prior can cover: bf16 is emulated
+    and much slower than fp32 on AVX2, but faster than fp32 with AMX (benchmarks/RESULTS.md,
+    "Search efficiency"), and a cost model that assumes the wrong one never tries the
+    winner."""
     import time
 
     import torch

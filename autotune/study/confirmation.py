@@ -1,6 +1,7 @@
 """The confirmation round: pick the winner on repeated, interleaved measurements.
 
-One short probe moves by about ±10% on a shared machine, so the search's ranking of close
+One short probe moves by several percent on a shared machine (benchmarks/RESULTS.md), so
+the search's ranking of close
 candidates is partly luck. Before the export, the top candidates (:data:`TOP`, plus every
 candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) are probed
 again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them

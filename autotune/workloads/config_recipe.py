@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class ConfigRecipe:
     """A `transformers` config by its class's name and keywords: what a built-in model's
     driver needs (its study fingerprint, its description) without importing transformers,
-    which costs ~1.3 s of CPU beyond torch in every ``autotune`` process."""
+    whose import would cost every ``autotune`` process CPU beyond torch's."""
 
     config_class: str = field(metadata={"doc": "transformers' config class, e.g. GPT2Config"})
     model_type: str = field(metadata={"doc": "that class's model_type, e.g. gpt2"})

@@ -388,7 +388,7 @@ def moe_tiny() -> CausalLMWorkload:
 
 
 def gpt_tiny() -> CausalLMWorkload:
-    """A ~0.9M-parameter GPT-2 whose fp32 CPU step takes about a tenth of a second."""
+    """A ~0.9M-parameter GPT-2 whose fp32 CPU step is short enough for tests and demos."""
 
     config = recipe(
         "GPT2Config",

@@ -3,8 +3,9 @@
 DeepSpeed's op builders ask py-cpuinfo for the CPU's architecture and SIMD flags every time
 a JIT op is loaded (``OpBuilder.cpu_arch`` and ``OpBuilder.simd_width``: two calls an op,
 cached ops included), and py-cpuinfo answers each call from a fresh Python subprocess that
-runs itself (``cpuinfo.get_cpu_info_json``): about 1 s of CPU a call, four to six calls in
-every probe rank and in the driver. The answer does not change while the machine runs, so
+runs itself (``cpuinfo.get_cpu_info_json``): a second-scale cost of CPU a call, four to six
+calls in every probe rank and in the driver (benchmarks/RESULTS.md, "Start and end of a run
+and of a probe launch"). The answer does not change while the machine runs, so
 the first call of a boot keeps it in a file named by the kernel's boot id (one per node,
 also where nodes share a home folder) and every later call, in any process, reads that.
 """

@@ -1,14 +1,15 @@
 """The compiler of DeepSpeed's JIT op builds: a precompiled torch header for an op with many
 torch sources, and objects shared between ops that compile the same source.
 
-Each C++ source of an op that includes torch's extension header parses that header again:
-~28 s of CPU per source on this project's 2-core test machine (torch 2.13, ``-std=c++20``,
-no ``-g``), against ~1 s for a source without it. GCC's precompiled header
-(https://gcc.gnu.org/onlinedocs/gcc/Precompiled-Headers.html) parses it once (~47 s) and
-each source then loads it (~9.5 s). That pays off from :data:`MIN_TORCH_SOURCES` sources:
-with two compile jobs, ``n`` sources take ``n / 2 * 28`` s of wall time without it and
-``47 + n / 2 * 9.5`` s with it. DeepSpeed's async I/O op (NVMe offload) has 9; its Adam
-and communication ops have two each and are built as torch builds them.
+Each C++ source of an op that includes torch's extension header parses that header again,
+which costs far more CPU than the source itself. GCC's precompiled header
+(https://gcc.gnu.org/onlinedocs/gcc/Precompiled-Headers.html) parses it once and each source
+then loads it, much faster than parsing it. With two compile jobs, ``n`` sources take
+``n / 2 * parse`` of wall time without it and ``build + n / 2 * load`` with it, so it pays
+off from :data:`MIN_TORCH_SOURCES` sources (the times per source: benchmarks/RESULTS.md, "A
+probe launch: ranks forked after their imports, ops without debug information").
+DeepSpeed's async I/O op (NVMe offload) has 9; its Adam and communication ops have two each
+and are built as torch builds them.
 
 torch runs ninja with the compiler ``CXX`` names. While an op loads, :func:`compiling`
 names a wrapper script (``<folder>/<digest of the compiler>/g++``, which runs this file;
@@ -19,13 +20,13 @@ is up to date there) and tells it the op folder's root in the environment:
   op and set of flags, with that source's own flags (GCC takes a ``.gch`` only for the
   flags it was built with). When the header does not build or the compile with it fails,
   the source is compiled as torch would have: the header changes how fast the op builds,
-  not whether it builds. The ``.gch`` (~800 MB) is removed when the load returns.
+  not whether it builds. The ``.gch`` (hundreds of MB) is removed when the load returns.
 - Every op: an object compiled from the same source with the same flags, but for the
   extension's name (``-DTORCH_EXTENSION_NAME``, which only a module's own source reads),
   is copied from the root's store instead of compiled again, while the source and every
   header its last compile read are as they were then (their sizes and modification times;
   torch's headers, outside the dependency file, are fixed by the root's torch version).
-  DeepSpeed's Adam ops share ``cpu_adam_impl.cpp`` (~38 s of CPU here).
+  DeepSpeed's Adam ops share ``cpu_adam_impl.cpp``, their longest compile unit.
 
 Every load of an op names the same wrapper, so ninja sees the same command and does not
 rebuild.
@@ -170,7 +171,7 @@ def _headers_dir(folder: str, op: str) -> str:
 
 
 def remove_headers(root: str, op: str) -> None:
-    """Remove the precompiled headers of ``op``'s build (~800 MB each)."""
+    """Remove the precompiled headers of ``op``'s build (hundreds of MB each)."""
     shutil.rmtree(_headers_dir(os.path.join(root, FOLDER), op), ignore_errors=True)
 
 

@@ -145,8 +145,9 @@ def _without_debug_info(builder: Any) -> None:
 
     Debug information does not change the code GCC generates (the invariant its
     ``-fcompare-debug`` checks; the disassembly of an op's objects is identical here), and
-    for torch's headers it is ~45% of an op's compile CPU (cpu_adam_impl.cpp: 51 s with it,
-    29 s without, on this project's 2-core test machine). Every process that loads ops goes
+    for torch's headers it is a large share of an op's compile CPU (benchmarks/RESULTS.md, "A
+    probe launch: ranks forked after their imports, ops without debug information"). Every
+    process that loads ops goes
     through this, so the driver's build and the ranks' loads agree on the flags (torch
     rebuilds an op whose flags differ).
     """
@@ -340,8 +341,8 @@ def async_io_problem(hardware: Hardware) -> str | None:
 
 # The DeepSpeed ops a CPU probe's first job loads, named for its fork launcher (see
 # autotune.probe.fork_ranks): loaded there once, before the ranks are forked, they come with each
-# rank. A JIT load of a built Adam op costs ~2.3 s of torch's and ninja's up-to-date checks
-# in every process that loads it; DeepSpeed keeps a loaded op (OpBuilder._loaded_ops), so a
+# rank. A JIT load of a built Adam op re-runs torch's and ninja's up-to-date checks in every
+# process that loads it; DeepSpeed keeps a loaded op (OpBuilder._loaded_ops), so a
 # forked rank's own load returns at once.
 PRELOAD_OPS_VARIABLE = "AUTOTUNE_PRELOAD_OPS"
 
