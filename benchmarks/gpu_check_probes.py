@@ -180,6 +180,7 @@ def offload_extras(precision: str, micro_batch: int, which: str) -> list:
 
 
 def _jobs(args: argparse.Namespace, candidates: list, root: Path) -> list:
+    from autotune.backends import get_backend
     from autotune.backends.deepspeed import use_torch_adam
     from autotune.execution import ProbeJob
     from autotune.memory import largest_layer_params
@@ -193,7 +194,9 @@ def _jobs(args: argparse.Namespace, candidates: list, root: Path) -> list:
         name = f"{index:02d}-{candidate.label.replace(' ', '_').replace(':', '-')}"
         nvme = "nvme" in (candidate.offload_optimizer, candidate.offload_param)
         scratch = str(Path(args.nvme) / name) if nvme else None
-        config = candidate.to_ds_config(nvme_path=scratch, largest_param_numel=largest)
+        config = get_backend("deepspeed").render_config(
+            candidate, nvme_path=scratch, largest_param_numel=largest
+        )
         if args.torch_adam:
             config = use_torch_adam(config)
         spec = ProbeSpec(

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.backends import get_backend
 from autotune.candidate import Candidate
 from autotune.execution import ProbeJob
 from autotune.protocol import ProbeSpec
 from autotune.workloads import get_workload
+
+DEEPSPEED = get_backend("deepspeed")
 
 
 def cpu_probe_jobs(
@@ -32,7 +35,7 @@ def cpu_probe_jobs(
             spec=ProbeSpec(
                 workload=workload,
                 candidate=candidate,
-                ds_config=candidate.to_ds_config(nvme_path=nvme_path),
+                ds_config=DEEPSPEED.render_config(candidate, nvme_path=nvme_path),
                 accelerator="cpu",
                 # generous: these probes measure, the host's RAM is the only limit
                 vram_limit_bytes=20 * 2**30,

@@ -85,7 +85,7 @@ def run_deepspeed_autotuner(workdir: Path) -> dict[str, Any]:
 def deepspeed_config(workdir: Path) -> Path:
     """DeepSpeed's config with its ``autotuning`` section: fast mode over every ZeRO stage
     and micro-batches up to the global batch, written to ``workdir``."""
-    from autotune.candidate import DEFAULT_BASE_CONFIG
+    from autotune.backends.deepspeed import DEFAULT_BASE_CONFIG
 
     config = {
         **DEFAULT_BASE_CONFIG,

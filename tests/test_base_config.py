@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.backends import get_backend
 from autotune.errors import SettingsError
 from autotune.space._base_config import (
     base_global_batch,
@@ -16,6 +17,8 @@ from autotune.space._base_config import (
 )
 from autotune.space.search_space import load_space, parse_space
 from tests.test_space import CPU
+
+DEEPSPEED = get_backend("deepspeed")
 
 PRODUCTION = {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95]}},
@@ -86,7 +89,7 @@ def test_pinning_what_the_space_fixes_is_fine() -> None:
     }
     check_conflicts(base, bound(space), "b.json")
     candidate = next(bound(space).candidates())
-    config = candidate.to_ds_config(base)
+    config = DEEPSPEED.render_config(candidate, base)
     assert config["zero_optimization"]["overlap_comm"] is True
     assert config["scheduler"] == PRODUCTION["scheduler"]
 

@@ -6,16 +6,17 @@ import itertools
 
 import pytest
 
-from autotune.candidate import (
+from autotune.backends import get_backend
+from autotune.backends.deepspeed import (
     DEFAULT_BASE_CONFIG,
     DEFAULT_PARAM_BUFFER_SIZE,
-    ZERO_KNOB_STAGES,
-    Candidate,
-    ZeroKnobs,
+    validate_ds_config,
 )
+from autotune.candidate import ZERO_KNOB_STAGES, Candidate, ZeroKnobs
 from autotune.errors import ExportError
-from autotune.export._exporter import validate_ds_config
 from autotune.space.search_space import combination_problem
+
+DEEPSPEED = get_backend("deepspeed")
 
 
 def _candidates() -> list[Candidate]:
@@ -86,7 +87,7 @@ def test_the_candidate_classes_cover_knobs_and_partial_offload() -> None:
 
 @pytest.mark.parametrize("candidate", _candidates(), ids=lambda c: c.label.replace(" ", "-"))
 def test_deepspeed_accepts_every_class_of_candidate(candidate: Candidate) -> None:
-    config = candidate.to_ds_config(nvme_path="/tmp/nvme")
+    config = DEEPSPEED.render_config(candidate, nvme_path="/tmp/nvme")
     assert config["train_batch_size"] == 32
     assert config["zero_optimization"]["stage"] == candidate.zero_stage
     assert config["bf16"]["enabled"] == (candidate.precision == "bf16")
@@ -108,7 +109,7 @@ def test_fp16_uses_dynamic_loss_scaling() -> None:
         gradient_accumulation_steps=1,
         data_parallel_size=1,
     )
-    fp16 = c.to_ds_config()["fp16"]
+    fp16 = DEEPSPEED.render_config(c)["fp16"]
     assert fp16["loss_scale"] == 0 and fp16["initial_scale_power"] == 16
 
 
@@ -122,11 +123,11 @@ def test_offload_blocks() -> None:
         gradient_accumulation_steps=1,
         data_parallel_size=1,
     )
-    zero = c.to_ds_config(nvme_path="/nvme")["zero_optimization"]
+    zero = DEEPSPEED.render_config(c, nvme_path="/nvme")["zero_optimization"]
     assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert zero["offload_param"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/nvme"}
     with pytest.raises(ValueError, match="nvme_path"):
-        c.to_ds_config()
+        DEEPSPEED.render_config(c)
 
 
 def test_nvme_param_buffer_holds_the_largest_partition() -> None:
@@ -142,7 +143,7 @@ def test_nvme_param_buffer_holds_the_largest_partition() -> None:
     )
 
     def buffer(largest: int | None = None) -> object:
-        zero = c.to_ds_config(nvme_path="/nvme", largest_param_numel=largest)
+        zero = DEEPSPEED.render_config(c, nvme_path="/nvme", largest_param_numel=largest)
         return zero["zero_optimization"]["offload_param"].get("buffer_size")
 
     assert buffer() is None  # DeepSpeed's 1e8 default
@@ -151,11 +152,13 @@ def test_nvme_param_buffer_holds_the_largest_partition() -> None:
     assert buffer(128256 * 8192) == 262_668_288
     assert buffer(10**9 + 1) == 250_000_001  # rounded up, as DeepSpeed pads
     base = {"zero_optimization": {"offload_param": {"buffer_size": 1000, "buffer_count": 7}}}
-    zero = c.to_ds_config(base, nvme_path="/nvme", largest_param_numel=8000)["zero_optimization"]
+    zero = DEEPSPEED.render_config(c, base, nvme_path="/nvme", largest_param_numel=8000)[
+        "zero_optimization"
+    ]
     assert zero["offload_param"]["buffer_size"] == 2000  # the base's, raised to the partition
     assert zero["offload_param"]["buffer_count"] == 7  # the base's tuning is kept
     cpu = c.model_copy(update={"offload_param": "cpu"})
-    zero = cpu.to_ds_config(largest_param_numel=10**12)["zero_optimization"]
+    zero = DEEPSPEED.render_config(cpu, largest_param_numel=10**12)["zero_optimization"]
     assert "buffer_size" not in zero["offload_param"]  # only NVMe swaps through buffers
 
 
@@ -174,7 +177,7 @@ def test_base_offload_block_keeps_its_tuning_but_not_its_device() -> None:
         gradient_accumulation_steps=1,
         data_parallel_size=1,
     )
-    zero = c.to_ds_config(base, nvme_path="/nvme")["zero_optimization"]
+    zero = DEEPSPEED.render_config(c, base, nvme_path="/nvme")["zero_optimization"]
     assert zero["offload_optimizer"] == {
         "device": "nvme",
         "nvme_path": "/nvme",
@@ -203,7 +206,7 @@ def test_base_config_is_kept_and_tuned_keys_override() -> None:
         gradient_accumulation_steps=2,
         data_parallel_size=2,
     )
-    config = c.to_ds_config(base)
+    config = DEEPSPEED.render_config(c, base)
     assert config["scheduler"] == base["scheduler"]
     assert config["gradient_clipping"] == 1.0
     assert config["optimizer"] == base["optimizer"]
@@ -224,7 +227,7 @@ def test_partial_offload_outside_zero3_is_rejected_by_deepspeed() -> None:
         data_parallel_size=1,
     )
     with pytest.raises(ExportError, match="Partial offloading only supported for ZeRO Stage 3"):
-        validate_ds_config(c.to_ds_config(), world_size=1)
+        validate_ds_config(DEEPSPEED.render_config(c), world_size=1)
 
 
 def test_labels() -> None:
@@ -251,6 +254,6 @@ def test_wrong_world_size_is_rejected_by_deepspeed() -> None:
         gradient_accumulation_steps=2,
         data_parallel_size=2,
     )
-    validate_ds_config(c.to_ds_config(), world_size=2)
+    validate_ds_config(DEEPSPEED.render_config(c), world_size=2)
     with pytest.raises(ExportError, match="train_batch_size is not equal"):
-        validate_ds_config(c.to_ds_config(), world_size=4)
+        validate_ds_config(DEEPSPEED.render_config(c), world_size=4)

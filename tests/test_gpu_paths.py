@@ -14,9 +14,13 @@ from typing import Any
 
 import pytest
 
-from autotune.candidate import DEFAULT_BASE_CONFIG, Candidate
+from autotune.backends import get_backend
+from autotune.backends.deepspeed import DEFAULT_BASE_CONFIG
+from autotune.candidate import Candidate
 from autotune.execution.launch import ProbeJob, launch_probes, read_reports
 from autotune.protocol import ProbeResult, ProbeSpec
+
+DEEPSPEED = get_backend("deepspeed")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -66,7 +70,7 @@ def cuda_job(
 ) -> ProbeJob:
     import torch
 
-    config = candidate.to_ds_config({**DEFAULT_BASE_CONFIG, **(base or {})})
+    config = DEEPSPEED.render_config(candidate, {**DEFAULT_BASE_CONFIG, **(base or {})})
     if torch_adam:
         from autotune.backends.deepspeed.ops import use_torch_adam
 

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.candidate import DEFAULT_BASE_CONFIG, Candidate
+from autotune.backends import get_backend
+from autotune.backends.deepspeed import DEFAULT_BASE_CONFIG
+from autotune.candidate import Candidate
 from autotune.execution.launch import ProbeJob, launch_probes
 from autotune.hardware import detect
 from autotune.protocol import ProbeSpec
+
+DEEPSPEED = get_backend("deepspeed")
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +42,9 @@ def nvme_job(
         },
     }
     largest = largest_layer_params(get_workload("gpt-tiny"))
-    config = candidate.to_ds_config(base, nvme_path=str(nvme_path), largest_param_numel=largest)
+    config = DEEPSPEED.render_config(
+        candidate, base, nvme_path=str(nvme_path), largest_param_numel=largest
+    )
     spec = ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,

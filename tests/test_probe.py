@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.backends import get_backend
 from autotune.candidate import Candidate, ZeroKnobs
 from autotune.execution.launch import (
     ProbeJob,
@@ -23,6 +24,8 @@ from autotune.execution.launch import (
 )
 from autotune.protocol import ProbeSpec
 from tests.conftest import probe_processes
+
+DEEPSPEED = get_backend("deepspeed")
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +49,7 @@ def make_job(
     spec = ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
-        ds_config=candidate.to_ds_config(),
+        ds_config=DEEPSPEED.render_config(candidate),
         accelerator="cpu",
         vram_limit_bytes=limit_bytes,
         device_memory_bytes=24 * 2**30,

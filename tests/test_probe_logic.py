@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from autotune import timing as steps
+from autotune.backends import get_backend
 from autotune.errors import ExecutorError
 from autotune.execution._executor import LocalExecutor, slot_devices
 from autotune.probe._rank_memory import (
@@ -44,6 +45,8 @@ ALLOCATOR_OOM = (
     "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB "
     "of which 1.02 GiB is free."
 )
+
+DEEPSPEED = get_backend("deepspeed")
 
 
 def _spent_generator() -> Iterator[None]:
@@ -236,7 +239,7 @@ def _spec() -> ProbeSpec:
     return ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
-        ds_config=candidate.to_ds_config(),
+        ds_config=DEEPSPEED.render_config(candidate),
         accelerator="cpu",
         vram_limit_bytes=GiB,
         device_memory_bytes=GiB,

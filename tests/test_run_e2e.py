@@ -16,7 +16,7 @@ import optuna
 import pytest
 import requests
 
-from autotune.export._exporter import validate_ds_config
+from autotune.backends.deepspeed import validate_ds_config
 from tests.conftest import ROOT, probe_processes, run_cli
 
 pytestmark = pytest.mark.slow

@@ -1,2 +1,31 @@
 """Training backends: what is specific to one training library (its config, its ops,
-its engine on the rank, its memory terms, its export files)."""
+its engine on the rank, its memory terms, its export files), behind one interface
+(:class:`TrainingBackend`) and a registry of them by name (:func:`get_backend`)."""
+
+from autotune.backends._backend import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    TrainingBackend,
+    get_backend,
+    register_backend,
+)
+from autotune.backends._breakdown import Breakdown
+
+
+def _deepspeed() -> TrainingBackend:
+    from autotune.backends.deepspeed import DeepSpeedBackend
+
+    return DeepSpeedBackend()
+
+
+# The built-in backends; each package is imported when its backend is first asked for.
+register_backend("deepspeed", _deepspeed)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_BACKEND",
+    "Breakdown",
+    "TrainingBackend",
+    "get_backend",
+    "register_backend",
+]

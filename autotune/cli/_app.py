@@ -176,11 +176,12 @@ def build_ops() -> None:
 
     A probe builds what it needs on first use; this builds them all up front, for example
     once on each node of a cluster."""
-    from autotune.backends.deepspeed import ensure_deepspeed_ops, torch_extensions_dir
+    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends.deepspeed import torch_extensions_dir
     from autotune.cli._render import line
     from autotune.hardware import detect
 
-    report = ensure_deepspeed_ops(
+    report = get_backend(DEFAULT_BACKEND).ensure_ops(
         detect(), offload_targets={"cpu", "nvme"}, emit=lambda event: console.print(line(event))
     )
     console.print(

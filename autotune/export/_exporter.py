@@ -1,8 +1,9 @@
 """The best trial (or a chosen one) -> the three files a user takes to production.
 
-``ds_config.json`` (the base config with the tuned values, checked by DeepSpeed's own config
-class for the tuned world size), ``launch.sh`` (the deepspeed launcher and torchrun commands
-for the user's script) and ``summary.md`` (see :mod:`autotune.export._summary`).
+The backend's config file (``ds_config.json``: the base config with the tuned values, checked
+by the backend, for DeepSpeed by its own config class for the tuned world size), ``launch.sh``
+(the deepspeed launcher and torchrun commands for the user's script) and ``summary.md``
+(see :mod:`autotune.export._summary`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from unittest import mock
 
 from pydantic import BaseModel, ConfigDict
 
+from autotune.backends import DEFAULT_BACKEND, get_backend
 from autotune.errors import ExportError
 from autotune.study import best, records, study_config
 
@@ -36,47 +37,6 @@ class Exported(BaseModel):
     summary: str
 
 
-def validate_ds_config(config: dict[str, Any], world_size: int, accelerator: str = "cpu") -> None:
-    """Have DeepSpeed's own config class parse ``config`` for ``world_size`` ranks.
-
-    ``DeepSpeedConfig`` reads the world size from ``deepspeed.comm``, which needs a live
-    process group; we tell it the tuned world size instead, and keep everything else real
-    (the batch-size assertion train_batch = micro x accumulation x world is the one that
-    depends on it).
-    """
-    import logging
-    import os
-
-    os.environ.setdefault("DS_ACCELERATOR", accelerator)  # else DeepSpeed warns as it guesses
-    import deepspeed.comm
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from deepspeed.utils import logger as ds_logger
-
-    ds_logger.setLevel(logging.ERROR)  # its notes about the config are not the user's output
-    try:
-        with (
-            mock.patch.object(deepspeed.comm, "get_rank", return_value=0),
-            mock.patch.object(deepspeed.comm, "get_world_size", return_value=world_size),
-        ):
-            DeepSpeedConfig(json.loads(json.dumps(config)))
-    except Exception as exc:  # noqa: BLE001 - DeepSpeed raises assertion, value, pydantic errors
-        first = _error_line(exc)
-        raise ExportError(
-            f"DeepSpeed rejects the config for {world_size} rank(s): {first}"
-        ) from None
-
-
-def _error_line(exc: Exception) -> str:
-    from pydantic import ValidationError
-
-    if isinstance(exc, ValidationError):
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
-        return f"{exc.title}: {where + ': ' if where else ''}{error['msg']}"
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     """The trial's candidate over the user's base config, with the user's NVMe path; with
     torch's Adam where the probe stepped with it (FusedAdam did not build there)."""
@@ -91,8 +51,8 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
         from autotune.workloads import get_workload
 
         largest = model_facts(get_workload(config.workload), 0).largest_param
-    rendered = trial.candidate.to_ds_config(
-        config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
+    rendered = get_backend(DEFAULT_BACKEND).render_config(
+        trial.candidate, config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
     )
     if config.script is not None:
         from autotune.backends.deepspeed import script_ds_config
@@ -153,9 +113,10 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         from autotune.export._script_export import without_autos
 
         checked = without_autos(ds_config)
-    validate_ds_config(checked, trial.candidate.data_parallel_size, config.accelerator)
+    backend = get_backend(DEFAULT_BACKEND)
+    backend.validate_config(checked, trial.candidate.data_parallel_size, config.accelerator)
     files = {
-        "ds_config.json": json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
+        backend.config_file_name: json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
         "launch.sh": render_launch(study.study_name, trial, config),
         "summary.md": render_summary(study, trial, config, decided),
     }
@@ -172,7 +133,7 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         trial=trial.number,
         label=trial.label,
         folder=str(out_dir),
-        ds_config=str(out_dir / "ds_config.json"),
+        ds_config=str(out_dir / backend.config_file_name),
         launch=str(out_dir / "launch.sh"),
         summary=str(out_dir / "summary.md"),
     )

@@ -4,14 +4,11 @@
 host, broken into parameters, gradients, optimizer states, activations, communication
 buckets and workspace, and says which phase of a step peaks.
 
-Model states follow the ZeRO paper (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations
-Toward Training Trillion Parameter Models", sec. 5: with mixed precision and Adam a
-parameter costs 2 + 2 + 12 bytes, of which ZeRO-1 partitions the 12 optimizer bytes, ZeRO-2
-also the 2 gradient bytes, ZeRO-3 also the 2 parameter bytes) as DeepSpeed 0.19 holds them
-after the first optimizer step (:meth:`MemoryModel.model_states`, measured): ZeRO-1/2 hold
-no gradient between steps, where DeepSpeed's estimators
-(``estimate_zero2/3_model_states_mem_needs``) count a gradient partition. What DeepSpeed
-allocates on top of that, phase by phase, is in :mod:`autotune.memory._zero_phases`.
+The training backend states its own terms (:class:`autotune.backends.TrainingBackend`):
+the steady model states a rank holds after the first optimizer step and what the backend
+allocates on top of them, phase by phase of a step. For DeepSpeed's ZeRO these are
+:mod:`autotune.backends.deepspeed._model_states` and
+:mod:`autotune.backends.deepspeed._zero_phases`.
 
 Activations come from :mod:`autotune.memory.activations` (the workload's real forward and
 backward on fake tensors). :class:`Calibration` corrects predictions by the ratio of
@@ -26,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.candidate import Candidate
-from autotune.memory._zero_phases import (
+from autotune.backends import DEFAULT_BACKEND, Breakdown, get_backend
+from autotune.backends.deepspeed import (
     DEFAULT_MAX_LIVE,
     DEFAULT_PERSISTENCE_THRESHOLD,
     DEFAULT_PREFETCH_BUCKET,
     DEFAULT_REDUCE_BUCKET,
-    Breakdown,
-    transient_phases,
 )
+from autotune.candidate import Candidate
 
 if TYPE_CHECKING:
+    from autotune.backends import TrainingBackend
     from autotune.workloads import Workload
 
 MiB = 2**20
@@ -146,8 +143,10 @@ class MemoryModel:
         *,
         base_config: dict[str, Any] | None = None,
         calibration: Calibration | None = None,
+        backend: TrainingBackend | None = None,
     ) -> None:
         self.workload = workload
+        self.backend = backend or get_backend(DEFAULT_BACKEND)
         self.base_zero = dict((base_config or {}).get("zero_optimization") or {})
         self.calibration = calibration or Calibration()
         self._facts: ModelFacts | None = None
@@ -166,43 +165,7 @@ class MemoryModel:
 
     def model_states(self, candidate: Candidate) -> tuple[Breakdown, Breakdown]:
         """Steady (device, host) model states per rank after the first optimizer step."""
-        facts = self.facts(candidate)
-        p, n = float(facts.params), float(candidate.data_parallel_size)
-        stage = candidate.zero_stage
-        mixed = candidate.precision != "fp32"
-        width = 2.0 if mixed else 4.0  # bytes of a parameter (and its gradient) as trained
-        params = width * p
-        if stage == 3:
-            persistent = width * facts.small_params
-            params = persistent + width * (p - facts.small_params) / n
-        # Optimizer: fp32 master copy (kept even in fp32 from ZeRO-1 on) + Adam m and v.
-        if stage == 0 and not mixed:
-            master, adam, grads = 0.0, 8.0 * p, 0.0  # gradients are freed by zero_grad
-        elif stage == 0:
-            # BF16_Optimizer: partitioned master and Adam, a whole-model fp32 gradient
-            # buffer and the bf16 gradients.
-            master, adam, grads = 4.0 * p / n, 8.0 * p / n, 4.0 * p + width * p
-        else:
-            master, adam = 4.0 * p / n, 8.0 * p / n
-            grads = width * p / n if stage == 3 else 0.0
-        optimizer = master + adam
-        device = Breakdown(params=params, grads=grads, optimizer_states=optimizer)
-        host = Breakdown()
-        ratio = candidate.offload_optimizer_ratio
-        if candidate.offload_optimizer != "none" and stage >= 1:
-            moved = optimizer * ratio
-            device.optimizer_states -= moved
-            if candidate.offload_optimizer == "cpu":
-                host.optimizer_states += moved
-                # gradients are copied to the host partition for CPU Adam
-                host.grads += 4.0 * p / n * ratio
-            device.grads *= 1.0 - ratio  # ZeRO-3's gradient partition follows them
-        if candidate.offload_param != "none" and stage == 3:
-            moved = device.params
-            device.params = 0.0
-            if candidate.offload_param == "cpu":
-                host.params += moved
-        return device, host
+        return self.backend.model_states(candidate, self.facts(candidate))
 
     def _bucket(self, candidate: Candidate) -> float:
         elements = self._knob(candidate, "reduce_bucket_size", DEFAULT_REDUCE_BUCKET)
@@ -245,7 +208,7 @@ class MemoryModel:
                 ("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET),
             )
         }
-        phases, host = transient_phases(candidate, facts, act, knobs, host)
+        phases, host = self.backend.transient_phases(candidate, facts, act, knobs, host)
         phase, extra = max(phases.items(), key=lambda item: item[1].total)
         return MemoryEstimate(
             device=device.plus(extra), host=host, phase=phase, correction=correction

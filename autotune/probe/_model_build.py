@@ -1,37 +1,42 @@
-"""How a probe rank builds the workload's model: as production builds it for the stage.
+"""How a probe rank builds the workload's model: as production builds it for the candidate.
 
-ZeRO-3 builds under ``deepspeed.zero.Init``: each parameter is partitioned (and cast to the
-config's dtype) as its module is constructed, so no rank ever holds the whole model. Other
-stages build on the device in the target dtype, as DeepSpeed would hold them after
-``initialize``. Heavy imports stay inside functions.
+Where the backend builds it sharded (DeepSpeed's ZeRO-3, under ``deepspeed.zero.Init``) each
+parameter is partitioned (and cast to the config's dtype) as its module is constructed, so
+no rank ever holds the whole model. Otherwise it is built on the device in the target dtype,
+as DeepSpeed would hold it after ``initialize``. Heavy imports stay inside functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.protocol import BuildInfo, ProbeSpec
+
+if TYPE_CHECKING:
+    from autotune.backends import TrainingBackend
 
 # Workloads whose model code this process has imported (see _import_model_code).
 _IMPORTED_WORKLOADS: set[str] = set()
 
 
-def build_model(workload: Any, spec: ProbeSpec, device: Any) -> tuple[Any, BuildInfo]:
-    """The workload's model as production builds it for this stage.
+def build_model(
+    workload: Any, spec: ProbeSpec, device: Any, backend: TrainingBackend
+) -> tuple[Any, BuildInfo]:
+    """The workload's model as production builds it for this candidate.
 
-    ZeRO-3 builds under ``deepspeed.zero.Init``: each parameter is partitioned (and cast to
-    the config's dtype) as its module is constructed, so no rank ever holds the whole model
-    (a 7B model would otherwise need ~28 GB of host RAM per rank). Other stages build on the
-    device in the target dtype, as DeepSpeed would hold them after ``initialize``.
+    Where the backend builds it sharded (DeepSpeed's ZeRO-3, under ``deepspeed.zero.Init``)
+    each parameter is partitioned (and cast to the config's dtype) as its module is
+    constructed, so no rank ever holds the whole model (a 7B model would otherwise need
+    ~28 GB of host RAM per rank). Otherwise it is built on the device in the target dtype,
+    as DeepSpeed would hold it after ``initialize``.
     """
-    import deepspeed
-
-    zero_init = spec.candidate.zero_stage == 3
-    if zero_init:
+    sharded = backend.sharded_build(spec.candidate, spec.ds_config)
+    zero_init = sharded is not None
+    if sharded is not None:
         _import_model_code(workload, spec.workload)
-        with deepspeed.zero.Init(config_dict_or_path=spec.ds_config):
+        with sharded:
             model = workload.build_model()
     else:
         with device, _default_dtype(_target_dtype(spec.candidate.precision)):

@@ -81,8 +81,9 @@ def run_rank(
     """Build, initialise, warm up, time; fill ``report``. Every reference to the engine lives
     in this frame (helpers hold it only while they run) and is gone when it returns, so the
     caller's collection frees it."""
-    import deepspeed
+    from autotune.backends import DEFAULT_BACKEND, get_backend
 
+    backend = get_backend(DEFAULT_BACKEND)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     tracker, overhead = _set_up(spec, report, device)
@@ -91,16 +92,12 @@ def run_rank(
     candidate = spec.candidate
     with tracker:
         workload = get_workload(spec.workload)
-        model, report.build = build_model(workload, spec, device)
+        model, report.build = build_model(workload, spec, device, backend)
         if candidate.activation_checkpointing:
             workload.enable_activation_checkpointing(model)
         if spec.fault == "leak" and rank == world_size - 1:
             _keep_alive(model, spec, device)
-        engine, *_ = deepspeed.initialize(
-            model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad],
-            config=spec.ds_config,
-        )
+        engine = backend.initialize_engine(model, spec.ds_config)
         report.init_s = time.perf_counter() - started
         batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
         _inject(spec.fault, rank, world_size)

@@ -7,7 +7,7 @@ candidate's arguments. When the script calls ``deepspeed.initialize``:
 
 - the config it passes (``config=``/``config_params=``, a dict, a path or base64, or
   ``args.deepspeed_config``) is the base, and the candidate's tuned keys are laid over it
-  (:meth:`~autotune.candidate.Candidate.to_ds_config`, the only code that spells them): every
+  (the backend's ``render_config``, the only code that spells them): every
   other key of the user's config (optimizer, scheduler, clipping, offload paths) is kept;
 - the model it hands over is described in the report (:class:`ModelInfo`), for the ZeRO
   formulas; on CPU ranks the tensor tracker (:mod:`autotune.probe._memtrack`) starts from the
@@ -128,8 +128,10 @@ class ScriptProbe:
     def config_for(self, base: dict[str, Any], model: Any) -> dict[str, Any]:
         """The candidate's tuned keys over the config the script passed."""
         largest = ModelInfo.of(model).largest_param if model is not None else None
-        config = self.spec.candidate.to_ds_config(
-            base, nvme_path=self.script.nvme_path, largest_param_numel=largest
+        from autotune.backends import DEFAULT_BACKEND, get_backend
+
+        config = get_backend(DEFAULT_BACKEND).render_config(
+            self.spec.candidate, base, nvme_path=self.script.nvme_path, largest_param_numel=largest
         )
         if self.script.torch_adam:
             from autotune.backends.deepspeed import use_torch_adam

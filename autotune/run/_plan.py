@@ -38,7 +38,10 @@ class Plan:
 
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
-        config = candidate.to_ds_config(
+        from autotune.backends import DEFAULT_BACKEND, get_backend
+
+        config = get_backend(DEFAULT_BACKEND).render_config(
+            candidate,
             self.config.base_config,
             nvme_path=nvme_dir or self.config.nvme_path,
             largest_param_numel=self.largest_param_numel,
@@ -288,10 +291,14 @@ def _script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> _Inpu
 
 
 def _check_base(base: dict[str, Any], bound: BoundSpace, source: str, nvme: str | None) -> None:
+    from autotune.backends import DEFAULT_BACKEND, get_backend
     from autotune.space import check_conflicts, find_auto_values
 
     check_conflicts(base, bound, source)
-    autos = find_auto_values(next(bound.candidates()).to_ds_config(base, nvme_path=nvme))
+    rendered = get_backend(DEFAULT_BACKEND).render_config(
+        next(bound.candidates()), base, nvme_path=nvme
+    )
+    autos = find_auto_values(rendered)
     if autos:
         raise SettingsError(
             f'--base-config {source} leaves {", ".join(autos[:3])} as "auto", a '

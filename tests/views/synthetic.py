@@ -13,11 +13,14 @@ from pathlib import Path
 
 import optuna
 
+from autotune.backends import get_backend
 from autotune.candidate import Candidate
 from autotune.protocol import ProbeResult
 from autotune.study import best, records
 from autotune.study import confirmation as confirm
 from autotune.study.storage import StudyConfig, store_start
+
+DEEPSPEED = get_backend("deepspeed")
 
 NAME = "synthetic"
 LIMIT = 64 * 2**20
@@ -94,7 +97,7 @@ def make_study(folder: Path) -> str:
             candidate_key=candidate.key,
             label=candidate.label,
             vram_limit_bytes=LIMIT,
-            ds_config=candidate.to_ds_config(None),
+            ds_config=DEEPSPEED.render_config(candidate, None),
             trial_dir=f"trials/{NAME}/trial-{trial.number:04d}",
             predicted_peak_bytes=(peak + 1) * MIB if peak else 900 * MIB,
         )

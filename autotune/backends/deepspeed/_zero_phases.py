@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from autotune.backends._breakdown import Breakdown
 
 if TYPE_CHECKING:
     from autotune.candidate import Candidate
@@ -40,35 +40,6 @@ DEFAULT_ALLREDUCE_BUCKET = 500_000_000  # engine.allreduce_gradients, MEMORY_OPT
 DEFAULT_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold
 DEFAULT_MAX_LIVE = 1_000_000_000  # stage3_max_live_parameters
 DEFAULT_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size
-
-
-class Breakdown(BaseModel):
-    """Bytes of one memory (device or host) of one rank, by what holds them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    params: float = 0.0
-    grads: float = 0.0
-    optimizer_states: float = 0.0
-    activations: float = 0.0
-    buckets: float = 0.0
-    workspace: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return (
-            self.params
-            + self.grads
-            + self.optimizer_states
-            + self.activations
-            + self.buckets
-            + self.workspace
-        )
-
-    def plus(self, other: Breakdown) -> Breakdown:
-        return Breakdown(
-            **{k: getattr(self, k) + getattr(other, k) for k in Breakdown.model_fields}
-        )
 
 
 def transient_phases(

@@ -1,0 +1,119 @@
+"""The interface a training backend implements, and the registry that names them.
+
+A backend is everything specific to one training library. Today there is one, DeepSpeed
+(:mod:`autotune.backends.deepspeed`); a second one (torch FSDP2, say) is a new package that
+implements :class:`TrainingBackend` and one :func:`register_backend` call, not edits across
+the probe, the memory model and the export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autotune import events
+
+if TYPE_CHECKING:
+    from autotune.backends._breakdown import Breakdown
+    from autotune.candidate import Candidate
+    from autotune.hardware import Hardware
+    from autotune.memory.activations import ActivationProfile
+    from autotune.memory.memory_model import ModelFacts
+
+
+class TrainingBackend(Protocol):
+    """What a training backend must provide. Each member is the backend's own and the only
+    place its library's details are spelled; the rest of autotune calls these.
+
+    - ``name``: the name the registry knows it by ("deepspeed").
+    - ``config_file_name``: the file the export writes the rendered config to, and the name
+      a probe's trial folder keeps it under ("ds_config.json").
+    - ``render_config(candidate, base, nvme_path=, largest_param_numel=)``: the candidate as
+      the library's config, laid over the user's ``base`` config (None: the backend's
+      default); the same dict for the probe, the memory model and the export.
+      ``largest_param_numel`` sizes buffers that must hold one parameter's partition.
+    - ``ensure_ops(hardware, offload_targets, emit=)``: build (once, cached) the compiled ops
+      the candidates with these offload targets need, before any probe starts; returns the
+      backend's report of what it built.
+    - ``sharded_build(candidate, config)``: on a probe's rank, a context under which the
+      workload's model is built already sharded for this candidate, or None to build it
+      whole.
+    - ``initialize_engine(model, config)``: on a probe's rank, the training engine over
+      ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe times.
+    - ``model_states(candidate, facts)``: the (device, host) bytes per rank of parameters,
+      gradients and optimizer states held between steps.
+    - ``transient_phases(candidate, facts, act, knobs, host)``: the device bytes beyond the
+      model states in each phase of a step (forward, backward, step ...), and the host's
+      bytes with what those phases add there.
+    - ``validate_config(config, world_size, accelerator)``: check the exported config with
+      the library's own parser for ``world_size`` ranks; raise ExportError if it refuses.
+    """
+
+    name: str
+    config_file_name: str
+
+    def render_config(
+        self,
+        candidate: Candidate,
+        base: dict[str, Any] | None = None,
+        *,
+        nvme_path: str | None = None,
+        largest_param_numel: int | None = None,
+    ) -> dict[str, Any]: ...
+
+    def ensure_ops(
+        self,
+        hardware: Hardware,
+        offload_targets: Iterable[str] | None = None,
+        emit: events.Emit = events.ignore,
+    ) -> Any: ...
+
+    def sharded_build(
+        self, candidate: Candidate, config: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[Any] | None: ...
+
+    def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any: ...
+
+    def model_states(
+        self, candidate: Candidate, facts: ModelFacts
+    ) -> tuple[Breakdown, Breakdown]: ...
+
+    def transient_phases(
+        self,
+        candidate: Candidate,
+        facts: ModelFacts,
+        act: ActivationProfile,
+        knobs: dict[str, int],
+        host: Breakdown,
+    ) -> tuple[dict[str, Breakdown], Breakdown]: ...
+
+    def validate_config(
+        self, config: dict[str, Any], world_size: int, accelerator: str = "cpu"
+    ) -> None: ...
+
+
+# The backend a study trains with; the one place it is chosen until a flag names another.
+DEFAULT_BACKEND = "deepspeed"
+
+# Registered backends by name, each made on first use (its package is imported then).
+BACKENDS: dict[str, Callable[[], TrainingBackend]] = {}
+
+
+def register_backend(name: str, make: Callable[[], TrainingBackend]) -> None:
+    """Make ``get_backend(name)`` return what ``make()`` builds."""
+    BACKENDS[name] = make
+    _made.pop(name, None)
+
+
+_made: dict[str, TrainingBackend] = {}
+
+
+def get_backend(name: str) -> TrainingBackend:
+    """The registered backend called ``name``; ValueError naming the valid ones if none is."""
+    if name not in BACKENDS:
+        valid = ", ".join(sorted(BACKENDS)) or "none"
+        raise ValueError(f"unknown training backend {name!r}; valid: {valid}")
+    if name not in _made:
+        _made[name] = BACKENDS[name]()
+    return _made[name]
