@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Regenerate every search-efficiency replay of benchmarks/RESULTS.md (section "Search
+# efficiency"): the benchmarks/data/search_efficiency_*.json files, each with the command
+# and arguments that produced it, under the same file name.
+#
+# The replays are deterministic (fixed seeds; the same bytes run after run), so a change
+# that should not move them (a refactor) can be checked by regenerating them before and
+# after it and comparing byte for byte, from the repository root:
+#
+#     bash benchmarks/regenerate_replays.sh /tmp/replays_after
+#     diff -r /tmp/replays_before /tmp/replays_after     # no output: byte-identical
+#
+# or by regenerating in place (the default folder, benchmarks/data) and checking that
+# `git diff benchmarks/data` is empty.
+#
+# Each replay takes 30-60 s on two idle CPU cores (all 11: about 7 min). PYTHON overrides
+# the interpreter (default python). Arguments not given take the defaults of
+# benchmarks/search_efficiency.py: --max-probes 40, --noise 0.03, --confirmation-rule
+# median+steadier, --limit 64GiB.
+set -euo pipefail
+
+out=${1:-benchmarks/data}
+python=${PYTHON:-python}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+# The table paths recorded in the JSON are relative to the repository root.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+replay() {  # replay NAME ARGS...: write $out/search_efficiency_NAME.json
+    local name=$1
+    shift
+    local file="$out/search_efficiency_$name.json"
+    local start=$SECONDS
+    "$python" benchmarks/search_efficiency.py replay "$@" --out "$file" >/dev/null
+    echo "$file ($((SECONDS - start)) s): replay $*"
+}
+
+data=benchmarks/data
+
+# AVX2 tables (2026-11-29)
+replay gpt-tiny_unlimited --table "$data/table_gpt-tiny.json" --limit 64GiB --repeats 30
+replay gpt-tiny_1.5GiB --table "$data/table_gpt-tiny.json" --limit 1.5GiB --repeats 30
+replay gpt-tiny_48MiB --table "$data/table_gpt-tiny.json" --limit 48MiB --repeats 30
+replay gpt2-seq32_unlimited --table "$data/table_gpt2-seq32.json" --limit 64GiB --repeats 30
+
+# AMX table (2026-12-01): 3% noise, and the measured 7.5% without a limit
+replay gpt-tiny-amx_unlimited --table "$data/table_gpt-tiny-amx.json" --limit 64GiB \
+    --repeats 30
+replay gpt-tiny-amx_unlimited_noise0.075 --table "$data/table_gpt-tiny-amx.json" \
+    --limit 64GiB --repeats 30 --noise 0.075
+replay gpt-tiny-amx_1.5GiB --table "$data/table_gpt-tiny-amx.json" --limit 1.5GiB --repeats 30
+replay gpt-tiny-amx_48MiB --table "$data/table_gpt-tiny-amx.json" --limit 48MiB --repeats 30
+replay gpt2-seq32-amx_unlimited --table "$data/table_gpt2-seq32-amx.json" --limit 64GiB \
+    --repeats 30
+
+# Bimodal offload probes (replay), 2026-12-01: the previous rule and the tuner's
+replay gpt-tiny-amx_bimodal_mean --table "$data/table_gpt-tiny-amx.json" --repeats 30 \
+    --noise 0.075 --bimodal --confirmation-rule mean
+replay gpt-tiny-amx_bimodal_median+steadier --table "$data/table_gpt-tiny-amx.json" \
+    --repeats 30 --noise 0.075 --bimodal --confirmation-rule median+steadier
