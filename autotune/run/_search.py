@@ -304,6 +304,10 @@ class Search:
             return events.SearchStopped("exhausted")
         return None
 
+    def trials_in_flight(self) -> list[optuna.Trial]:
+        """The search trials being probed now (the lock's heartbeat keeps theirs fresh)."""
+        return [job.trial for job in self.dispatcher.inflight if job.trial]
+
     def collect(self) -> list[tuple[InFlight, ProbeResult]]:
         """Results that arrive within a poll; how far the others are goes out as events."""
         done = self.dispatcher.collect(POLL_S)

@@ -1,7 +1,7 @@
 """The study in storage: the settings it was started with, typed trial records, the
 one-driver lock, the confirmation verdict, the one decision of the best, and retries."""
 
-from autotune.study._driver_lock import STALE_S, DatabaseClock, DriverLock, Holder
+from autotune.study._driver_lock import STALE_S, DatabaseClock, DriverLock
 from autotune.study._retry import queued_retries, requeue_failed, retried, retried_trial
 from autotune.study.best import Best
 from autotune.study.confirmation import Confirmation
@@ -23,7 +23,6 @@ __all__ = [
     "Confirmation",
     "DatabaseClock",
     "DriverLock",
-    "Holder",
     "StudyConfig",
     "TrialRecord",
     "TrialView",
