@@ -237,7 +237,7 @@ class Tuner:
                 ).run()
         except ExecutorError:
             # the executor is gone (a lost cluster): probes still out are interrupted
-            self._interrupted(session, dispatcher.cancel_all(), summary)
+            self._record_interrupted(session, dispatcher.cancel_all(), summary)
             raise
         finally:
             search.clock.probing_done()
@@ -246,12 +246,14 @@ class Tuner:
             summary.probes = search.counts.probes
             summary.pruned = search.counts.pruned
             summary.duplicates = search.counts.duplicates
-        self._interrupted(session, stopped, summary)
+        self._record_interrupted(session, stopped, summary)
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
 
     @staticmethod
-    def _interrupted(session: DriverSession, stopped: list[InFlight], summary: RunSummary) -> None:
+    def _record_interrupted(
+        session: DriverSession, stopped: list[InFlight], summary: RunSummary
+    ) -> None:
         """Probes the run stopped: recorded interrupted, each queued once more."""
         for job in stopped:
             if job.trial is not None:
