@@ -8,12 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from autotune.protocol import ProbeResult
-
-if TYPE_CHECKING:
-    from autotune.study import Confirmation, Holder
 
 
 @dataclass(frozen=True)
@@ -70,6 +67,24 @@ class OpsBuilt(Event):
 
     ops: tuple[str, ...]
     seconds: float
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A driver that holds (or held) the study, as another driver sees it (built by
+    :mod:`autotune.study._driver_lock` from its lock record)."""
+
+    host: str
+    pid: int
+    since: str  # when it started, ISO 8601 with the UTC offset
+    heartbeat_age_s: float  # by the database's clock
+
+    def describe(self) -> str:
+        """One phrase: errors name the holder with it, and so does the CLI."""
+        return (
+            f"pid {self.pid} on host {self.host}, running since {self.since} (last heartbeat "
+            f"{self.heartbeat_age_s:.0f} s ago)"
+        )
 
 
 @dataclass(frozen=True)
@@ -220,24 +235,15 @@ class ConfirmationProgress(Event):
 
     standings: list[Standing]
 
-    @classmethod
-    def of(cls, verdict: Confirmation) -> ConfirmationProgress:
-        """The standings ``verdict`` would give if it were decided now (on a copy)."""
-        current = verdict.model_copy(deep=True)
-        current.decide()
-        return cls(
-            [
-                Standing(c.trial, c.label, c.estimate, c.half_width, len(c.samples_per_s))
-                for c in current.contenders
-            ]
-        )
-
 
 @dataclass(frozen=True)
 class ConfirmationDone(Event):
-    """The round decided; ``verdict`` holds its rounds, seconds and standings."""
+    """The round decided: its rounds, its seconds and its verdict in words (the winner, the
+    runners-up and why; see :mod:`autotune.study.confirmation`)."""
 
-    verdict: Confirmation
+    rounds: int
+    seconds: float
+    verdict: str
 
 
 @dataclass(frozen=True)

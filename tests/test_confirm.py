@@ -5,9 +5,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import events
 from autotune.cli._render import line
 from autotune.run import budget
+from autotune.run._confirmation_rounds import done_event
 from autotune.study import best, records
 from autotune.study import confirmation as confirm
 
@@ -691,6 +691,6 @@ def test_the_cli_words_the_verdict_the_round_reports() -> None:
         seconds=31.4,
     )
     verdict.decide()
-    text = line(events.ConfirmationDone(verdict))
+    text = line(done_event(verdict))
     assert text == f"confirmation (2 round(s), 31 s): {verdict.describe()}"
     assert text.startswith("confirmation (2 round(s), 31 s): winner b: 69.0 samples/s ±3.1")

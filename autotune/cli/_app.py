@@ -93,11 +93,24 @@ def run(**given: Any) -> None:
             fault=flags.inject_fault,
             run_flags=flags.stored(),
             started_s=started_s,
+            on_second_interrupt=_exit_at_once,
         )
         summary = tuner.run()
     for text in after_run(flags.storage, name, summary.export_dir):
         console.print(text)
     _print_outcome(summary, plan)
+
+
+def _exit_at_once() -> None:
+    """A second Ctrl-C during a run: kill every probe group and leave at once, without the
+    orderly stop; SQLite/PostgreSQL roll back an open transaction."""
+    from autotune.execution import kill_all_groups
+
+    kill_all_groups()
+    if sys.stdout.isatty():
+        os.write(1, b"\x1b[?25h")  # the live view hid the cursor: give it back
+    os.write(2, b"autotune: interrupted twice: exiting now, probes killed\n")
+    os._exit(130)
 
 
 @contextmanager

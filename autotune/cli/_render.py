@@ -204,7 +204,4 @@ def _(event: events.ConfirmationStarted) -> str:
 
 @line.register
 def _(event: events.ConfirmationDone) -> str:
-    verdict = event.verdict
-    return (
-        f"confirmation ({verdict.rounds} round(s), {verdict.seconds:.0f} s): {verdict.describe()}"
-    )
+    return f"confirmation ({event.rounds} round(s), {event.seconds:.0f} s): {event.verdict}"

@@ -11,6 +11,8 @@ a re-probe's lucky value as a trial of its own. Each re-probe keeps its folder,
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune import events
@@ -19,79 +21,118 @@ from autotune.study import TrialRecord, ranked_feasible, records
 from autotune.study import confirmation as confirm
 
 if TYPE_CHECKING:
-    from autotune.run._search import Search
+    import optuna
+
+    from autotune.protocol import ProbeResult
+    from autotune.run._dispatch import Dispatcher, InFlight
+    from autotune.run.budget import BudgetClock
     from autotune.study import TrialView
 
 
-def run_confirmation(search: Search) -> confirm.Confirmation | None:
-    """Probe the contenders again, interleaved, decide and store the verdict; None when
-    there is nothing to confirm (fewer than two feasible configurations)."""
-    trials = records.views(search.study)
-    chosen = confirm.contenders(ranked_feasible(trials))
-    if len(chosen) < 2:
-        return None
-    verdict = confirm.Confirmation(
-        contenders=[
-            confirm.Contender(trial=t.number, label=t.label, samples_per_s=[float(t.value or 0)])
-            for t in chosen
+def progress_event(verdict: confirm.Confirmation) -> events.ConfirmationProgress:
+    """The standings ``verdict`` would give if it were decided now (on a copy)."""
+    current = verdict.model_copy(deep=True)
+    current.decide()
+    return events.ConfirmationProgress(
+        [
+            events.Standing(c.trial, c.label, c.estimate, c.half_width, len(c.samples_per_s))
+            for c in current.contenders
         ]
     )
-    by_number = {t.number: t for t in chosen}
-    by_trial = {c.trial: c for c in verdict.contenders}
-    probe_s = probe_estimate_s(trials, full_only=True) or probe_estimate_s(trials)
-    started = time.monotonic()
-    search.emit(events.ConfirmationStarted([t.label for t in chosen]))
-
-    def one_round(numbers: list[int]) -> bool:
-        """Each of ``numbers`` once more, in order; False without time for the whole round
-        or when the run is stopping (a partial round is not counted)."""
-        needed_s = len(numbers) * max(probe_s, 1.0)
-        if search.session.stopping or search.clock.probing_left_s < needed_s:
-            return False
-        for number in numbers:
-            if not _reprobe(search, by_number[number], by_trial[number]):
-                return False
-            search.emit(events.ConfirmationProgress.of(verdict))
-        return True
-
-    confirm.run_rounds(verdict, one_round)
-    verdict.seconds = round(time.monotonic() - started, 1)
-    verdict.after_trial = max(t.number for t in records.views(search.study))
-    confirm.store(search.study, verdict)
-    search.emit(events.ConfirmationDone(verdict))
-    return verdict
 
 
-def _reprobe(search: Search, original: TrialView, contender: confirm.Contender) -> bool:
-    """Probe ``original``'s candidate once more; a measured samples/s joins ``contender``.
-    False when the probe was stopped (the run is stopping)."""
-    candidate = original.candidate
-    record = TrialRecord(
-        candidate=candidate,
-        candidate_key=candidate.key,
-        label=candidate.label,
-        vram_limit_bytes=search.plan.config.vram_limit_bytes,
-    )
-    job = search.dispatcher.submit(
-        candidate,
-        record,
-        trial=None,
-        folder=f"confirm-{original.number:04d}-{len(contender.samples_per_s)}",
-    )
-    search.emit(events.ProbeStarted(None, candidate.label, reprobe_of=original.number))
-    result = search.wait_for(job)
-    if result is None:
-        return False
-    search.emit(
-        events.ProbeFinished(
-            None,
-            candidate.label,
-            result,
-            search.plan.config.vram_limit_bytes,
-            f"{job.record.trial_dir}/probe.log",
+def done_event(verdict: confirm.Confirmation) -> events.ConfirmationDone:
+    """The decided round as the CLI reports it."""
+    return events.ConfirmationDone(verdict.rounds, verdict.seconds, verdict.describe())
+
+
+@dataclass
+class ConfirmationRounds:
+    """Probes the search's contenders again, interleaved, on the search's dispatcher, while
+    the budget clock has time for a whole round; decides and stores the verdict in the
+    study.
+
+    ``wait_for`` blocks until a submitted probe is back (None when the run is stopping
+    first); ``stopping`` tells whether the run was interrupted."""
+
+    study: optuna.Study
+    dispatcher: Dispatcher
+    clock: BudgetClock
+    vram_limit_bytes: int
+    stopping: Callable[[], bool]
+    wait_for: Callable[[InFlight], ProbeResult | None]
+    emit: events.Emit
+
+    def run(self) -> confirm.Confirmation | None:
+        """The round, decided and stored; None when there is nothing to confirm (fewer than
+        two feasible configurations)."""
+        trials = records.views(self.study)
+        chosen = confirm.contenders(ranked_feasible(trials))
+        if len(chosen) < 2:
+            return None
+        verdict = confirm.Confirmation(
+            contenders=[
+                confirm.Contender(
+                    trial=t.number, label=t.label, samples_per_s=[float(t.value or 0)]
+                )
+                for t in chosen
+            ]
         )
-    )
-    if result.status == "ok":
-        contender.samples_per_s.append(result.samples_per_s)
-        contender.step_spreads.append(round(result.spread, 4))
-    return True
+        by_number = {t.number: t for t in chosen}
+        by_trial = {c.trial: c for c in verdict.contenders}
+        probe_s = probe_estimate_s(trials, full_only=True) or probe_estimate_s(trials)
+        started = time.monotonic()
+        self.emit(events.ConfirmationStarted([t.label for t in chosen]))
+
+        def one_round(numbers: list[int]) -> bool:
+            """Each of ``numbers`` once more, in order; False without time for the whole
+            round or when the run is stopping (a partial round is not counted)."""
+            needed_s = len(numbers) * max(probe_s, 1.0)
+            if self.stopping() or self.clock.probing_left_s < needed_s:
+                return False
+            for number in numbers:
+                if not self._reprobe(by_number[number], by_trial[number]):
+                    return False
+                self.emit(progress_event(verdict))
+            return True
+
+        confirm.run_rounds(verdict, one_round)
+        verdict.seconds = round(time.monotonic() - started, 1)
+        verdict.after_trial = max(t.number for t in records.views(self.study))
+        confirm.store(self.study, verdict)
+        self.emit(done_event(verdict))
+        return verdict
+
+    def _reprobe(self, original: TrialView, contender: confirm.Contender) -> bool:
+        """Probe ``original``'s candidate once more; a measured samples/s joins
+        ``contender``. False when the probe was stopped (the run is stopping)."""
+        candidate = original.candidate
+        record = TrialRecord(
+            candidate=candidate,
+            candidate_key=candidate.key,
+            label=candidate.label,
+            vram_limit_bytes=self.vram_limit_bytes,
+        )
+        job = self.dispatcher.submit(
+            candidate,
+            record,
+            trial=None,
+            folder=f"confirm-{original.number:04d}-{len(contender.samples_per_s)}",
+        )
+        self.emit(events.ProbeStarted(None, candidate.label, reprobe_of=original.number))
+        result = self.wait_for(job)
+        if result is None:
+            return False
+        self.emit(
+            events.ProbeFinished(
+                None,
+                candidate.label,
+                result,
+                self.vram_limit_bytes,
+                f"{job.record.trial_dir}/probe.log",
+            )
+        )
+        if result.status == "ok":
+            contender.samples_per_s.append(result.samples_per_s)
+            contender.step_spreads.append(round(result.spread, 4))
+        return True

@@ -10,12 +10,13 @@ storage faults turned into one line.
 - Shared drivers (``--shared``) hold the study side by side; then only trials whose
   heartbeat went stale are failed, never a live driver's.
 - Ctrl-C: the first sets :attr:`DriverSession.stopping` (the tuner stops probes, records
-  them interrupted and exports); the second kills every probe group and exits at once.
+  them interrupted and exports); the second runs the caller's ``on_second_interrupt`` (the
+  CLI's kills every probe group and exits at once), and without one raises
+  KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import warnings
@@ -25,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import events
 from autotune.errors import StorageError
+from autotune.events import Holder
 from autotune.settings import mask_url
-from autotune.study import STALE_S, DatabaseClock, DriverLock, Holder
+from autotune.study import STALE_S, DatabaseClock, DriverLock
 
 if TYPE_CHECKING:
     import optuna
@@ -70,9 +72,11 @@ class DriverSession:
         run_flags: dict[str, Any],
         emit: events.Emit,
         on_beat: Callable[[], None],
+        on_second_interrupt: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
         self.stopping = False
+        self._on_second_interrupt = on_second_interrupt
         self._sampler = sampler
         self._run_flags = run_flags
         self._emit = emit
@@ -183,18 +187,13 @@ class DriverSession:
             self.storage.record_heartbeat(trial_id(trial))  # type: ignore[attr-defined]
 
     def _on_sigint(self, signum: int, frame: object) -> None:
-        """First Ctrl-C: stop asking, the tuner stops probes and exports. Second: kill the
-        probe groups and leave at once; SQLite/PostgreSQL roll back an open transaction."""
+        """First Ctrl-C: stop asking, the tuner stops probes and exports. Second: the
+        caller's ``on_second_interrupt``, then (if it returned, or without one)
+        KeyboardInterrupt."""
         if self.stopping:
-            import sys
-
-            from autotune.execution import kill_all_groups
-
-            kill_all_groups()
-            if sys.stdout.isatty():
-                os.write(1, b"\x1b[?25h")  # the live view hid the cursor: give it back
-            os.write(2, b"autotune: interrupted twice: exiting now, probes killed\n")
-            os._exit(130)
+            if self._on_second_interrupt is not None:
+                self._on_second_interrupt()
+            raise KeyboardInterrupt
         self.stopping = True
         self._emit(events.InterruptRequested())
 

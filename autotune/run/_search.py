@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING
 
 from autotune import events
 from autotune.run.budget import probe_estimate_s
-from autotune.study import TrialRecord, TrialView, queued_retries, ranked_feasible, records, retried
+from autotune.study import (
+    TrialRecord,
+    TrialView,
+    queued_retries,
+    ranked_feasible,
+    records,
+    retryable,
+)
 from autotune.study import confirmation as confirm
 
 if TYPE_CHECKING:
@@ -78,7 +85,7 @@ class Search:
         self.emit = emit
         self.counts = Counts()
         self.candidates = {c.key: c for c in plan.space.candidates()}
-        self.known: dict[str, TrialView] = {}  # evaluated candidates by key
+        self.evaluated: dict[str, TrialView] = {}  # evaluated candidates by key
         self._stages_probed: set[int] = set()
         self._best_value = 0.0
         self._in_a_row = 0
@@ -96,7 +103,7 @@ class Search:
                 continue
             key = trial.record.candidate_key
             if trial.status != "interrupted" and key not in retrying:
-                self.known.setdefault(key, trial)
+                self.evaluated.setdefault(key, trial)
             if trial.record.probe_wall_s is not None:
                 self._stages_probed.add(trial.candidate.zero_stage)
             if trial.feasible:
@@ -126,8 +133,8 @@ class Search:
         trial = self.study.ask()
         candidate = self.plan.space.suggest(trial)
         running = {job.candidate.key: job.number for job in self.dispatcher.inflight}
-        if candidate.key in self.known:
-            records.record_duplicate(self.study, trial, self.known[candidate.key])
+        if candidate.key in self.evaluated:
+            records.record_duplicate(self.study, trial, self.evaluated[candidate.key])
         elif candidate.key in running:
             records.record_running_duplicate(
                 self.study, trial, candidate, running[candidate.key] or 0
@@ -171,7 +178,7 @@ class Search:
                 }
             )
             records.record_pruned(self.study, trial, pruned, verdict.over_bytes)
-            self.known[candidate.key] = records.view_of(trial)
+            self.evaluated[candidate.key] = records.view_of(trial)
             self.counts.pruned += 1
             self.emit(events.CandidatePruned(trial.number, candidate.label, verdict.reason))
             return
@@ -212,7 +219,7 @@ class Search:
             if t.is_evaluation
             and t.record.candidate_key == candidate.key
             and t.status not in ("interrupted", "duplicate")
-            and not (record.retry_of is not None and retried(t))  # what a retry probes again
+            and not (record.retry_of is not None and retryable(t))  # what a retry probes again
         ]
         if not holders:
             return True
@@ -220,7 +227,7 @@ class Search:
             records.record_running_duplicate(self.study, trial, candidate, holders[0].number)
         else:
             records.record_duplicate(self.study, trial, holders[0])
-            self.known[candidate.key] = holders[0]
+            self.evaluated[candidate.key] = holders[0]
         self.counts.duplicates += 1
         return False
 
@@ -240,7 +247,7 @@ class Search:
         else:
             records.record_probe(self.study, job.trial, job.record, result)
             view = records.view_of(job.trial)
-            self.known[job.candidate.key] = view
+            self.evaluated[job.candidate.key] = view
             self.screen.learn(view)
             if view.feasible:
                 self._best_value = max(self._best_value, view.value or 0.0)
@@ -282,7 +289,7 @@ class Search:
     # -- when to stop --------------------------------------------------------------------
     def _unseen(self) -> list[str]:
         running = {job.candidate.key for job in self.dispatcher.inflight}
-        return [k for k in self.candidates if k not in self.known and k not in running]
+        return [k for k in self.candidates if k not in self.evaluated and k not in running]
 
     def _stop_reason(self) -> events.SearchStopped | None:
         settings = self.plan.settings
@@ -303,6 +310,10 @@ class Search:
         if not self._unseen():
             return events.SearchStopped("exhausted")
         return None
+
+    def trials_in_flight(self) -> list[optuna.Trial]:
+        """The search trials being probed now (the lock's heartbeat keeps theirs fresh)."""
+        return [job.trial for job in self.dispatcher.inflight if job.trial]
 
     def collect(self) -> list[tuple[InFlight, ProbeResult]]:
         """Results that arrive within a poll; how far the others are goes out as events."""

@@ -12,9 +12,11 @@ faults
 :mod:`~autotune.study.best`      which trial is the best, for every output
 =====================  ==================================================================
 
-The budget is the command's wall time: the clock counts from the command's start
-(``started_s``), set-up included, except the one-time build of DeepSpeed's ops: a first run
-must not spend its budget compiling. Probing ends early enough for the run's finish (closing
+:meth:`Tuner._set_up` recovers the study, builds the ops and the dispatcher;
+:meth:`Tuner._search` runs the search and its confirmation round. The budget is the
+command's wall time: the clock counts from the command's start (``started_s``), set-up
+included, except the one-time build of DeepSpeed's ops: a first run must not spend its
+budget compiling. Probing ends early enough for the run's finish (closing
 the workers, deciding, exporting) to fit in the budget too.
 """
 
@@ -64,11 +66,12 @@ class RunSummary:
 @dataclass
 class Heartbeat:
     """What the study lock's heartbeat thread keeps fresh, each part set once the run has
-    it: the study's clock, and the heartbeats of the trials being probed."""
+    it: the study's clock, and the heartbeats of the trials being probed
+    (``trials_probing``)."""
 
     session: DriverSession | None = None
     clock: BudgetClock | None = None
-    search: Search | None = None
+    trials_probing: Callable[[], list[optuna.Trial]] | None = None
 
     def beat(self) -> None:
         """One heartbeat (in the lock's heartbeat thread)."""
@@ -77,9 +80,8 @@ class Heartbeat:
             return
         if self.clock is not None:
             self.clock.store(session.study)
-        if self.search is not None:
-            trials = [job.trial for job in self.search.dispatcher.inflight if job.trial]
-            session.record_heartbeats(trials)
+        if self.trials_probing is not None:
+            session.record_heartbeats(self.trials_probing())
 
 
 class Tuner:
@@ -94,6 +96,7 @@ class Tuner:
         fault: str = "none",
         run_flags: dict[str, Any] | None = None,
         started_s: float | None = None,
+        on_second_interrupt: Callable[[], None] | None = None,
     ) -> None:
         self.plan = plan
         # time.monotonic() when the command started; None: when probing starts
@@ -102,6 +105,8 @@ class Tuner:
         self.run_flags = run_flags or {}
         self._executor_factory = executor_factory or default_executor
         self._fault = fault
+        # a second Ctrl-C (see DriverSession); None: it raises KeyboardInterrupt
+        self._on_second_interrupt = on_second_interrupt
         settings = plan.settings
         self.screen = MemoryScreen(
             plan.workload,
@@ -132,6 +137,7 @@ class Tuner:
                 run_flags=self.run_flags,
                 emit=self.emit,
                 on_beat=heartbeat.beat,
+                on_second_interrupt=self._on_second_interrupt,
             ) as session,
             session.storage_faults(),
         ):
@@ -139,7 +145,7 @@ class Tuner:
             stored = read_budget(session.study)
             clock = BudgetClock(stored, settings.budget_s, shared=settings.shared)
             heartbeat.session, heartbeat.clock = session, clock
-            self._search(session, clock, policy, summary, heartbeat)
+            self._set_up(session, clock, policy, summary, heartbeat)
             self._finish(session.study, summary)
             clock.finished()
             summary.elapsed_s = clock.elapsed_s
@@ -147,7 +153,7 @@ class Tuner:
         self.emit(events.RunFinished(summary, summary.interrupted))
         return summary
 
-    def _search(
+    def _set_up(
         self,
         session: DriverSession,
         clock: BudgetClock,
@@ -183,10 +189,10 @@ class Tuner:
         search = Search(
             self.plan, session, dispatcher, self.screen, clock, self.reserve, policy, self.emit
         )
-        heartbeat.search = search
+        heartbeat.trials_probing = search.trials_in_flight
         clock.start(None if self._started_s is None else self._started_s + ops_build_s)
         search.load(trials)  # its first BudgetUpdated counts the set-up the clock charged
-        self._probe(session, search, summary)
+        self._search(session, search, summary)
 
     def _recover(self, session: DriverSession) -> list[TrialView]:
         """The study's trials, once those a stopped driver left running are failed and
@@ -210,21 +216,28 @@ class Tuner:
                 trials = records.views(session.study)
         return trials
 
-    def _probe(self, session: DriverSession, search: Search, summary: RunSummary) -> None:
+    def _search(self, session: DriverSession, search: Search, summary: RunSummary) -> None:
         """The search and its confirmation round; the probes still out when it ends are
         stopped, recorded interrupted and queued once more."""
-        from autotune.run._confirmation_rounds import run_confirmation
+        from autotune.run._confirmation_rounds import ConfirmationRounds
 
         dispatcher = search.dispatcher
         try:
             summary.stop = search.run()
             self.emit(summary.stop)
             if summary.stop.kind != "interrupted" and self.plan.settings.confirm:
-                verdict = run_confirmation(search)
-                summary.confirmation = verdict
+                summary.confirmation = ConfirmationRounds(
+                    study=session.study,
+                    dispatcher=dispatcher,
+                    clock=search.clock,
+                    vram_limit_bytes=self.plan.config.vram_limit_bytes,
+                    stopping=lambda: session.stopping,
+                    wait_for=search.wait_for,
+                    emit=self.emit,
+                ).run()
         except ExecutorError:
             # the executor is gone (a lost cluster): probes still out are interrupted
-            self._interrupted(session, dispatcher.cancel_all(), summary)
+            self._record_interrupted(session, dispatcher.cancel_all(), summary)
             raise
         finally:
             search.clock.probing_done()
@@ -233,12 +246,14 @@ class Tuner:
             summary.probes = search.counts.probes
             summary.pruned = search.counts.pruned
             summary.duplicates = search.counts.duplicates
-        self._interrupted(session, stopped, summary)
+        self._record_interrupted(session, stopped, summary)
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
 
     @staticmethod
-    def _interrupted(session: DriverSession, stopped: list[InFlight], summary: RunSummary) -> None:
+    def _record_interrupted(
+        session: DriverSession, stopped: list[InFlight], summary: RunSummary
+    ) -> None:
         """Probes the run stopped: recorded interrupted, each queued once more."""
         for job in stopped:
             if job.trial is not None:

@@ -1,8 +1,8 @@
 """The study in storage: the settings it was started with, typed trial records, the
 one-driver lock, the confirmation verdict, the one decision of the best, and retries."""
 
-from autotune.study._driver_lock import STALE_S, DatabaseClock, DriverLock, Holder
-from autotune.study._retry import queued_retries, requeue_failed, retried, retried_trial
+from autotune.study._driver_lock import STALE_S, DatabaseClock, DriverLock
+from autotune.study._retry import queued_retries, requeue_failed, retried_trial, retryable
 from autotune.study.best import Best
 from autotune.study.confirmation import Confirmation
 from autotune.study.records import TrialRecord, TrialView, ranked_feasible, trial_id, views
@@ -23,7 +23,6 @@ __all__ = [
     "Confirmation",
     "DatabaseClock",
     "DriverLock",
-    "Holder",
     "StudyConfig",
     "TrialRecord",
     "TrialView",
@@ -32,8 +31,8 @@ __all__ = [
     "queued_retries",
     "ranked_feasible",
     "requeue_failed",
-    "retried",
     "retried_trial",
+    "retryable",
     "screened_keys",
     "store_screened",
     "store_start",

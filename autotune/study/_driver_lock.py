@@ -21,13 +21,13 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autotune import events
 from autotune.errors import StorageError
+from autotune.events import Holder
 
 if TYPE_CHECKING:
     import optuna
@@ -87,31 +87,15 @@ def holder_state(holder: LockRecord | None, db_now: float) -> str:
     return "live"
 
 
-@dataclass(frozen=True)
-class Holder:
-    """A driver that holds (or held) the study, as another driver sees it."""
-
-    host: str
-    pid: int
-    since: str  # when it started, ISO 8601 with the UTC offset
-    heartbeat_age_s: float  # by the database's clock
-
-    @classmethod
-    def of(cls, record: LockRecord, db_now: float) -> Holder:
-        """The holder of a lock record; ``db_now`` as in :func:`holder_state`."""
-        return cls(
-            host=record.host,
-            pid=record.pid,
-            since=record.since,
-            heartbeat_age_s=max(0.0, db_now - record.heartbeat),
-        )
-
-    def describe(self) -> str:
-        """One phrase: errors name the holder with it, and so does the CLI."""
-        return (
-            f"pid {self.pid} on host {self.host}, running since {self.since} (last heartbeat "
-            f"{self.heartbeat_age_s:.0f} s ago)"
-        )
+def holder_of(record: LockRecord, db_now: float) -> Holder:
+    """The driver a lock record names, as another driver sees it; ``db_now`` as in
+    :func:`holder_state`."""
+    return Holder(
+        host=record.host,
+        pid=record.pid,
+        since=record.since,
+        heartbeat_age_s=max(0.0, db_now - record.heartbeat),
+    )
 
 
 class DatabaseClock:
@@ -216,19 +200,19 @@ class DriverLock:
             if state == "live" and blocking:
                 raise StorageError(
                     f"study {self.study_name!r} is being run by another driver: "
-                    f"{Holder.of(holder, now).describe()}; wait for it to finish or stop it, pass "
+                    f"{holder_of(holder, now).describe()}; wait for it to finish or stop it, pass "
                     "--shared to every driver to run them side by side, or pass --study "
                     "NEW_NAME to start a separate study"
                 )
             if state == "dead":
-                self.took_over = Holder.of(holder, now)
+                self.took_over = holder_of(holder, now)
                 self._storage.set_study_user_attr(self._study_id, key, None)
         self._write(self._record())
         time.sleep(SETTLE_S)
         now_holder = self._read()
         if now_holder is None or now_holder.token != self.token:
             other = (
-                Holder.of(now_holder, self._clock.now()).describe()
+                holder_of(now_holder, self._clock.now()).describe()
                 if now_holder is not None
                 else "its lock already released"
             )
@@ -244,7 +228,7 @@ class DriverLock:
             try:
                 holder = self._read()
                 if holder is not None and holder.token != self.token:
-                    self.lost = Holder.of(holder, self._clock.now())
+                    self.lost = holder_of(holder, self._clock.now())
                     return
                 if self.on_beat is not None:
                     self.on_beat()

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 RETRIED_STATUSES = ("error", "timeout")
 
 
-def retried(trial: TrialView) -> bool:
+def retryable(trial: TrialView) -> bool:
     """A trial ``--retry-failed`` probes again: a failed probe, or a candidate left unprobed
     because its precision was stopped by probes that failed alike."""
     stopped = trial.status == "pruned" and trial.record.pruned_by.endswith(" stopped")
@@ -49,7 +49,7 @@ def failed_candidates(trials: list[TrialView]) -> list[TrialView]:
     skipped = measured | queued_retries(trials)
     last: dict[str, TrialView] = {}
     for trial in trials:
-        if retried(trial) and trial.record.candidate_key not in skipped:
+        if retryable(trial) and trial.record.candidate_key not in skipped:
             last[trial.record.candidate_key] = trial
     return sorted(last.values(), key=lambda t: t.number)
 

@@ -1,8 +1,8 @@
 """The confirmation round: pick the winner on repeated, interleaved measurements.
 
 One short probe moves by several percent on a shared machine (benchmarks/RESULTS.md), so
-the search's ranking of close
-candidates is partly luck. Before the export, the top candidates (:data:`TOP`, plus every
+the search's ranking of close candidates is partly luck. Before the export, the top
+candidates (:data:`TOP_CONTENDERS`, plus every
 candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) are probed
 again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them
 alike. Each probe's samples/s is one sample; a contender's estimate is the median of its
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from autotune.study.records import TrialView
 
-TOP = 3
+TOP_CONTENDERS = 3  # the search's fastest this many always contend
 MAX_CONTENDERS = 5
 ROUNDS = 3
 TIE_ROUNDS = 3  # rounds of the two closest alone while they overlap, reserved
@@ -291,14 +291,14 @@ def step_interval(trial: TrialView) -> tuple[float, float]:
 
 def pick_contenders(estimates: list[tuple[float, float]]) -> list[int]:
     """Indexes of the contenders among ``estimates`` ((samples/s, 95% half-width), fastest
-    first): the top :data:`TOP` plus any whose interval reaches the best's, at most
+    first): the top :data:`TOP_CONTENDERS` plus any whose interval reaches the best's, at most
     :data:`MAX_CONTENDERS`."""
     if not estimates:
         return []
     best_rate, best_half = estimates[0]
     chosen = []
     for index, (rate, half) in enumerate(estimates):
-        if index < TOP or rate + half >= best_rate - best_half:
+        if index < TOP_CONTENDERS or rate + half >= best_rate - best_half:
             chosen.append(index)
         if len(chosen) >= MAX_CONTENDERS:
             break
@@ -321,8 +321,8 @@ def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float
     time of one full-length probe (confirmation probes never stop early), at most
     :data:`MAX_RESERVE_SHARE` of the budget (the search must still have room to find
     something worth confirming). ``contenders`` is how many the search leaves so far
-    (:func:`contenders`), at least :data:`TOP` (more may join)."""
-    wanted = planned_probes(max(contenders, TOP)) * max(confirm_probe_s, 1.0)
+    (:func:`contenders`), at least :data:`TOP_CONTENDERS` (more may join)."""
+    wanted = planned_probes(max(contenders, TOP_CONTENDERS)) * max(confirm_probe_s, 1.0)
     return min(wanted, MAX_RESERVE_SHARE * max(budget_s, 0.0))
 
 

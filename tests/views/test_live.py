@@ -13,7 +13,6 @@ from autotune import events
 from autotune.cli import _app as cli
 from autotune.cli._live import LiveView, RunState, draw
 from autotune.protocol import ProbeResult
-from autotune.study.confirmation import Confirmation
 from tests.views.conftest import RealStudy
 
 MIB = 2**20
@@ -89,7 +88,7 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
     assert "confirming 2 contenders" in screen
     assert "confirmation z0 fp32 mb4x2 [re-probe of 3]" in screen
     assert re.search(r"1\s+6\s+z0 fp32 mb2x4\s+88\.0\s+3\.0\s+4", screen)
-    state.apply(events.ConfirmationDone(Confirmation(contenders=[], rounds=3, seconds=100.0)))
+    state.apply(events.ConfirmationDone(rounds=3, seconds=100.0, verdict=""))
     state.apply(events.RunFinished(object()))
     screen = _screen(state)
     assert "· done" in screen and "trial 6 z0 fp32 mb2x4: 88.0 ±3.0 samples/s" in screen
