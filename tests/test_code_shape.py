@@ -222,6 +222,24 @@ def test_script_cycles_through_bare_module_names(tmp_path: Path) -> None:
     assert import_cycles(tree) == [["a", "b", "c", "a"]]
 
 
+def test_script_cycles_through_the_folder_as_a_package(tmp_path: Path) -> None:
+    """Scripts importing each other as ``scripts.x`` (the folder as a package, its parent on
+    ``sys.path``) and by file name are one graph; the folder's ``__init__`` is the package."""
+    scripts = tmp_path / "scripts"
+    _write(
+        scripts,
+        {
+            "__init__.py": "",
+            "a.py": "from scripts.b import f\n",
+            "b.py": "from scripts import c\n",
+            "c.py": "import a\n",
+        },
+    )
+    tree = Tree(scripts, import_root=scripts, package="scripts")
+    assert set(modules(tree)) == {"scripts", "a", "b", "c"}
+    assert import_cycles(tree) == [["a", "b", "c", "a"]]
+
+
 _CYCLE_A_B = [["pkg.sub.a", "pkg.sub.b", "pkg.sub.a"]]
 
 
