@@ -8,14 +8,15 @@
 # The wheels come from `python benchmarks/prepare_gpu_wheels.py .gpu-wheels`, made where
 # PyPI is reachable. The interpreter is $GPU_CHECK_PYTHON, else in a dry run this
 # repository's .venv, else python3: on a GPU node the one whose torch the check should use
-# (the check's venv sees that interpreter's packages). Everything else is in
-# benchmarks/gpu_check.py (`--help`).
+# (the check's venv sees that interpreter's packages). Everything else is in the package
+# benchmarks/gpu_check/ (`--help`), which this runs from the repository root it sits in,
+# wherever the caller stands (relative paths in the arguments stay the caller's).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(dirname "$here")"
 if [ "$#" -lt 1 ] || [ "${1#-}" != "$1" ]; then
-  echo "usage: $0 OUT_DIR [--dry-run] [--wheels DIR] [options of benchmarks/gpu_check.py]" >&2
+  echo "usage: $0 OUT_DIR [--dry-run] [--wheels DIR] [options of benchmarks/gpu_check]" >&2
   exit 2
 fi
 
@@ -32,4 +33,12 @@ fi
 # recorded in the report as the command that produced its numbers
 GPU_CHECK_COMMAND="benchmarks/gpu_check.sh $*"
 export GPU_CHECK_COMMAND
-exec "$python" -u "$here/gpu_check.py" "$@"
+# the repository root goes on the driver's sys.path only, not into the environment of the
+# commands it starts
+exec "$python" -u -c '
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+sys.argv[0] = "benchmarks/gpu_check.sh"
+from benchmarks.gpu_check import main
+sys.exit(main())
+' "$repo" "$@"

@@ -1,6 +1,6 @@
 """Fixed-length probes on CPU ranks, launched together: how the benchmarks
-(memory_accuracy.py, vs_deepspeed_autotuner.py) and tests/test_deepspeed_matrix.py measure
-candidates outside a study."""
+(memory_accuracy.py, vs_deepspeed_autotuner.py) and tests/benchmarks/test_deepspeed_matrix.py
+measure candidates outside a study."""
 
 from __future__ import annotations
 

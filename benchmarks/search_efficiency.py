@@ -39,12 +39,15 @@ import argparse
 import sys
 from pathlib import Path
 
+# run by path, this folder is first on sys.path; the repository root makes its sibling
+# modules importable as the package ``benchmarks`` (as the tests import them) and autotune
+# importable from this tree
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search_efficiency_dump import dump
-from search_efficiency_replay import replay
-from search_efficiency_strategies import RULES, use_rule
-from search_efficiency_table import NOISE, Bimodal
+from benchmarks.search_efficiency_dump import dump
+from benchmarks.search_efficiency_replay import replay
+from benchmarks.search_efficiency_strategies import RULES, use_rule
+from benchmarks.search_efficiency_table import NOISE, Bimodal
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,9 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from search_efficiency_table import relative
-
 from autotune.study import StudyConfig, records, stored_run_flags, study_config
+from benchmarks.search_efficiency_table import relative
 
 
 def dump(storage: str, study_names: list[str], out: Path) -> None:

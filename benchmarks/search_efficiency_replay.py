@@ -13,14 +13,14 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
-from search_efficiency_strategies import (
+from benchmarks.search_efficiency_strategies import (
     RULE_IN_USE,
     autotune_confirmed,
     run_autotune,
     run_deepspeed_fast,
     run_optuna,
 )
-from search_efficiency_table import NOISE, ROOT, Bimodal, Models, Search, Table
+from benchmarks.search_efficiency_table import NOISE, ROOT, Bimodal, Models, Search, Table
 
 BUDGETS = (5, 10, 20)
 WITHIN = 0.02

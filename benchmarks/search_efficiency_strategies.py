@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 import statistics
 
-from search_efficiency_table import Models, Search, Table, table_space
-
 from autotune.run import ReservePolicy
 from autotune.study import confirmation as confirm
+from benchmarks.search_efficiency_table import Models, Search, Table, table_space
 
 
 def run_autotune(

@@ -1,4 +1,5 @@
-"""Every benchmark says how to run it: ``--help`` of each script (and subcommand) works."""
+"""Every benchmark says how to run it: ``--help`` of each script or package (and subcommand)
+works."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 COMMANDS = [
-    ["gpu_check.py"],
+    ["-m", "benchmarks.gpu_check"],
     ["launch_cost.py"],
     ["memory_accuracy.py"],
     ["memory_vs_table.py"],
@@ -27,11 +28,13 @@ COMMANDS = [
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_help_works(command: list[str]) -> None:
+    script = command if command[0] == "-m" else [str(BENCHMARKS / command[0]), *command[1:]]
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / command[0]), *command[1:], "--help"],
+        [sys.executable, *script, "--help"],
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=BENCHMARKS.parent,  # a package (-m) is found from the repository root
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("usage:")

@@ -7,9 +7,12 @@ cycles through imports made inside functions, so these are checked here. Imports
 ``if TYPE_CHECKING:`` are for the type checker only and are not counted.
 
 The package's modules are named by their dotted path (``autotune.run._plan``) and may import
-each other relatively (``from . import x``); the benchmarks are scripts run as
+each other relatively (``from . import x``). Most benchmarks are scripts run as
 ``python benchmarks/x.py``, whose folder is then first on ``sys.path``, so they import
-each other by file name (``import gpu_check``).
+each other by file name (``import probe_jobs``) or, with the repository root on
+``sys.path``, as the package ``benchmarks`` (``from benchmarks.search_efficiency_table
+import ...``): both name the same module here. The GPU check is a package in that folder
+(``gpu_check.report``, relative imports inside).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ class Tree:
 
     folder: Path
     import_root: Path  # the folder on sys.path: a module's name is its path from here
+    package: str = ""  # the folder also imported as this package: ``package.x`` is ``x``
 
 
 PACKAGE = Tree(ROOT / "autotune", import_root=ROOT)
-BENCHMARKS = Tree(ROOT / "benchmarks", import_root=ROOT / "benchmarks")
+BENCHMARKS = Tree(ROOT / "benchmarks", import_root=ROOT / "benchmarks", package="benchmarks")
 TREES = [pytest.param(PACKAGE, id="autotune"), pytest.param(BENCHMARKS, id="benchmarks")]
 
 
@@ -43,7 +47,8 @@ def modules(tree: Tree) -> dict[str, Path]:
     found = {}
     for path in sorted(tree.folder.rglob("*.py")):
         parts = path.relative_to(tree.import_root).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name or tree.package] = path  # the import root's own __init__: the package
     return found
 
 
@@ -64,9 +69,12 @@ def _from_module(node: ast.ImportFrom, name: str, path: Path) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def imports(path: Path, name: str, known: set[str], *, type_only_too: bool = False) -> set[str]:
+def imports(
+    path: Path, name: str, known: set[str], package: str = "", *, type_only_too: bool = False
+) -> set[str]:
     """Modules in ``known`` that module ``name`` (file ``path``) imports at run time, at
-    module level or in functions (and under ``if TYPE_CHECKING:`` with ``type_only_too``)."""
+    module level or in functions (and under ``if TYPE_CHECKING:`` with ``type_only_too``);
+    ``package.x`` counts as ``x`` (see :class:`Tree`)."""
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -84,13 +92,17 @@ def imports(path: Path, name: str, known: set[str], *, type_only_too: bool = Fal
             visit(child)
 
     visit(ast.parse(path.read_text(encoding="utf-8")))
+    if package:
+        found = {m.removeprefix(package + ".") for m in found}
     return {module for module in found if module in known}
 
 
 def import_cycles(tree: Tree) -> list[list[str]]:
     """Every cycle among the tree's run-time imports, each as the modules along it."""
     found = modules(tree)
-    graph = {name: imports(path, name, set(found)) - {name} for name, path in found.items()}
+    graph = {
+        name: imports(path, name, set(found), tree.package) - {name} for name, path in found.items()
+    }
     # a package's __init__ re-exports its modules; importing the package is not a cycle back
     for name in graph:
         graph[name] = {m for m in graph[name] if not name.startswith(m + ".")}
@@ -210,6 +222,24 @@ def test_script_cycles_through_bare_module_names(tmp_path: Path) -> None:
     tree = Tree(scripts, import_root=scripts)
     assert import_cycles(tree) == []
     _write(scripts, {"c.py": "import os\nfrom a import x\n"})
+    assert import_cycles(tree) == [["a", "b", "c", "a"]]
+
+
+def test_script_cycles_through_the_folder_as_a_package(tmp_path: Path) -> None:
+    """Scripts importing each other as ``scripts.x`` (the folder as a package, its parent on
+    ``sys.path``) and by file name are one graph; the folder's ``__init__`` is the package."""
+    scripts = tmp_path / "scripts"
+    _write(
+        scripts,
+        {
+            "__init__.py": "",
+            "a.py": "from scripts.b import f\n",
+            "b.py": "from scripts import c\n",
+            "c.py": "import a\n",
+        },
+    )
+    tree = Tree(scripts, import_root=scripts, package="scripts")
+    assert set(modules(tree)) == {"scripts", "a", "b", "c"}
     assert import_cycles(tree) == [["a", "b", "c", "a"]]
 
 

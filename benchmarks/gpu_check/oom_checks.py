@@ -4,14 +4,14 @@ ruled out, nothing left behind), over the `autotune plan --json` and `autotune s
 --json` documents and the probes' rank reports.
 
 Pure functions over data, standard library only (the check's driver imports this before
-anything is installed); tests/test_gpu_check.py feeds them recorded shapes.
+anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpu_check_report import MiB, check, mib
+from .report import MiB, check, mib
 
 # how far the CUDA overhead (context, NCCL, cuBLAS) of the probe after an out-of-memory may
 # lie from the one before it before memory left behind by the failed probe is suspected

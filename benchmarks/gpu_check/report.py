@@ -2,7 +2,7 @@
 markdown table (gpu_check.md) of a whole check.
 
 Pure functions over data, standard library only (the check's driver imports this before
-anything is installed); tests/test_gpu_check.py feeds them recorded shapes.
+anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes.
 
 A check is ``{"name", "ok", "detail"}`` with ``ok`` True, False, or None (reported, not
 judged: a target that applies on CUDA only, a step the order of a run did not reach).

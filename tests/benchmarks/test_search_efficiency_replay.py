@@ -5,17 +5,15 @@ infeasible, and the DeepSpeed-fast re-implementation only ever probes its own su
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import search_efficiency_replay as replay
+from benchmarks import search_efficiency_strategies as strategies
+from benchmarks.search_efficiency_table import Models, Search, Table
 
-import search_efficiency_replay as replay  # noqa: E402
-import search_efficiency_strategies as strategies  # noqa: E402
-from search_efficiency_table import Models, Search, Table  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 TABLE = ROOT / "benchmarks" / "data" / "table_gpt-tiny.json"
 MiB = 2**20

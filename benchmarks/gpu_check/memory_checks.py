@@ -1,8 +1,8 @@
 """The GPU check's memory checks: the memory model against the allocator, and precision and
-offload, over the rows benchmarks/gpu_check_probes.py writes.
+offload, over the rows benchmarks/gpu_check/probes.py writes.
 
 Pure functions over data, standard library only (the check's driver imports this before
-anything is installed); tests/test_gpu_check.py feeds them recorded shapes.
+anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from gpu_check_report import MiB, check, mib, relative_error
+from .report import MiB, check, mib, relative_error
 
 # the memory model's targets against CUDA's allocated peak; reserved is reported
 MEMORY_TARGET_MEDIAN = 0.03

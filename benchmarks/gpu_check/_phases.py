@@ -1,11 +1,10 @@
-"""The GPU check's phases (benchmarks/gpu_check.py runs them in this order, :data:`PHASES`).
+"""The GPU check's phases (its driver, _driver.py, runs them in this order, :data:`PHASES`).
 
 Each phase gets the run and its own record; it runs commands through ``run.run`` (its time
 limit applies), adds checks and data to the record, and raises ``Skip`` where it does not
 apply here. This module holds the phases that set the check up (install, env, ops) and the
-gpu tests; the memory phases are in benchmarks/gpu_check_memory_phases.py, the studies in
-benchmarks/gpu_check_study_phases.py, and what the commands measure is judged in the
-gpu_check_*_checks.py modules.
+gpu tests; the memory phases are in _memory_phases.py, the studies in _study_phases.py, and
+what the commands measure is judged in the *_checks.py modules.
 """
 
 from __future__ import annotations
@@ -20,11 +19,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpu_check_memory_phases import phase_memory, phase_precision_offload
-from gpu_check_report import check
-from gpu_check_run import PROBES, REPO, OverTime, Phase, Run, Skip
-from gpu_check_study_checks import gpu_tests_checks, pytest_outcomes
-from gpu_check_study_phases import phase_oom, phase_study, phase_study_dit, phase_train_export
+from ._memory_phases import phase_memory, phase_precision_offload
+from ._run import PROBES, REPO, OverTime, Phase, Run, Skip
+from ._study_phases import phase_oom, phase_study, phase_study_dit, phase_train_export
+from .report import check
+from .study_checks import gpu_tests_checks, pytest_outcomes
 
 SMOKE = "import autotune.cli, autotune.probe, deepspeed, optuna, sqlalchemy, alembic, pydantic"
 VERSION_KEYS = (

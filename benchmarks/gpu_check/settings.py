@@ -1,6 +1,6 @@
 """The GPU check's settings: what each mode (GPU or CPU dry run) checks with, and its limits.
 
-Standard library only, as the whole check's driver (benchmarks/gpu_check.py).
+Standard library only, as the whole check's driver (benchmarks/gpu_check/_driver.py).
 """
 
 from __future__ import annotations

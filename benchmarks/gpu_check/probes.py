@@ -1,10 +1,10 @@
 """The GPU check's steps that run inside its environment (they import autotune, torch and
-DeepSpeed); benchmarks/gpu_check.py starts each as a subprocess and reads the JSON it prints
-or writes.
+DeepSpeed); the check's phases start each as a subprocess, by this file's path, and read the
+JSON it prints or writes.
 
-    python benchmarks/gpu_check_probes.py env
-    python benchmarks/gpu_check_probes.py build-op FusedAdamBuilder
-    python benchmarks/gpu_check_probes.py memory --out rows.json --root DIR --workload gpt2 ...
+    python benchmarks/gpu_check/probes.py env
+    python benchmarks/gpu_check/probes.py build-op FusedAdamBuilder
+    python benchmarks/gpu_check/probes.py memory --out rows.json --root DIR --workload gpt2 ...
 
 ``memory`` probes the memory model's design (bf16 and fp16 x ZeRO 0-3 x two micro-batches x
 activation checkpointing) and the offload candidates in warm launches of one rank (the

@@ -3,7 +3,7 @@
 :class:`Run` is what every phase gets: where the check works, what it has learnt, the
 environment its commands run in; ``run.run`` runs a command to its end within the phase's
 limit (:class:`OverTime` past it), and a phase raises :class:`Skip` where it does not apply.
-Standard library only, as the whole check's driver (benchmarks/gpu_check.py).
+Standard library only, as the whole check's driver (benchmarks/gpu_check/_driver.py).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
-from gpu_check_settings import Settings
+from .settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
-PROBES = str(REPO / "benchmarks" / "gpu_check_probes.py")
+REPO = Path(__file__).resolve().parents[2]
+PROBES = str(REPO / "benchmarks" / "gpu_check" / "probes.py")
 MARKER = "AUTOTUNE_GPU_CHECK_RUN"  # in the environment of every process the check starts
 
 

@@ -14,21 +14,21 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import gpu_check_report as report  # noqa: E402
-import prepare_gpu_wheels  # noqa: E402
-from gpu_check_memory_checks import memory_checks, precision_offload_checks  # noqa: E402
-from gpu_check_oom_checks import oom_checks, oom_limit  # noqa: E402
-from gpu_check_settings import DRY_RUN_SETTINGS  # noqa: E402
-from gpu_check_study_checks import (  # noqa: E402
+from benchmarks import prepare_gpu_wheels
+from benchmarks.gpu_check import (
+    DRY_RUN_SETTINGS,
     gpu_tests_checks,
+    memory_checks,
+    oom_checks,
+    oom_limit,
+    precision_offload_checks,
     pytest_outcomes,
+    render_markdown,
     study_checks,
     train_checks,
 )
 
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 2**20
 PHASES = [
     "install",
@@ -325,7 +325,7 @@ def test_the_markdown_table_lists_every_phase_with_its_status_and_time() -> None
         "budget_s": 480.0,
         "phases": phases,
     }
-    text = report.render_markdown(doc)
+    text = render_markdown(doc)
     assert text.startswith("## GPU check, 2026-12-01, NVIDIA H200\n")
     assert "torch 2.11.0 (CUDA 13.0); driver 580.159.03" in text
     assert "| oom | skipped | 1.0 (9) | needs CUDA (x) |" in text

@@ -1,39 +1,9 @@
-"""One prepared check of every CUDA path of autotune on one GPU, in under 8 minutes.
+"""The GPU check's driver: its command line, each phase under its limit within the whole
+budget, and the report (gpu_check.json, gpu_check.md, the logs) written at the end.
 
-    bash benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels   # one CUDA GPU, offline node
-    bash benchmarks/gpu_check.sh OUT_DIR --dry-run              # CPU ranks (CI), no GPU
-
-The phases run in order, each under its own time limit inside the whole budget (``--total``,
-480 s on a GPU); the console shows the time each took, and a phase that fails or runs over
-is recorded and the rest go on (benchmarks/gpu_check_phases.py):
-
-  install            a venv that sees the node's own torch, the carried wheels
-                     (benchmarks/prepare_gpu_wheels.py) and autotune from this tree
-  env                versions, device, driver; whether hardware detection holds a context
-  ops                DeepSpeed's ops (FusedAdam, CPU Adam, async I/O), built side by side
-  memory             the memory model against max_memory_allocated and _reserved over 16
-                     candidates (bf16 and fp16 x ZeRO 0-3 x 2 micro-batches x checkpointing)
-  precision_offload  fp16 (dynamic loss scale), bf16, optimizer offload to pinned CPU memory
-                     and NVMe, from the memory phase's probes
-  gpu_tests          pytest -m gpu (tests/test_gpu_paths.py)
-  oom                a study under a limit below ZeRO-0's need: oom recorded, the study goes
-                     on, larger micro-batches ruled out, the next probe clean
-  study              autotune run on GPT-2 124M (probes, confirmation, export); its budget is
-                     what the phases before left, up to --study-budget
-  train_export       the exported config trains 20 steps unedited, through launch.sh
-                     (a dry run: 2 probes on gpt-tiny, no confirmation, 8 steps)
-  study_dit          a shorter study on a DiT workload, with the time left
-
-The phases before the study stop short of the last --reserve seconds (180 s on a GPU: the
-study's least budget of 60 s, its start and export, and the training), so a slow phase
-costs the phases after it before it costs the study; the study's budget is what is left
-then, up to 180 s (--study-budget), and the DiT study gets what the training leaves.
-
-OUT_DIR receives gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md, with
-date and device), gpu_check.log (this console), phases.log (every command and its output)
-and trials.tar.gz (the studies and the probes' reports). Standard library only: it runs
-before anything is installed, and never touches CUDA itself (a context here would count
-as overhead in every probe).
+Standard library only: it runs before anything is installed, and never touches CUDA
+itself (a context here would count as overhead in every probe). What the check does,
+phase by phase, is in the package's docstring (benchmarks/gpu_check/__init__.py).
 """
 
 from __future__ import annotations
@@ -52,12 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from gpu_check_phases import PHASES
-from gpu_check_report import render_markdown
-from gpu_check_run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
-from gpu_check_settings import DRY_RUN_SETTINGS, GPU_SETTINGS
+from ._phases import PHASES
+from ._run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
+from .report import render_markdown
+from .settings import DRY_RUN_SETTINGS, GPU_SETTINGS
 
 BEFORE_STUDY = ("install", "env", "ops", "memory", "precision_offload", "gpu_tests", "oom")
 
@@ -107,7 +75,9 @@ def run_phase(run: Run, name: str, body: Callable[[Run, Phase], None]) -> Phase:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description="One prepared check of every CUDA path of autotune on one GPU."
+    )
     parser.add_argument("out", type=Path, help="folder for the JSON, the table and the logs")
     parser.add_argument("--dry-run", action="store_true", help="CPU ranks, tiny workload")
     parser.add_argument("--wheels", type=Path, help="wheel folder (prepare_gpu_wheels.py)")

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_check_oom_checks import oom_checks, oom_limit
-from gpu_check_report import MiB
-from gpu_check_run import REPO, Phase, Run, Skip
-from gpu_check_study_checks import study_checks, study_summary, train_checks
+from ._run import REPO, Phase, Run, Skip
+from .oom_checks import oom_checks, oom_limit
+from .report import MiB
+from .study_checks import study_checks, study_summary, train_checks
 
-TRAIN = str(REPO / "benchmarks" / "gpu_check_train.py")
+TRAIN = str(REPO / "benchmarks" / "gpu_check" / "train.py")
 DIT_PREFERRED = ("dit-b-2", "dit-s-2")
 
 

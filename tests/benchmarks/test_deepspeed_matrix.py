@@ -6,7 +6,6 @@ candidates of a group run in one launch (launch_probes)."""
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,7 @@ import pytest
 from autotune.candidate import Candidate
 from autotune.execution.launch import launch_probes
 from autotune.space.search_space import combination_problem
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from probe_jobs import cpu_probe_jobs
+from benchmarks.probe_jobs import cpu_probe_jobs
 
 pytestmark = pytest.mark.slow
 

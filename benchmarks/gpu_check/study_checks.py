@@ -2,7 +2,7 @@
 document, the exported config's training output and pytest's lines.
 
 Pure functions over data, standard library only (the check's driver imports this before
-anything is installed); tests/test_gpu_check.py feeds them recorded shapes.
+anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from gpu_check_report import check
+from .report import check
 
 
 def study_summary(status: dict[str, Any]) -> dict[str, Any]:

@@ -9,9 +9,9 @@ import json
 import shutil
 from typing import Any
 
-from gpu_check_memory_checks import memory_checks, memory_summary, precision_offload_checks
-from gpu_check_report import GiB
-from gpu_check_run import PROBES, OverTime, Phase, Run, Skip
+from ._run import PROBES, OverTime, Phase, Run, Skip
+from .memory_checks import memory_checks, memory_summary, precision_offload_checks
+from .report import GiB
 
 NVME_MIN_FREE_BYTES = 8 * GiB  # GPT-2's optimizer and parameter swap files with room to spare
 

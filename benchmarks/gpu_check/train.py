@@ -4,7 +4,7 @@ exported ds_config.json handed to deepspeed.initialize unedited.
 Started by the export's launch.sh (the deepspeed launcher by default, or torchrun), which
 passes the config as --deepspeed_config:
 
-    trials/<study>/best/launch.sh benchmarks/gpu_check_train.py --workload gpt2 --steps 20
+    trials/<study>/best/launch.sh benchmarks/gpu_check/train.py --workload gpt2 --steps 20
 
 Prints ``TRAINED global_steps=N loss=L samples_per_s=S`` on rank 0, where S is the median
 over the optimizer steps after the first three (the export's throughput, to set beside the
