@@ -1,9 +1,8 @@
 """The budget counts the command's wall time: a run's set-up is charged, a one-time build of
-DeepSpeed's ops is not."""
+DeepSpeed's ops is not. The budget's clock here is a :class:`FakeClock` the tests advance
+(the stand-in executors advance it as their probes and close take time)."""
 
 from __future__ import annotations
-
-import time
 
 import optuna
 import pytest
@@ -19,6 +18,19 @@ SPACE = (
     "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\noffload_param: [none]\n"
     "micro_batch_size: [8]\ngradient_accumulation_steps: [1]\nactivation_checkpointing: [false]\n"
 )
+
+
+class FakeClock:
+    """A clock in seconds that moves only when :meth:`advance` moves it."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
 
 
 def _settings(tmp_path, space: str, **flags):
@@ -37,14 +49,17 @@ def _settings(tmp_path, space: str, **flags):
 
 
 def test_the_clock_runs_from_its_origin_never_from_the_future() -> None:
-    clock = BudgetClock(BudgetRecord(total_s=100.0, spent_s=10.0), None)
+    now = FakeClock()
+    clock = BudgetClock(BudgetRecord(total_s=100.0, spent_s=10.0), None, clock=now)
     assert clock.elapsed_s == 0.0 and clock.left_s == pytest.approx(90.0)
-    clock.start(time.monotonic() - 30.0)
-    assert clock.elapsed_s == pytest.approx(30.0, abs=1.0)
-    assert clock.spent_s == pytest.approx(40.0, abs=1.0)
-    later = BudgetClock(BudgetRecord(total_s=100.0), None)
-    later.start(time.monotonic() + 50.0)  # an origin not reached yet counts from now
-    assert later.elapsed_s < 1.0
+    clock.start(now() - 30.0)
+    assert clock.elapsed_s == pytest.approx(30.0)
+    assert clock.spent_s == pytest.approx(40.0)
+    now.advance(5.0)
+    assert clock.left_s == pytest.approx(55.0)
+    later = BudgetClock(BudgetRecord(total_s=100.0), None, clock=now)
+    later.start(now() + 50.0)  # an origin not reached yet counts from now
+    assert later.elapsed_s == 0.0
 
 
 @pytest.mark.parametrize("ops_build_s", [0.0, 25.0])
@@ -57,10 +72,12 @@ def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, 
     settings = _settings(tmp_path, SPACE, budget_s=600, max_trials=2, confirm=False)
     scripted = ScriptedExecutor({"z0 fp32 mb8x1": [100.0], "z1 fp32 mb8x1": [90.0]})
     set_up_s = 40.0  # the command started this long before the tuner
+    now = FakeClock()
     tuner = Tuner(
         plan_run(settings),
         executor_factory=lambda plan: scripted,
-        started_s=time.monotonic() - set_up_s,
+        started_s=now() - set_up_s,
+        clock=now,
     )
 
     def built_ops() -> float:
@@ -71,7 +88,7 @@ def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, 
     assert summary.export_dir
     study = optuna.load_study(study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/t.db")
     spent_s = read_budget(study).spent_s
-    assert set_up_s - ops_build_s <= spent_s < set_up_s - ops_build_s + 15.0
+    assert spent_s == pytest.approx(set_up_s - ops_build_s)
 
 
 def test_probing_leaves_the_finish_its_time_measured_once_a_run_has_one() -> None:
@@ -80,24 +97,27 @@ def test_probing_leaves_the_finish_its_time_measured_once_a_run_has_one() -> Non
     fresh = BudgetClock(BudgetRecord(total_s=100.0), None)
     assert fresh.probing_left_s == pytest.approx(100.0 - DEFAULT_FINISH_S)
     assert fresh.record().finish_s is None  # nothing measured: nothing stored
-    measured = BudgetClock(BudgetRecord(total_s=100.0, finish_s=1.5), None)
+    now = FakeClock()
+    measured = BudgetClock(BudgetRecord(total_s=100.0, finish_s=1.5), None, clock=now)
     assert measured.probing_left_s == pytest.approx(98.5)
     measured.start()
     measured.probing_done()
-    time.sleep(0.3)
+    now.advance(0.3)
     measured.finished()
-    assert measured.record().finish_s == pytest.approx(0.3, abs=0.1)
+    assert measured.record().finish_s == pytest.approx(0.3)
 
 
 class TimedExecutor:
     """Stands in for the probes, by design: the test needs probes and a close of known
     durations, which real probes on a noisy machine do not have. Each probe takes
-    ``probe_s``; closing takes ``close_s`` (as closing warm workers and Ray does)."""
+    ``probe_s``; closing takes ``close_s`` (as closing warm workers and Ray does); both
+    pass on ``clock``, the budget's."""
 
     capacity = 1
 
-    def __init__(self, probe_s: float, close_s: float) -> None:
+    def __init__(self, probe_s: float, close_s: float, clock: FakeClock) -> None:
         self.probe_s, self.close_s = probe_s, close_s
+        self.clock = clock
         self.probes = 0
         self._pending: tuple[float, int, object] | None = None
 
@@ -117,16 +137,16 @@ class TimedExecutor:
             peak_bytes_per_rank=[2**20, 2**20],
             wall_s=self.probe_s,
         )
-        self._pending = (time.monotonic() + self.probe_s, self.probes, result)
+        self._pending = (self.clock() + self.probe_s, self.probes, result)
         return self.probes
 
     def wait(self, timeout_s: float):
         if self._pending is None:
-            time.sleep(timeout_s)
+            self.clock.advance(timeout_s)
             return []
         ready_at, number, result = self._pending
-        time.sleep(max(0.0, min(ready_at - time.monotonic(), timeout_s)))
-        if time.monotonic() < ready_at:
+        self.clock.advance(min(ready_at - self.clock(), timeout_s))
+        if self.clock() < ready_at:
             return []
         self._pending = None
         return [(number, result)]
@@ -135,7 +155,7 @@ class TimedExecutor:
         self._pending = None
 
     def close(self) -> None:
-        time.sleep(self.close_s)
+        self.clock.advance(self.close_s)
 
 
 def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
@@ -149,17 +169,20 @@ def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
     )
     budget_s, close_s = 14.0, 2.0
     settings = _settings(tmp_path, space, budget_s=budget_s, confirm=False)
-    timed = TimedExecutor(probe_s=1.0, close_s=close_s)
-    started_s = time.monotonic()
-    tuner = Tuner(plan_run(settings), executor_factory=lambda plan: timed, started_s=started_s)
+    now = FakeClock()
+    timed = TimedExecutor(probe_s=1.0, close_s=close_s, clock=now)
+    started_s = now()
+    tuner = Tuner(
+        plan_run(settings), executor_factory=lambda plan: timed, started_s=started_s, clock=now
+    )
     tuner._prepare_ops = lambda: 0.0  # type: ignore[method-assign]  # ops: not this test's
     summary = tuner.run()
-    wall_s = time.monotonic() - started_s
+    wall_s = now() - started_s
     assert summary.export_dir and timed.probes >= 3
     assert timed.probes < 16, "the space ran out before the budget: the test checks nothing"
     assert wall_s <= budget_s, f"the run took {wall_s:.1f} s of a {budget_s:.0f} s budget"
     study = optuna.load_study(study_name="gpt-tiny", storage=f"sqlite:///{tmp_path}/t.db")
-    assert close_s <= read_budget(study).finish_s < close_s + 3.0
+    assert read_budget(study).finish_s == pytest.approx(close_s)
 
 
 def _reserve(study: optuna.Study, covered: bool = True) -> float:
