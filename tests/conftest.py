@@ -4,6 +4,7 @@ GPU tests skipped without a GPU. Helpers the tests import are in tests/support/.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 
+@functools.cache
 def has_cuda() -> bool:
     try:
         import torch
@@ -41,8 +43,8 @@ def has_cuda() -> bool:
         return False
 
 
-@pytest.hookimpl(trylast=True)
 def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test marked ``gpu`` is skipped where no CUDA GPU is (the GPU check runs them)."""
     if "gpu" in item.keywords and not has_cuda():
         item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none on this machine"))
 

@@ -218,12 +218,11 @@ def test_zero3_builds_under_zero_init_on_the_device(runs) -> None:
 
 
 def test_probes_follow_the_float32_matmul_precision(runs) -> None:
-    """Expected: "high" turns TF32 matmuls on (recorded) and makes fp32 GPT-2 at least 1.3x
-    faster on an Ampere-or-later GPU; the default ("highest") keeps them off."""
+    """Expected: "high" turns TF32 matmuls on (recorded); the default ("highest") keeps them
+    off. How much faster TF32 makes a probe is a benchmark's measure, not this test's."""
     ieee, tf32 = _ok(runs, "z0_fp32"), _ok(runs, "z0_fp32_tf32")
     assert ieee.versions["cuda_matmul_allow_tf32"] == "False"
     assert tf32.versions["cuda_matmul_allow_tf32"] == "True"
-    assert tf32.samples_per_s >= 1.3 * ieee.samples_per_s
 
 
 @pytest.mark.xfail(

@@ -292,7 +292,7 @@ def test_changed_settings_are_refused_with_each_difference(copy_of_measured: Pat
 def test_budget_is_the_studys_across_runs(copy_of_measured: Path) -> None:
     workdir = copy_of_measured
     budget = load(workdir).user_attrs["autotune_budget"]
-    assert budget["total_s"] == 180 and 0 < budget["spent_s"] < 180
+    assert budget["total_s"] == 180 and budget["spent_s"] > 0  # the first run's time, stored
 
     # no --budget: the study's 3m total holds, less what was spent
     result = run_cli(
