@@ -9,7 +9,7 @@ from autotune.backends._backend import (
     get_backend,
     register_backend,
 )
-from autotune.backends._breakdown import Breakdown
+from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
 
 
 def _deepspeed() -> TrainingBackend:
@@ -24,7 +24,9 @@ register_backend("deepspeed", _deepspeed)
 __all__ = [
     "BACKENDS",
     "DEFAULT_BACKEND",
+    "ActivationProfile",
     "Breakdown",
+    "ModelFacts",
     "TrainingBackend",
     "get_backend",
     "register_backend",

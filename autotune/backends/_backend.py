@@ -15,11 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from autotune import events
 
 if TYPE_CHECKING:
-    from autotune.backends._breakdown import Breakdown
+    from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
     from autotune.candidate import Candidate
     from autotune.hardware import Hardware
-    from autotune.memory.activations import ActivationProfile
-    from autotune.memory.memory_model import ModelFacts
 
 
 class TrainingBackend(Protocol):

@@ -44,6 +44,7 @@ TRACING_MODULES = (
     "autotune.memory.activations",
     "autotune.probe._memtrack",
     "autotune.memory.memory_model",
+    "autotune.backends._memory_terms",
     "autotune.workloads.base",
 )
 # Each file (by path) read once per process; what this process stores is added to its copy.

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from autotune.backends import ActivationProfile
 
 if TYPE_CHECKING:
     from autotune.workloads import Workload
@@ -35,16 +35,6 @@ if TYPE_CHECKING:
 # Stack depths traced for extrapolation.
 TRACE_LAYERS = (1, 2)
 Kind = Literal["kept", "accumulate", "dropped"]
-
-
-class ActivationProfile(BaseModel):
-    """Bytes beyond the parameters during one micro-batch's forward and backward."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    forward_peak_bytes: float
-    backward_peak_bytes: float
-    at_first_grad_bytes: float
 
 
 def _dtype_name(precision: str) -> str:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.backends import DEFAULT_BACKEND, Breakdown, get_backend
+from autotune.backends import DEFAULT_BACKEND, Breakdown, ModelFacts, get_backend
 from autotune.backends.deepspeed import (
     DEFAULT_MAX_LIVE,
     DEFAULT_PERSISTENCE_THRESHOLD,
@@ -63,22 +63,6 @@ class MemoryEstimate(BaseModel):
         if accelerator == "cuda":
             return self.device_bytes
         return int((self.device.total + self.host.total) * self.correction)
-
-
-class ModelFacts(BaseModel):
-    """What the memory model needs to know of a workload's parameters."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    params: int = Field(description="Unique parameters (tied weights once).")
-    largest_param: int = Field(description="Elements of the largest parameter tensor.")
-    small_params: int = Field(description="Elements in tensors under the persistence threshold.")
-    active_params: int = Field(
-        default=0,
-        description="Parameters each token computes with (an MoE's top-k experts, not all; "
-        "a DiT's without its per-sample conditioning): compute and cost, not model states; "
-        "0 when unknown (then all).",
-    )
 
 
 @functools.lru_cache(maxsize=32)

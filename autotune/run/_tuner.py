@@ -22,6 +22,7 @@ the workers, deciding, exporting) to fit in the budget too.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -97,10 +98,13 @@ class Tuner:
         run_flags: dict[str, Any] | None = None,
         started_s: float | None = None,
         on_second_interrupt: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
-        # time.monotonic() when the command started; None: when probing starts
+        # a reading of ``clock`` (the budget's) when the command started; None: when
+        # probing starts
         self._started_s = started_s
+        self._clock = clock
         self.emit = emit
         self.run_flags = run_flags or {}
         self._executor_factory = executor_factory or default_executor
@@ -143,7 +147,9 @@ class Tuner:
         ):
             settings = self.plan.settings
             stored = read_budget(session.study)
-            clock = BudgetClock(stored, settings.budget_s, shared=settings.shared)
+            clock = BudgetClock(
+                stored, settings.budget_s, shared=settings.shared, clock=self._clock
+            )
             heartbeat.session, heartbeat.clock = session, clock
             self._set_up(session, clock, policy, summary, heartbeat)
             self._finish(session.study, summary)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,12 +65,21 @@ class BudgetClock:
 
     So is the run's finish: probing stops ``finish_s`` before the budget's end
     (:attr:`probing_left_s`), the study's last measured finish or :data:`DEFAULT_FINISH_S`;
-    :meth:`probing_done` and :meth:`finished` measure this run's."""
+    :meth:`probing_done` and :meth:`finished` measure this run's.
+
+    ``clock`` reads the time in seconds (``time.monotonic``; a test gives a clock it
+    advances itself)."""
 
     def __init__(
-        self, stored: BudgetRecord, given_total_s: float | None, *, shared: bool = False
+        self,
+        stored: BudgetRecord,
+        given_total_s: float | None,
+        *,
+        shared: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
+        self._clock = clock
         if shared:
             # side by side with other drivers, each runs for its own --budget (else what the
             # study had left when it joined) and the study's counter is left alone
@@ -87,13 +96,13 @@ class BudgetClock:
         self._measured_finish_s: float | None = None
 
     def start(self, origin: float | None = None) -> None:
-        """Run the clock from ``origin`` (a ``time.monotonic()`` reading), else from now."""
-        now = time.monotonic()
+        """Run the clock from ``origin`` (a reading of its ``clock``), else from now."""
+        now = self._clock()
         self._started = now if origin is None else min(origin, now)
 
     @property
     def elapsed_s(self) -> float:
-        return 0.0 if self._started is None else time.monotonic() - self._started
+        return 0.0 if self._started is None else self._clock() - self._started
 
     @property
     def spent_s(self) -> float:
@@ -115,12 +124,12 @@ class BudgetClock:
 
     def probing_done(self) -> None:
         """The run's last probe is over: its finish starts now."""
-        self._probing_done = time.monotonic()
+        self._probing_done = self._clock()
 
     def finished(self) -> None:
         """The run's finish is over: measure it for the study's next run."""
         if self._probing_done is not None:
-            self._measured_finish_s = time.monotonic() - self._probing_done
+            self._measured_finish_s = self._clock() - self._probing_done
 
     def record(self) -> BudgetRecord:
         measured = self._measured_finish_s

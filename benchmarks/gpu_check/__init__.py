@@ -16,7 +16,7 @@ is recorded and the rest go on (_phases.py):
                      candidates (bf16 and fp16 x ZeRO 0-3 x 2 micro-batches x checkpointing)
   precision_offload  fp16 (dynamic loss scale), bf16, optimizer offload to pinned CPU memory
                      and NVMe, from the memory phase's probes
-  gpu_tests          pytest -m gpu (tests/test_gpu_paths.py)
+  gpu_tests          pytest -m gpu (tests/integration/test_gpu_paths.py)
   oom                a study under a limit below ZeRO-0's need: oom recorded, the study goes
                      on, larger micro-batches ruled out, the next probe clean
   study              autotune run on GPT-2 124M (probes, confirmation, export); its budget is

@@ -230,7 +230,7 @@ def phase_ops(run: Run, phase: Phase) -> None:
 
 
 def phase_gpu_tests(run: Run, phase: Phase) -> None:
-    tests = "tests/test_gpu_paths.py"
+    tests = "tests/integration/test_gpu_paths.py"
     base = [run.python, "-m", "pytest", "-m", "gpu", tests, "-p", "no:cacheprovider"]
     if not run.cuda:
         code, out = run.run(phase, [*base, "--collect-only", "-q"])

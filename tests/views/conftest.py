@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import TEST_TAG, run_cli
+from tests.support.cli import run_cli
+from tests.support.processes import TEST_TAG
 from tests.views.synthetic import make_study
 
 # fp32 ZeRO 0-1, four micro-batches, checkpointing on or off. Under the 48 MiB limit the

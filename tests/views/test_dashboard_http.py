@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 from tests.views.conftest import (
     Dashboard,
     RealStudy,

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from autotune.study import best
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 from tests.views.synthetic import NAME
 
 SPACE = """\

@@ -12,7 +12,7 @@ import pytest
 from autotune.study import records
 from autotune.views import _charts as charts
 from autotune.views._report_data import collect, importance
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 from tests.views.conftest import RealStudy, chromium, dump_dom, pixels_near, screenshot
 from tests.views.synthetic import NAME
 

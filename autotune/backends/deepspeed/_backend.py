@@ -11,12 +11,10 @@ from autotune import events
 from autotune.backends.deepspeed import _ds_config, _engine, _model_states, _validate, _zero_phases
 
 if TYPE_CHECKING:
-    from autotune.backends._breakdown import Breakdown
+    from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
     from autotune.backends.deepspeed.ops import OpsReport
     from autotune.candidate import Candidate
     from autotune.hardware import Hardware
-    from autotune.memory.activations import ActivationProfile
-    from autotune.memory.memory_model import ModelFacts
 
 
 class DeepSpeedBackend:

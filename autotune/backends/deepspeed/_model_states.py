@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.backends._breakdown import Breakdown
+from autotune.backends._memory_terms import Breakdown
 
 if TYPE_CHECKING:
+    from autotune.backends._memory_terms import ModelFacts
     from autotune.candidate import Candidate
-    from autotune.memory.memory_model import ModelFacts
 
 
 def zero_model_states(candidate: Candidate, facts: ModelFacts) -> tuple[Breakdown, Breakdown]:

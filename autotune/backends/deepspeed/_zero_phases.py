@@ -28,12 +28,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.backends._breakdown import Breakdown
+from autotune.backends._memory_terms import Breakdown
 
 if TYPE_CHECKING:
+    from autotune.backends._memory_terms import ActivationProfile, ModelFacts
     from autotune.candidate import Candidate
-    from autotune.memory.activations import ActivationProfile
-    from autotune.memory.memory_model import ModelFacts
 
 DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeedZeroConfig.reduce_bucket_size
 DEFAULT_ALLREDUCE_BUCKET = 500_000_000  # engine.allreduce_gradients, MEMORY_OPT_ALLREDUCE_SIZE

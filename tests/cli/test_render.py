@@ -1,0 +1,22 @@
+"""The CLI's words for the events of a run."""
+
+from __future__ import annotations
+
+from autotune.cli._render import line
+from autotune.run._confirmation_rounds import done_event
+from autotune.study import confirmation as confirm
+
+
+def test_the_cli_words_the_verdict_the_round_reports() -> None:
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=1, label="a", samples_per_s=[60.0, 62.0, 61.0]),
+            confirm.Contender(trial=2, label="b", samples_per_s=[68.0, 70.0, 69.0]),
+        ],
+        rounds=2,
+        seconds=31.4,
+    )
+    verdict.decide()
+    text = line(done_event(verdict))
+    assert text == f"confirmation (2 round(s), 31 s): {verdict.describe()}"
+    assert text.startswith("confirmation (2 round(s), 31 s): winner b: 69.0 samples/s ±3.1")

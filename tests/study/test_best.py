@@ -1,0 +1,95 @@
+"""The study's best trial: the confirmed winner, and a trial measured after the round."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.study import best, records
+from autotune.study import confirmation as confirm
+from tests.support.studies import best_label, study_with
+
+
+def test_export_takes_the_confirmed_winner() -> None:
+    study = study_with({"a": [0.20, 0.20], "b": [0.21, 0.21]})
+    assert best_label(study) == "a"  # by the search's single probes
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=0, label="a", samples_per_s=[80.0, 70.0, 70.0]),
+            confirm.Contender(trial=1, label="b", samples_per_s=[76.0, 77.0, 78.0]),
+        ],
+        rounds=2,
+    )
+    verdict.decide()
+    verdict.after_trial = 1
+    confirm.store(study, verdict)
+    assert best_label(study) == "b"
+    # a later trial that beats the confirmed mean outright wins
+    faster = study_with({"c": [0.1, 0.1]}).trials[0]
+    study.add_trial(faster)
+    assert best_label(study) == "c"
+
+
+def _measured(number: int, samples_per_s: float) -> records.TrialView:
+    """Trial ``number``, measured in full at ``samples_per_s`` by its single probe."""
+    from autotune.candidate import Candidate
+
+    candidate = Candidate(
+        precision="fp32",
+        zero_stage=0,
+        micro_batch_size=number,
+        gradient_accumulation_steps=1,
+        data_parallel_size=1,
+    )
+    record = records.TrialRecord(
+        candidate=candidate,
+        candidate_key=candidate.key,
+        label=f"t{number}",
+        status="ok",
+        feasible=True,
+    )
+    return records.TrialView(number, "COMPLETE", samples_per_s, record, None)  # type: ignore[arg-type]
+
+
+def _round_of_t3_over_t15() -> confirm.Confirmation:
+    """t3 confirmed near 100 samples/s; t15, a lucky 120 in the search, a runner-up near 91."""
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=3, label="t3", samples_per_s=[100.0, 101.0, 99.0, 100.0]),
+            confirm.Contender(trial=15, label="t15", samples_per_s=[120.0, 90.0, 92.0, 91.0]),
+        ],
+        rounds=3,
+        after_trial=16,
+    )
+    verdict.decide()
+    assert verdict.winner == 3
+    return verdict
+
+
+def test_a_trial_after_the_round_beats_the_winner_not_a_runner_up_the_round_ruled_out() -> None:
+    verdict = _round_of_t3_over_t15()
+    trials = [_measured(3, 100.0), _measured(15, 120.0)]
+    decided = best.decide_best(trials, verdict)
+    assert decided is not None and decided.trial == 3 and decided.confirmed
+    assert decided.reason.startswith(
+        "confirmed on the median of its search probe and 3 interleaved re-probe(s), among 2"
+    )
+    # t20, measured after the round, beats t3's interval: t20 is the best, not t15's old 120
+    decided = best.decide_best([*trials, _measured(20, 110.0)], verdict)
+    assert decided is not None and decided.trial == 20 and not decided.confirmed
+    assert decided.samples_per_s == 110.0
+    assert "measured after the confirmation round" in decided.reason
+    # within t3's interval it does not
+    decided = best.decide_best([*trials, _measured(20, 101.0)], verdict)
+    assert decided is not None and decided.trial == 3
+
+
+def test_a_winner_not_feasible_now_leaves_the_best_to_the_next_contender() -> None:
+    verdict = _round_of_t3_over_t15()
+    decided = best.decide_best([_measured(15, 120.0), _measured(7, 95.0)], verdict)
+    assert decided is not None and decided.trial == 15 and decided.confirmed
+    assert decided.samples_per_s == pytest.approx(91.5)
+    assert "trial 3, is not feasible now" in decided.reason
+    # no contender feasible: the fastest feasible, on its single probe
+    decided = best.decide_best([_measured(7, 95.0), _measured(8, 97.0)], verdict)
+    assert decided is not None and decided.trial == 8 and not decided.confirmed
+    assert "no contender of the confirmation round is feasible" in decided.reason

@@ -1,0 +1,29 @@
+"""A short study of real probes through the CLI: a small space and fixed-length probes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# One ZeRO stage, one precision, four micro-batches: every candidate has the same shape, so
+# an OOM at one micro-batch speaks for the larger ones.
+SMALL_SPACE = """\
+precision: [fp32]
+zero_stage: [0]
+offload_optimizer: [none]
+offload_param: [none]
+micro_batch_size: [1, 2, 4, 8]
+gradient_accumulation_steps: [1, 2, 4, 8]
+activation_checkpointing: [false]
+"""
+# Short fixed-length probes; no early stop and no confirmation round, so that trial counts
+# and states are what each test sets up (those features have their own tests).
+FAST = [
+    "--warmup-steps", "1", "--timed-steps", "2", "--max-timed-steps", "2",
+    "--no-early-stop", "--no-confirm",
+]  # fmt: skip
+
+
+def base_args(workdir: Path, *extra: str) -> list[str]:
+    space = workdir / "small.yaml"
+    space.write_text(SMALL_SPACE)
+    return ["run", "--workload", "gpt-tiny", "--gpus", "2", "--space", str(space), *FAST, *extra]
