@@ -38,6 +38,10 @@ class TrainingBackend(Protocol):
     - ``sharded_build(candidate, config)``: on a probe's rank, a context under which the
       workload's model is built already sharded for this candidate, or None to build it
       whole.
+    - ``prepare_rank_process()``: once in a probe's rank process, before any candidate: what
+      the library needs of the process (for DeepSpeed, op loads under kernel locks with the
+      environment's build tools). ``start_process_group()``: on the rank, join the ranks'
+      process group the library's own way (it picks the communication backend).
     - ``initialize_engine(model, config)``: on a probe's rank, the training engine over
       ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe times.
     - ``model_states(candidate, facts)``: the (device, host) bytes per rank of parameters,
@@ -85,6 +89,10 @@ class TrainingBackend(Protocol):
     def sharded_build(
         self, candidate: Candidate, config: dict[str, Any]
     ) -> contextlib.AbstractContextManager[Any] | None: ...
+
+    def prepare_rank_process(self) -> None: ...
+
+    def start_process_group(self) -> None: ...
 
     def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any: ...
 

@@ -58,6 +58,16 @@ class DeepSpeedBackend:
     ) -> contextlib.AbstractContextManager[Any] | None:
         return _engine.sharded_build(candidate, config)
 
+    def prepare_rank_process(self) -> None:
+        from autotune.backends.deepspeed.ops import guard_op_loads
+
+        guard_op_loads()  # a killed loader's leftover lock is cleared
+
+    def start_process_group(self) -> None:
+        import deepspeed
+
+        deepspeed.init_distributed()
+
     def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any:
         return _engine.initialize_engine(model, config)
 
