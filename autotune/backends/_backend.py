@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
     from autotune.candidate import Candidate
     from autotune.hardware import Hardware
+    from autotune.script_config import ScriptConfig
 
 
 class TrainingBackend(Protocol):
@@ -37,6 +38,10 @@ class TrainingBackend(Protocol):
     - ``sharded_build(candidate, config)``: on a probe's rank, a context under which the
       workload's model is built already sharded for this candidate, or None to build it
       whole.
+    - ``prepare_rank_process()``: once in a probe's rank process, before any candidate: what
+      the library needs of the process (for DeepSpeed, op loads under kernel locks with the
+      environment's build tools). ``start_process_group()``: on the rank, join the ranks'
+      process group the library's own way (it picks the communication backend).
     - ``initialize_engine(model, config)``: on a probe's rank, the training engine over
       ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe times.
     - ``model_states(candidate, facts)``: the (device, host) bytes per rank of parameters,
@@ -46,6 +51,20 @@ class TrainingBackend(Protocol):
       bytes with what those phases add there.
     - ``validate_config(config, world_size, accelerator)``: check the exported config with
       the library's own parser for ``world_size`` ranks; raise ExportError if it refuses.
+    - ``with_fallback_optimizer(config)``: ``config`` stepping with the optimizer the backend
+      falls back to where its own did not build (``ensure_ops``' report says when);
+      ``uses_fallback_optimizer(config)`` tells whether a probed config did.
+    - ``nvme_offload_problem(hardware)``: why NVMe offload cannot be served on this
+      hardware (one line), or None; ``partial_offload_supported()``: whether the library
+      can offload a share of the optimizer states (``offload_optimizer_ratio`` < 1).
+    - ``config_for_script(config, script)``: the rendered config as the user's own script
+      is given it (probes and the export), for that script's kind.
+    - ``launch_script(origin, ranks, accelerator, threads_per_rank)``: the export's
+      ``launch.sh`` that starts the user's script (its first argument) with the config;
+      ``script_launch_script(...)`` the one for a study of the user's own script, run with
+      its tuned arguments; ``config_usage_lines(ranks, script_name)`` the summary's lines on
+      how to use the config and ``launch.sh``. ``origin`` and ``script_name`` arrive
+      printable, the arguments quoted for bash.
     """
 
     name: str
@@ -71,6 +90,10 @@ class TrainingBackend(Protocol):
         self, candidate: Candidate, config: dict[str, Any]
     ) -> contextlib.AbstractContextManager[Any] | None: ...
 
+    def prepare_rank_process(self) -> None: ...
+
+    def start_process_group(self) -> None: ...
+
     def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any: ...
 
     def model_states(
@@ -89,6 +112,36 @@ class TrainingBackend(Protocol):
     def validate_config(
         self, config: dict[str, Any], world_size: int, accelerator: str = "cpu"
     ) -> None: ...
+
+    def with_fallback_optimizer(self, config: dict[str, Any]) -> dict[str, Any]: ...
+
+    def uses_fallback_optimizer(self, config: dict[str, Any]) -> bool: ...
+
+    def nvme_offload_problem(self, hardware: Hardware) -> str | None: ...
+
+    def partial_offload_supported(self) -> bool: ...
+
+    def config_for_script(self, config: dict[str, Any], script: ScriptConfig) -> dict[str, Any]: ...
+
+    def launch_script(
+        self, origin: str, ranks: int, accelerator: str, threads_per_rank: int
+    ) -> str: ...
+
+    def script_launch_script(
+        self,
+        *,
+        origin: str,
+        script_name: str,
+        script_path: str,
+        cwd: str,
+        shell_args: str,
+        passes_config: bool,
+        ranks: int,
+        accelerator: str,
+        threads_per_rank: int,
+    ) -> str: ...
+
+    def config_usage_lines(self, ranks: int, script_name: str | None) -> list[str]: ...
 
 
 # The backend a study trains with; the one place it is chosen until a flag names another.

@@ -2,8 +2,8 @@
 
 The backend's config file (``ds_config.json``: the base config with the tuned values, checked
 by the backend, for DeepSpeed by its own config class for the tuned world size), ``launch.sh``
-(the deepspeed launcher and torchrun commands for the user's script) and ``summary.md``
-(see :mod:`autotune.export._summary`).
+(the backend's launch commands for the user's script) and ``summary.md`` (see
+:mod:`autotune.export._summary`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class Exported(BaseModel):
 
 def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     """The trial's candidate over the user's base config, with the user's NVMe path; with
-    torch's Adam where the probe stepped with it (FusedAdam did not build there)."""
+    the backend's fallback optimizer where the probe stepped with it (for DeepSpeed, torch's
+    Adam where FusedAdam did not build)."""
     largest = None
     if trial.candidate.offload_param == "nvme" and config.script is not None:
         from autotune.memory import read_probe
@@ -51,18 +52,14 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
         from autotune.workloads import get_workload
 
         largest = model_facts(get_workload(config.workload), 0).largest_param
-    rendered = get_backend(DEFAULT_BACKEND).render_config(
+    backend = get_backend(DEFAULT_BACKEND)
+    rendered = backend.render_config(
         trial.candidate, config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
     )
     if config.script is not None:
-        from autotune.backends.deepspeed import script_ds_config
-
-        rendered = script_ds_config(rendered, config.script)
-    probed = (trial.record.ds_config or {}).get("optimizer", {}).get("params", {})
-    if probed.get("torch_adam"):
-        from autotune.backends.deepspeed import use_torch_adam
-
-        rendered = use_torch_adam(rendered)
+        rendered = backend.config_for_script(rendered, config.script)
+    if backend.uses_fallback_optimizer(trial.record.ds_config or {}):
+        rendered = backend.with_fallback_optimizer(rendered)
     return rendered
 
 

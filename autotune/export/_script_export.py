@@ -50,44 +50,20 @@ def render_script_launch(study_name: str, trial: TrialView, config: StudyConfig)
     """``launch.sh`` for a script study."""
     script = config.script
     assert script is not None
-    ranks = config.gpus_per_trial
+    from autotune.backends import DEFAULT_BACKEND, get_backend
+
     cpu = config.accelerator == "cpu"
-    device = "CPU rank(s)" if cpu else "GPU(s)"
-    origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
-    args = _shell_args(production_args(script, trial.candidate, cpu))
-    cpu_env = 'export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"\n' if cpu else ""
-    no_config = (
-        "# Your script builds its DeepSpeed config in code: put ds_config.json's values there\n"
-        "# (or have it read a --deepspeed_config path) -- this launch cannot hand it over.\n"
-        if script.config_flag is None
-        else ""
+    return get_backend(DEFAULT_BACKEND).script_launch_script(
+        origin=_printable(f"study {study_name!r}, trial {trial.number} ({trial.label})"),
+        script_name=_printable(script.name),
+        script_path=script.path,
+        cwd=script.cwd,
+        shell_args=_shell_args(production_args(script, trial.candidate, cpu)),
+        passes_config=script.config_flag is not None,
+        ranks=config.gpus_per_trial,
+        accelerator=config.accelerator,
+        threads_per_rank=config.threads_per_rank,
     )
-    return f"""#!/usr/bin/env bash
-# autotune export: {origin},
-# tuned for {ranks} {device} on one node.
-#
-# Runs {_printable(script.name)} with the arguments it was tuned with, the tuned ds_config.json
-# beside this file, and the flags the tuned values need (summary.md lists what changed):
-#   ./launch.sh                         # torchrun, as the probes ran it
-#   LAUNCHER=deepspeed ./launch.sh      # the deepspeed launcher (it adds --local_rank)
-#   ./launch.sh --more args             # appended to the script's arguments
-{no_config}set -euo pipefail
-CONFIG="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/ds_config.json"
-cd {shlex.quote(script.cwd)}
-# The probes ran with this many intra-op threads per rank.
-export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(config.threads_per_rank))}}}"
-{cpu_env}ARGS=(
-  {args}
-)
-case "${{LAUNCHER:-torchrun}}" in
-  torchrun)
-    exec torchrun --standalone --nproc-per-node={ranks} {shlex.quote(script.path)} \\
-      "${{ARGS[@]}}" "$@" ;;
-  deepspeed)
-    exec deepspeed --num_gpus={ranks} {shlex.quote(script.path)} "${{ARGS[@]}}" "$@" ;;
-  *) echo "LAUNCHER must be torchrun or deepspeed, got ${{LAUNCHER}}" >&2; exit 2 ;;
-esac
-"""
 
 
 def script_summary_lines(trial: TrialView, config: StudyConfig) -> list[str]:

@@ -9,7 +9,6 @@ quoted or escaped before it reaches the shell script.
 
 from __future__ import annotations
 
-import shlex
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -40,39 +39,12 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
         from autotune.export._script_export import render_script_launch
 
         return render_script_launch(study_name, trial, config)
-    ranks = config.gpus_per_trial
-    device = "GPU(s)" if config.accelerator == "cuda" else "CPU rank(s)"
-    cpu_env = (
-        'export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"\n' if config.accelerator == "cpu" else ""
-    )
+    from autotune.backends import DEFAULT_BACKEND, get_backend
+
     origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
-    return f"""#!/usr/bin/env bash
-# autotune export: {origin},
-# tuned for {ranks} {device} on one node.
-#
-#   ./launch.sh train.py [your script's arguments]                     # deepspeed launcher
-#   LAUNCHER=torchrun ./launch.sh train.py [your script's arguments]   # torchrun
-#
-# The deepspeed launcher's rendezvous port is MASTER_PORT (29500 unless set: give another
-# where a second job on the node holds it); torchrun --standalone picks a free one.
-# Your script hands the config to deepspeed.initialize(config=...); this script passes
-# its path as --deepspeed_config (change the flag below if your script reads another one).
-set -euo pipefail
-CONFIG="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/ds_config.json"
-SCRIPT="${{1:?usage: $0 train.py [arguments of your script]}}"
-shift
-# The probes ran with this many intra-op threads per rank.
-export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(config.threads_per_rank))}}}"
-{cpu_env}case "${{LAUNCHER:-deepspeed}}" in
-  deepspeed)
-    exec deepspeed --num_gpus={ranks} --master_port "${{MASTER_PORT:-29500}}" \\
-      "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
-  torchrun)
-    exec torchrun --standalone --nproc-per-node={ranks} \\
-      "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
-  *) echo "LAUNCHER must be deepspeed or torchrun, got ${{LAUNCHER}}" >&2; exit 2 ;;
-esac
-"""
+    return get_backend(DEFAULT_BACKEND).launch_script(
+        origin, config.gpus_per_trial, config.accelerator, config.threads_per_rank
+    )
 
 
 def outcome_counts(trials: list[TrialView]) -> Counter[str]:
@@ -288,18 +260,10 @@ def render_summary(
 
 
 def _file_lines(config: StudyConfig) -> list[str]:
-    if config.script is not None:
-        return [
-            "- `ds_config.json`: your script's config with the tuned keys; `launch.sh` hands "
-            "it to the script.",
-            f"- `launch.sh`: runs `{_printable(config.script.name)}` as it was tuned (torchrun, "
-            f"or `LAUNCHER=deepspeed`) on {config.gpus_per_trial} rank(s).",
-        ]
-    return [
-        "- `ds_config.json`: pass it to `deepspeed.initialize(config=...)` unchanged.",
-        "- `launch.sh`: starts your script with the deepspeed launcher or torchrun "
-        f"(`LAUNCHER=torchrun`) on {config.gpus_per_trial} rank(s).",
-    ]
+    from autotune.backends import DEFAULT_BACKEND, get_backend
+
+    name = _printable(config.script.name) if config.script is not None else None
+    return get_backend(DEFAULT_BACKEND).config_usage_lines(config.gpus_per_trial, name)
 
 
 def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:

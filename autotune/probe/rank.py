@@ -146,11 +146,12 @@ def _cast_floating(batch: Any, dtype: Any) -> Any:
 def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]:
     """Process group, numeric settings and the memory limit of one candidate: the CPU
     tracker (or a null context on CUDA) and the CUDA memory outside the allocator."""
-    import deepspeed
     import torch
 
+    from autotune.backends import DEFAULT_BACKEND, get_backend
+
     quiet_libraries()
-    deepspeed.init_distributed()
+    get_backend(DEFAULT_BACKEND).start_process_group()
     # Explicit for every candidate: production's setting, never the previous candidate's.
     torch.set_float32_matmul_precision(spec.float32_matmul_precision)
     report.versions = versions(device)
@@ -253,9 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH);
     # a yaml.py or torch.py the user keeps there must not shadow the real packages
     sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
-    from autotune.backends.deepspeed import guard_op_loads
+    from autotune.backends import DEFAULT_BACKEND, get_backend
 
-    guard_op_loads()  # op loads hold a kernel lock; a killed loader's leftover lock is cleared
+    # the backend's process set-up (DeepSpeed: op loads hold a kernel lock; a killed
+    # loader's leftover lock is cleared)
+    get_backend(DEFAULT_BACKEND).prepare_rank_process()
     parser = argparse.ArgumentParser(prog="python -m autotune.probe.rank", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--spec", type=Path, action="append", help="ProbeSpec JSON (repeatable).")

@@ -130,13 +130,12 @@ class ScriptProbe:
         largest = ModelInfo.of(model).largest_param if model is not None else None
         from autotune.backends import DEFAULT_BACKEND, get_backend
 
-        config = get_backend(DEFAULT_BACKEND).render_config(
+        backend = get_backend(DEFAULT_BACKEND)
+        config = backend.render_config(
             self.spec.candidate, base, nvme_path=self.script.nvme_path, largest_param_numel=largest
         )
         if self.script.torch_adam:
-            from autotune.backends.deepspeed import use_torch_adam
-
-            config = use_torch_adam(config)
+            config = backend.with_fallback_optimizer(config)
         if self.rank == 0:
             _write_json(self.spec_path.parent / "engine_config.json", config)
         return config
@@ -386,9 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH):
     # the script's folder goes there instead, as `python train.py` has it
     sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
-    from autotune.backends.deepspeed import guard_op_loads
+    from autotune.backends import DEFAULT_BACKEND, get_backend
 
-    guard_op_loads()
+    get_backend(DEFAULT_BACKEND).prepare_rank_process()
     parser = argparse.ArgumentParser(
         prog="python -m autotune.probe.script_rank", description=__doc__
     )

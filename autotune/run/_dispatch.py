@@ -120,9 +120,11 @@ class Dispatcher:
         ds_config = plan.ds_config(candidate, nvme_dir)
         script, cwd = None, str(Path.cwd())
         if plan.config.script is not None:
-            from autotune.backends.deepspeed import script_ds_config
+            from autotune.backends import DEFAULT_BACKEND, get_backend
 
-            ds_config = script_ds_config(ds_config, plan.config.script)
+            ds_config = get_backend(DEFAULT_BACKEND).config_for_script(
+                ds_config, plan.config.script
+            )
             script = _script_run(plan, plan.config.script, candidate, trial_dir, nvme_dir)
             cwd = plan.config.script.cwd
         spec = ProbeSpec(

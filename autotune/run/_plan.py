@@ -40,16 +40,15 @@ class Plan:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
         from autotune.backends import DEFAULT_BACKEND, get_backend
 
-        config = get_backend(DEFAULT_BACKEND).render_config(
+        backend = get_backend(DEFAULT_BACKEND)
+        config = backend.render_config(
             candidate,
             self.config.base_config,
             nvme_path=nvme_dir or self.config.nvme_path,
             largest_param_numel=self.largest_param_numel,
         )
         if self.torch_adam:
-            from autotune.backends.deepspeed import use_torch_adam
-
-            config = use_torch_adam(config)
+            config = backend.with_fallback_optimizer(config)
         return config
 
 
@@ -62,10 +61,13 @@ def bind_space(
     max_global_batch: int | None,
     nvme_path: str | None,
 ) -> BoundSpace:
-    """Bind a space, asking DeepSpeed what it supports only where the space needs it."""
-    from autotune.backends.deepspeed import async_io_problem, partial_offload_supported
+    """Bind a space, asking the backend what it supports only where the space needs it."""
+    from autotune.backends import DEFAULT_BACKEND, get_backend
 
-    nvme_unavailable = async_io_problem(hardware) if spec.uses("nvme") and nvme_path else None
+    backend = get_backend(DEFAULT_BACKEND)
+    nvme_unavailable = (
+        backend.nvme_offload_problem(hardware) if spec.uses("nvme") and nvme_path else None
+    )
     return spec.bind(
         hardware,
         data_parallel_size=ranks,
@@ -73,7 +75,7 @@ def bind_space(
         max_global_batch=max_global_batch,
         nvme_path=nvme_path,
         nvme_unavailable=nvme_unavailable,
-        partial_offload_supported=partial_offload_supported(),
+        partial_offload_supported=backend.partial_offload_supported(),
     )
 
 

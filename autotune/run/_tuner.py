@@ -350,17 +350,20 @@ class Tuner:
         return len(screened)
 
     def _prepare_ops(self) -> float:
-        """Build the DeepSpeed ops the probes need (once per environment, with progress);
-        where FusedAdam cannot be built, the probes use torch's Adam. Returns the seconds
-        spent compiling (0 when every op was built already): the budget leaves them out."""
-        from autotune.backends.deepspeed import ensure_deepspeed_ops
+        """Build the backend's ops the probes need (once per environment, with progress);
+        where its optimizer cannot be built, the probes use its fallback (for DeepSpeed,
+        torch's Adam in place of FusedAdam). Returns the seconds spent compiling (0 when
+        every op was built already): the budget leaves them out."""
+        from autotune.backends import DEFAULT_BACKEND, get_backend
 
         targets = {
             device
             for c in self.plan.space.candidates()
             for device in (c.offload_optimizer, c.offload_param)
         } - {"none"}
-        report = ensure_deepspeed_ops(self.plan.hardware, offload_targets=targets, emit=self.emit)
+        report = get_backend(DEFAULT_BACKEND).ensure_ops(
+            self.plan.hardware, offload_targets=targets, emit=self.emit
+        )
         if report.built:
             self.emit(events.OpsBuilt(tuple(report.built), report.seconds))
         self.plan.torch_adam = report.torch_adam
