@@ -24,7 +24,7 @@ from typing import Any
 
 from ._phases import PHASES
 from ._run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
-from .report import render_markdown
+from .report import exit_code, render_markdown, verdict
 from .settings import DRY_RUN_SETTINGS, GPU_SETTINGS
 
 BEFORE_STUDY = ("install", "env", "ops", "memory", "precision_offload", "gpu_tests", "oom")
@@ -136,13 +136,14 @@ def write_report(run: Run) -> dict[str, Any]:
         "versions": versions,
         "budget_s": run.settings.total_s,
         "total_s": time.monotonic() - run.started,
-        "passed": all(p.status in ("passed", "skipped") for p in run.phases),
         "work": str(run.work),
         "facts": {k: v for k, v in run.facts.items() if k != "versions"},
         "phases": [
             {k: v for k, v in dataclasses.asdict(p).items() if k != "deadline"} for p in run.phases
         ],
     }
+    report["verdict"] = verdict(report["phases"])
+    report["passed"] = report["verdict"]["status"] == "passed"
     (run.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     (run.out / "gpu_check.md").write_text(render_markdown(report))
     collect_logs(run.work / "logs", run.out / "phases.log")
@@ -193,8 +194,14 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{p.name} {p.status}" for p in run.phases)
             + f"; report in {run.out}"
         )
+        v = report["verdict"]
+        run.say(
+            f"verdict: {v['status']}: {v['passed']} passed, {len(v['failed'])} failed, "
+            f"{len(v['not_verified'])} not verified (each with its reason in gpu_check.md)"
+        )
         run.console.close()
-    return 0 if report["passed"] else 1
+    # 0 all passed, 1 something failed, 3 nothing failed but something is not verified
+    return exit_code(report["verdict"]["status"])
 
 
 if __name__ == "__main__":
