@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of every CUDA path of autotune on one GPU, in under 8 minutes; writes
+# One prepared check of every CUDA path of autotune on one GPU, in at most 9 minutes; writes
 # gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md) and logs to OUT_DIR.
 #
 #   benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels   # a CUDA GPU node, offline
