@@ -14,7 +14,7 @@ from ._run import REPO, Phase, Run, Skip
 from .oom_checks import oom_checks, oom_limit
 from .report import MiB
 from .settings import OOM_AFTER_S
-from .study_checks import study_checks, study_summary, train_checks
+from .study_checks import study_checks, study_summary, train_checks, train_speed_check
 
 TRAIN = str(REPO / "benchmarks" / "gpu_check" / "train.py")
 DIT_PREFERRED = ("dit-b-2", "dit-s-2")
@@ -205,8 +205,7 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     code, out = run.run(phase, argv, env=env)
     checks, data = train_checks(out, code, run.settings.train_steps)
     phase.checks += checks
-    if data.get("samples_per_s") and export.get("samples_per_s"):
-        data["vs_study"] = data["samples_per_s"] / export["samples_per_s"]
+    phase.checks.append(train_speed_check(data.get("samples_per_s"), export.get("samples_per_s")))
     phase.data = {**data, "launcher": launcher, "tail": out[-1500:]}
     phase.summary = f"{data.get('global_steps')} steps, {data.get('samples_per_s')} samples/s"
 

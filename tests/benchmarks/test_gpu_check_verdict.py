@@ -81,3 +81,12 @@ def test_the_markdown_shows_the_not_verified_count_and_each_reason() -> None:
     n = len(report["verdict"]["not_verified"])
     assert f"**Verdict: not verified**: 0 passed, 0 failed, {n} not verified." in table
     assert "- oom: skipped: needs CUDA" in table
+
+
+def test_the_exported_configs_training_speed_is_judged_against_the_study() -> None:
+    from benchmarks.gpu_check.study_checks import TRAIN_SPEED_TOLERANCE, train_speed_check
+
+    assert train_speed_check(100.0, 100.0)["ok"] is True
+    assert train_speed_check(100.0 * (1 - TRAIN_SPEED_TOLERANCE) - 1, 100.0)["ok"] is False
+    assert train_speed_check(100.0 * (1 + TRAIN_SPEED_TOLERANCE) + 1, 100.0)["ok"] is False
+    assert train_speed_check(None, 100.0)["ok"] is None
