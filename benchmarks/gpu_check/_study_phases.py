@@ -205,7 +205,8 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     code, out = run.run(phase, argv, env=env)
     checks, data = train_checks(out, code, run.settings.train_steps)
     phase.checks += checks
-    phase.checks.append(train_speed_check(data.get("samples_per_s"), export.get("samples_per_s")))
+    speeds = data.get("samples_per_s"), export.get("samples_per_s")
+    phase.checks.append(train_speed_check(*speeds, judged=not run.settings.dry_run))
     phase.data = {**data, "launcher": launcher, "tail": out[-1500:]}
     phase.summary = f"{data.get('global_steps')} steps, {data.get('samples_per_s')} samples/s"
 
