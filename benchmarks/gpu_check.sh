@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of every CUDA path of autotune on one GPU, in under 8 minutes; writes
+# One prepared check of every CUDA path of autotune on one GPU, in at most 9 minutes; writes
 # gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md) and logs to OUT_DIR.
 #
 #   benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels   # a CUDA GPU node, offline
@@ -11,6 +11,10 @@
 # (the check's venv sees that interpreter's packages). Everything else is in the package
 # benchmarks/gpu_check/ (`--help`), which this runs from the repository root it sits in,
 # wherever the caller stands (relative paths in the arguments stay the caller's).
+#
+# Exit code: 0 every phase and check passed; 1 something failed; 3 nothing failed but
+# something is not verified (skipped, out of time, not judged here, or beyond one GPU:
+# gpu_check.md lists each with its reason); 2 a wrong call.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

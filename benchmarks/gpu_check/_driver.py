@@ -24,31 +24,25 @@ from typing import Any
 
 from ._phases import PHASES
 from ._run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
-from .report import render_markdown
-from .settings import DRY_RUN_SETTINGS, GPU_SETTINGS
-
-BEFORE_STUDY = ("install", "env", "ops", "memory", "precision_offload", "gpu_tests", "oom")
+from .report import exit_code, render_markdown, verdict
+from .settings import DRY_RUN_SETTINGS, GPU_SETTINGS, MIN_PHASE_S, plan_lines
 
 
 def run_phase(run: Run, name: str, body: Callable[[Run, Phase], None]) -> Phase:
     """One phase under its limit (never past the whole budget); what happened, recorded."""
     phase = Phase(name=name)
     run.phases.append(phase)
-    limit = run.settings.timeouts.get(name, run.left_s())
-    left = run.left_s()
-    if name in BEFORE_STUDY:  # the study and the training keep their reserve
-        left -= run.settings.reserve_s
-    phase.timeout_s = max(0.0, min(limit, left))
+    limit = run.settings.timeouts[name]  # the time plan (settings.py)
+    phase.timeout_s = max(0.0, min(limit, run.left_s()))
     started = time.monotonic()
     phase.deadline = started + phase.timeout_s
     try:
         if run.facts.get("abort"):
             raise Skip(run.facts["abort"])
-        if phase.timeout_s < 5:
-            raise Skip(
-                f"no time left of the {run.settings.total_s:.0f} s budget"
-                + (" before the study's reserve" if name in BEFORE_STUDY else "")
-            )
+        if not limit:
+            raise Skip("not in the time plan (settings.py): it does not fit the budget")
+        if phase.timeout_s < MIN_PHASE_S:
+            raise Skip(f"no time left of the {run.settings.total_s:.0f} s budget")
         body(run, phase)
         failed = [c for c in phase.checks if c["ok"] is False]
         if failed:
@@ -84,9 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, help="scratch folder (default: a new one in /tmp)")
     parser.add_argument("--total", type=float, help="seconds for the whole check")
     parser.add_argument("--study-budget", type=float, help="most seconds for the GPT-2 study")
-    parser.add_argument(
-        "--reserve", type=float, help="seconds the phases before the study leave it and training"
-    )
+    parser.add_argument("--plan", action="store_true", help="print the time plan and exit")
     parser.add_argument("--skip", action="append", default=[], help="phase to skip (repeat)")
     parser.add_argument(
         "--cpu-oom", action="store_true", help="dry run: the oom study on tracked CPU memory too"
@@ -99,8 +91,6 @@ def make_run(args: argparse.Namespace) -> Run:
     settings = dataclasses.replace(DRY_RUN_SETTINGS if args.dry_run else GPU_SETTINGS)
     if args.total:
         settings.total_s = args.total
-    if args.reserve is not None:
-        settings.reserve_s = args.reserve
     if args.study_budget:
         settings.study_budget_max_s = args.study_budget
         settings.study_budget_min_s = min(settings.study_budget_min_s, args.study_budget)
@@ -136,13 +126,14 @@ def write_report(run: Run) -> dict[str, Any]:
         "versions": versions,
         "budget_s": run.settings.total_s,
         "total_s": time.monotonic() - run.started,
-        "passed": all(p.status in ("passed", "skipped") for p in run.phases),
         "work": str(run.work),
         "facts": {k: v for k, v in run.facts.items() if k != "versions"},
         "phases": [
             {k: v for k, v in dataclasses.asdict(p).items() if k != "deadline"} for p in run.phases
         ],
     }
+    report["verdict"] = verdict(report["phases"])
+    report["passed"] = report["verdict"]["status"] == "passed"
     (run.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     (run.out / "gpu_check.md").write_text(render_markdown(report))
     collect_logs(run.work / "logs", run.out / "phases.log")
@@ -175,9 +166,14 @@ def archive_trials(work: Path, target: Path, max_file_bytes: int = 2_000_000) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.plan:
+        print("\n".join(plan_lines(DRY_RUN_SETTINGS if args.dry_run else GPU_SETTINGS)))
+        return 0
     run = make_run(args)
     mode = "CPU dry run" if args.dry_run else "GPU"
     run.say(f"GPU check ({mode}); budget {run.settings.total_s:.0f} s; work in {run.work}")
+    for line in plan_lines(run.settings):
+        run.say(line)
     try:
         for name, body in PHASES:
             if name in args.skip:
@@ -193,8 +189,14 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{p.name} {p.status}" for p in run.phases)
             + f"; report in {run.out}"
         )
+        v = report["verdict"]
+        run.say(
+            f"verdict: {v['status']}: {v['passed']} passed, {len(v['failed'])} failed, "
+            f"{len(v['not_verified'])} not verified (each with its reason in gpu_check.md)"
+        )
         run.console.close()
-    return 0 if report["passed"] else 1
+    # 0 all passed, 1 something failed, 3 nothing failed but something is not verified
+    return exit_code(report["verdict"]["status"])
 
 
 if __name__ == "__main__":

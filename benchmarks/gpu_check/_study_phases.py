@@ -13,7 +13,8 @@ from typing import Any
 from ._run import REPO, Phase, Run, Skip
 from .oom_checks import oom_checks, oom_limit
 from .report import MiB
-from .study_checks import study_checks, study_summary, train_checks
+from .settings import OOM_AFTER_S
+from .study_checks import study_checks, study_summary, train_checks, train_speed_check
 
 TRAIN = str(REPO / "benchmarks" / "gpu_check" / "train.py")
 DIT_PREFERRED = ("dit-b-2", "dit-s-2")
@@ -76,7 +77,7 @@ def phase_oom(run: Run, phase: Phase) -> None:
     overhead = max(overheads, default=0) or (512 * MiB if run.cuda else 0)
     limit = oom_limit(plan, overhead)
     study = "gpu-check-oom"
-    budget = max(20.0, min(s.oom_budget_s, phase.deadline - time.monotonic() - 40))
+    budget = max(20.0, min(s.oom_budget_s, phase.deadline - time.monotonic() - OOM_AFTER_S))
     argv = cli(run, "run", *common, "--vram", str(limit["limit_bytes"]), "--no-prune")
     argv += ["--sampler", "grid", "--no-confirm", "--budget", f"{budget:.0f}s", "--seed", "0"]
     argv += _run_flags(run, study)
@@ -169,10 +170,8 @@ def study_phase(
 
 def phase_study(run: Run, phase: Phase) -> None:
     s = run.settings
-    train_reserve = 0 if s.dry_run else s.timeouts["train_export"] + 10
-    budget = min(
-        s.study_budget_max_s, phase.deadline - time.monotonic() - train_reserve - s.study_overhead_s
-    )
+    # the training has its own line in the time plan: the study's limit is all its own
+    budget = min(s.study_budget_max_s, phase.deadline - time.monotonic() - s.study_overhead_s)
     if budget < s.study_budget_min_s:
         raise Skip(f"{budget:.0f} s left for its budget, under {s.study_budget_min_s:.0f} s")
     phase.deadline = min(phase.deadline, time.monotonic() + budget + s.study_overhead_s)
@@ -206,8 +205,8 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     code, out = run.run(phase, argv, env=env)
     checks, data = train_checks(out, code, run.settings.train_steps)
     phase.checks += checks
-    if data.get("samples_per_s") and export.get("samples_per_s"):
-        data["vs_study"] = data["samples_per_s"] / export["samples_per_s"]
+    speeds = data.get("samples_per_s"), export.get("samples_per_s")
+    phase.checks.append(train_speed_check(*speeds, judged=not run.settings.dry_run))
     phase.data = {**data, "launcher": launcher, "tail": out[-1500:]}
     phase.summary = f"{data.get('global_steps')} steps, {data.get('samples_per_s')} samples/s"
 

@@ -4,8 +4,11 @@ markdown table (gpu_check.md) of a whole check.
 Pure functions over data, standard library only (the check's driver imports this before
 anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes.
 
-A check is ``{"name", "ok", "detail"}`` with ``ok`` True, False, or None (reported, not
-judged: a target that applies on CUDA only, a step the order of a run did not reach).
+A check is ``{"name", "ok", "detail"}`` with ``ok`` True (passed), False (failed) or None
+(not verified: a target that applies on CUDA only, a step the run did not reach; ``detail``
+says why). The whole check's verdict (:func:`verdict`) is passed only when nothing failed
+and nothing is left not verified: a skipped phase, one that ran out of time, a check with
+``ok`` None and what one GPU cannot show each count as not verified, with their reason.
 """
 
 from __future__ import annotations
@@ -14,6 +17,50 @@ from typing import Any
 
 MiB = 2**20
 GiB = 2**30
+
+
+# what a check on one GPU cannot show, whatever its phases find
+ONE_GPU_CANNOT_SHOW = (
+    ("2+ ranks (data parallel, ZeRO partitioned across ranks)", "one GPU runs one rank"),
+    ("NCCL collectives between GPUs", "one GPU has no peer to talk to"),
+    ("a run spanning nodes", "one GPU sits on one node"),
+)
+EXIT_PASSED, EXIT_FAILED, EXIT_NOT_VERIFIED = 0, 1, 3
+
+
+def verdict(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every phase and check as passed, failed or not verified, with each one's reason."""
+    passed: list[str] = []
+    failed: list[dict[str, str]] = []
+    not_verified: list[dict[str, str]] = []
+    for phase in phases:
+        name = phase["name"]
+        for c in phase.get("checks", []):
+            where = f"{name}: {c['name']}"
+            if c["ok"] is True:
+                passed.append(where)
+            elif c["ok"] is False:
+                failed.append({"where": where, "reason": c["detail"] or "failed"})
+            else:
+                not_verified.append({"where": where, "reason": c["detail"] or "not judged"})
+        reason = phase.get("reason") or phase["status"]
+        if phase["status"] == "failed" and not any(c["ok"] is False for c in phase["checks"]):
+            failed.append({"where": name, "reason": reason})
+        elif phase["status"] in ("skipped", "timeout"):
+            not_verified.append({"where": name, "reason": f"{phase['status']}: {reason}"})
+    for what, why in ONE_GPU_CANNOT_SHOW:
+        not_verified.append({"where": what, "reason": why})
+    status = "failed" if failed else "not verified" if not_verified else "passed"
+    return {
+        "status": status,
+        "passed": len(passed),
+        "failed": failed,
+        "not_verified": not_verified,
+    }
+
+
+def exit_code(status: str) -> int:
+    return {"passed": EXIT_PASSED, "failed": EXIT_FAILED}.get(status, EXIT_NOT_VERIFIED)
 
 
 def check(name: str, ok: bool | None, detail: str = "") -> dict[str, Any]:
@@ -53,6 +100,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         _machine_line(report),
         "",
+        *_verdict_lines(report),
         "| phase | status | seconds (limit) | result |",
         "|---|---|---|---|",
     ]
@@ -66,6 +114,23 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += _study_tables(report)
     lines += _checks_list(report)
     return "\n".join(lines) + "\n"
+
+
+def _verdict_lines(report: dict[str, Any]) -> list[str]:
+    v = report.get("verdict")
+    if not v:
+        return []
+    lines = [
+        f"**Verdict: {v['status']}**: {v['passed']} passed, {len(v['failed'])} failed, "
+        f"{len(v['not_verified'])} not verified.",
+        "",
+    ]
+    for title, items in (("Failed", v["failed"]), ("Not verified", v["not_verified"])):
+        if items:
+            lines += [f"{title}:", ""]
+            lines += [f"- {i['where']}: {_cell(i['reason'])}" for i in items]
+            lines.append("")
+    return lines
 
 
 def _machine_line(report: dict[str, Any]) -> str:
@@ -148,7 +213,7 @@ def _checks_list(report: dict[str, Any]) -> list[str]:
     out = ["", "Checks:", ""]
     for phase in report["phases"]:
         for c in phase.get("checks", []):
-            mark = {True: "yes", False: "NO", None: "-"}[c["ok"]]
+            mark = {True: "yes", False: "NO", None: "not verified"}[c["ok"]]
             out.append(
                 f"- {phase['name']}: {c['name']}: {mark}"
                 + (f" ({_cell(c['detail'])})" if c["detail"] else "")

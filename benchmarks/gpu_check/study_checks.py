@@ -89,6 +89,26 @@ def study_checks(
     ]
 
 
+# how far the exported config's training may run below or above the study's measured
+# samples/s: the training is a separate launch with its own warm-up and fewer steps than a
+# confirmed estimate, so its rate scatters more than the study's confidence interval
+TRAIN_SPEED_TOLERANCE = 0.15
+
+
+def train_speed_check(
+    trained: float | None, study: float | None, judged: bool = True
+) -> dict[str, Any]:
+    """The exported config trains at the study's measured speed, within the tolerance
+    (``judged`` False: CPU ranks sharing busy cores, reported not verified)."""
+    name = f"the exported config trains within {TRAIN_SPEED_TOLERANCE:.0%} of the study's speed"
+    if not trained or not study or not judged:
+        why = "" if judged else "; CPU ranks on shared cores: judged on a GPU"
+        return check(name, None, f"trained {trained}, study {study} samples/s{why}")
+    ratio = trained / study
+    ok = abs(ratio - 1) <= TRAIN_SPEED_TOLERANCE
+    return check(name, ok, f"{trained:.1f} vs {study:.1f} samples/s ({ratio:.2f}x)")
+
+
 TRAINED = re.compile(r"TRAINED global_steps=(\d+) loss=(\S+) samples_per_s=(\S+)")
 
 

@@ -1,0 +1,46 @@
+"""The GPU check's time plan adds up: each phase's limit from one table, their sum within
+the budget, no phase under what its own constants need (benchmarks/gpu_check/settings.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from benchmarks.gpu_check._phases import PHASES
+from benchmarks.gpu_check.settings import (
+    DRY_RUN_SETTINGS,
+    GPU_BUDGET_S,
+    GPU_SETTINGS,
+    phase_needs,
+    plan_lines,
+    plan_problems,
+)
+
+
+@pytest.mark.parametrize("settings", [GPU_SETTINGS, DRY_RUN_SETTINGS], ids=["gpu", "dry_run"])
+def test_the_time_plan_adds_up(settings) -> None:
+    assert list(settings.timeouts) == [name for name, _ in PHASES]
+    assert sum(settings.timeouts.values()) <= settings.total_s
+    for name, need in phase_needs(settings).items():
+        assert settings.timeouts[name] >= need, name
+    assert plan_problems(settings) == []
+
+
+def test_the_gpu_budget_is_at_most_9_minutes() -> None:
+    assert GPU_SETTINGS.total_s == GPU_BUDGET_S <= 9 * 60
+
+
+def test_a_plan_that_does_not_add_up_is_reported() -> None:
+    over = dataclasses.replace(GPU_SETTINGS, total_s=GPU_BUDGET_S - 1)
+    assert any("add up to" in p for p in plan_problems(over))
+    short = dataclasses.replace(GPU_SETTINGS, timeouts={**GPU_SETTINGS.timeouts, "study": 30})
+    assert plan_problems(short) == ["study: 30 s, under its 110 s"]
+    assert "plan does not add up: study: 30 s, under its 110 s" in plan_lines(short)
+
+
+def test_the_plan_is_printed_with_every_phase_and_the_sum() -> None:
+    lines = plan_lines(GPU_SETTINGS)
+    assert lines[0] == "plan: install 45 s"
+    assert "plan: study_dit 0 s (not in the plan: not verified)" in lines
+    assert lines[-1] == f"plan: {GPU_BUDGET_S} s of the {GPU_BUDGET_S} s budget"
