@@ -18,6 +18,9 @@ from .study_checks import study_checks, study_summary, train_checks, train_speed
 
 TRAIN = str(REPO / "benchmarks" / "gpu_check" / "train.py")
 DIT_PREFERRED = ("dit-b-2", "dit-s-2")
+# what a phase's time left may fall short of its plan by and still run: the moments between
+# one phase's end and the next one's start
+PLAN_SLACK_S = 1.0
 
 
 def cli(run: Run, *args: str) -> list[str]:
@@ -170,9 +173,11 @@ def study_phase(
 
 def phase_study(run: Run, phase: Phase) -> None:
     s = run.settings
-    # the training has its own line in the time plan: the study's limit is all its own
-    budget = min(s.study_budget_max_s, phase.deadline - time.monotonic() - s.study_overhead_s)
-    if budget < s.study_budget_min_s:
+    # the training has its own line in the time plan: the study's limit is all its own. The
+    # budget comes from the planned limit, not the clock since the phase began, so that a
+    # limit planned as exactly the minimum budget plus the overhead is not skipped
+    budget = min(s.study_budget_max_s, phase.timeout_s - s.study_overhead_s)
+    if budget < s.study_budget_min_s - PLAN_SLACK_S:
         raise Skip(f"{budget:.0f} s left for its budget, under {s.study_budget_min_s:.0f} s")
     phase.deadline = min(phase.deadline, time.monotonic() + budget + s.study_overhead_s)
     phase.timeout_s = budget + s.study_overhead_s
@@ -218,8 +223,8 @@ def phase_study_dit(run: Run, phase: Phase) -> None:
     if not names:
         raise Skip("no dit-* workload in autotune.workloads")
     workload = next((n for n in DIT_PREFERRED if n in names), names[0])
-    budget = min(90.0, phase.deadline - time.monotonic() - run.settings.study_overhead_s)
-    if budget < run.settings.study_budget_min_s:
+    budget = min(90.0, phase.timeout_s - run.settings.study_overhead_s)
+    if budget < run.settings.study_budget_min_s - PLAN_SLACK_S:
         raise Skip(
             f"{budget:.0f} s left for its budget, under {run.settings.study_budget_min_s:.0f} s"
         )
