@@ -3,7 +3,6 @@ module of this package that does that job."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -18,11 +17,8 @@ from autotune.backends.deepspeed import (
 )
 
 if TYPE_CHECKING:
-    from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
     from autotune.backends.deepspeed.ops import OpsReport
-    from autotune.candidate import Candidate
     from autotune.hardware import Hardware
-    from autotune.script_config import ScriptConfig
 
 
 class DeepSpeedBackend:
@@ -31,17 +27,18 @@ class DeepSpeedBackend:
     name = "deepspeed"
     config_file_name = "ds_config.json"
 
-    def render_config(
-        self,
-        candidate: Candidate,
-        base: dict[str, Any] | None = None,
-        *,
-        nvme_path: str | None = None,
-        largest_param_numel: int | None = None,
-    ) -> dict[str, Any]:
-        return _ds_config.render_ds_config(
-            candidate, base, nvme_path=nvme_path, largest_param_numel=largest_param_numel
-        )
+    # Members whose job one module of this package does with the same signature: that
+    # module's function is the member.
+    render_config = staticmethod(_ds_config.render_ds_config)
+    sharded_build = staticmethod(_engine.sharded_build)
+    initialize_engine = staticmethod(_engine.initialize_engine)
+    model_states = staticmethod(_model_states.zero_model_states)
+    transient_phases = staticmethod(_zero_phases.transient_phases)
+    validate_config = staticmethod(_validate.validate_ds_config)
+    config_for_script = staticmethod(_ds_config.script_ds_config)
+    launch_script = staticmethod(_export_text.launch_script)
+    script_launch_script = staticmethod(_export_text.script_launch_script)
+    config_usage_lines = staticmethod(_export_text.config_usage_lines)
 
     def ensure_ops(
         self,
@@ -53,11 +50,6 @@ class DeepSpeedBackend:
 
         return ensure_deepspeed_ops(hardware, offload_targets=offload_targets, emit=emit)
 
-    def sharded_build(
-        self, candidate: Candidate, config: dict[str, Any]
-    ) -> contextlib.AbstractContextManager[Any] | None:
-        return _engine.sharded_build(candidate, config)
-
     def prepare_rank_process(self) -> None:
         from autotune.backends.deepspeed.ops import guard_op_loads
 
@@ -67,27 +59,6 @@ class DeepSpeedBackend:
         import deepspeed
 
         deepspeed.init_distributed()
-
-    def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any:
-        return _engine.initialize_engine(model, config)
-
-    def model_states(self, candidate: Candidate, facts: ModelFacts) -> tuple[Breakdown, Breakdown]:
-        return _model_states.zero_model_states(candidate, facts)
-
-    def transient_phases(
-        self,
-        candidate: Candidate,
-        facts: ModelFacts,
-        act: ActivationProfile,
-        knobs: dict[str, int],
-        host: Breakdown,
-    ) -> tuple[dict[str, Breakdown], Breakdown]:
-        return _zero_phases.transient_phases(candidate, facts, act, knobs, host)
-
-    def validate_config(
-        self, config: dict[str, Any], world_size: int, accelerator: str = "cpu"
-    ) -> None:
-        _validate.validate_ds_config(config, world_size, accelerator)
 
     def with_fallback_optimizer(self, config: dict[str, Any]) -> dict[str, Any]:
         from autotune.backends.deepspeed.ops import use_torch_adam
@@ -106,39 +77,3 @@ class DeepSpeedBackend:
         from autotune.backends.deepspeed.ops import partial_offload_supported
 
         return partial_offload_supported()
-
-    def config_for_script(self, config: dict[str, Any], script: ScriptConfig) -> dict[str, Any]:
-        return _ds_config.script_ds_config(config, script)
-
-    def launch_script(
-        self, origin: str, ranks: int, accelerator: str, threads_per_rank: int
-    ) -> str:
-        return _export_text.launch_script(origin, ranks, accelerator, threads_per_rank)
-
-    def script_launch_script(
-        self,
-        *,
-        origin: str,
-        script_name: str,
-        script_path: str,
-        cwd: str,
-        shell_args: str,
-        passes_config: bool,
-        ranks: int,
-        accelerator: str,
-        threads_per_rank: int,
-    ) -> str:
-        return _export_text.script_launch_script(
-            origin=origin,
-            script_name=script_name,
-            script_path=script_path,
-            cwd=cwd,
-            shell_args=shell_args,
-            passes_config=passes_config,
-            ranks=ranks,
-            accelerator=accelerator,
-            threads_per_rank=threads_per_rank,
-        )
-
-    def config_usage_lines(self, ranks: int, script_name: str | None) -> list[str]:
-        return _export_text.config_usage_lines(ranks, script_name)
