@@ -9,7 +9,7 @@ the probe, the memory model and the export.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune import events
@@ -59,8 +59,9 @@ class TrainingBackend(Protocol):
       can offload a share of the optimizer states (``offload_optimizer_ratio`` < 1).
     - ``config_for_script(config, script)``: the rendered config as the user's own script
       is given it (probes and the export), for that script's kind.
-    - ``launch_script(origin, ranks, accelerator, threads_per_rank)``: the export's
-      ``launch.sh`` that starts the user's script (its first argument) with the config;
+    - ``launch_script(origin, ranks, accelerator, threads_per_rank, env)``: the export's
+      ``launch.sh`` that starts the user's script (its first argument) with the config and
+      exports ``env`` (what production must set to compute as the probes did);
       ``script_launch_script(...)`` the one for a study of the user's own script, run with
       its tuned arguments; ``config_usage_lines(ranks, script_name)`` the summary's lines on
       how to use the config and ``launch.sh``. ``origin`` and ``script_name`` arrive
@@ -124,7 +125,12 @@ class TrainingBackend(Protocol):
     def config_for_script(self, config: dict[str, Any], script: ScriptConfig) -> dict[str, Any]: ...
 
     def launch_script(
-        self, origin: str, ranks: int, accelerator: str, threads_per_rank: int
+        self,
+        origin: str,
+        ranks: int,
+        accelerator: str,
+        threads_per_rank: int,
+        env: Mapping[str, str] | None = None,
     ) -> str: ...
 
     def script_launch_script(
@@ -139,6 +145,7 @@ class TrainingBackend(Protocol):
         ranks: int,
         accelerator: str,
         threads_per_rank: int,
+        env: Mapping[str, str] | None = None,
     ) -> str: ...
 
     def config_usage_lines(self, ranks: int, script_name: str | None) -> list[str]: ...

@@ -51,6 +51,7 @@ def render_script_launch(study_name: str, trial: TrialView, config: StudyConfig)
     script = config.script
     assert script is not None
     from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.export._numerics import production_env
 
     cpu = config.accelerator == "cpu"
     return get_backend(DEFAULT_BACKEND).script_launch_script(
@@ -63,6 +64,7 @@ def render_script_launch(study_name: str, trial: TrialView, config: StudyConfig)
         ranks=config.gpus_per_trial,
         accelerator=config.accelerator,
         threads_per_rank=config.threads_per_rank,
+        env=production_env(config),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from autotune.export._numerics import numerics_actions
 from autotune.settings import format_bytes
 from autotune.study import records
 
@@ -40,10 +41,15 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
 
         return render_script_launch(study_name, trial, config)
     from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.export._numerics import production_env
 
     origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
     return get_backend(DEFAULT_BACKEND).launch_script(
-        origin, config.gpus_per_trial, config.accelerator, config.threads_per_rank
+        origin,
+        config.gpus_per_trial,
+        config.accelerator,
+        config.threads_per_rank,
+        production_env(config),
     )
 
 
@@ -92,6 +98,7 @@ def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> lis
         )
     if candidate.precision == "bf16":
         actions.append("DeepSpeed casts the model to bf16; do not call `model.half()` yourself.")
+    actions += numerics_actions(config)
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
             "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "

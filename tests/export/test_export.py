@@ -186,3 +186,50 @@ def test_unwritable_output(study, tmp_path: Path) -> None:
     blocked.write_text("")
     with pytest.raises(ExportError, match="cannot write to"):
         export(study, blocked / "sub")
+
+
+@pytest.mark.parametrize("precision", ["high", "highest"])
+def test_launch_sh_gives_production_the_probes_matmul_precision(
+    tmp_path: Path, precision: str
+) -> None:
+    """With --tf32 the probes timed fp32 matmuls on TF32: the exported launch.sh makes the
+    production script's cuBLAS matmuls use TF32 too (read back from torch in the launched
+    process), and summary.md says so; without it production stays IEEE fp32."""
+    import subprocess
+    import sys
+
+    study = optuna.create_study(direction="maximize", study_name="tf32")
+    config = StudyConfig(
+        workload="gpt-tiny",
+        space={},
+        accelerator="cuda",
+        gpus_per_trial=1,
+        global_batch=16,
+        vram_limit_bytes=8 * 2**30,
+        float32_matmul_precision=precision,
+    )
+    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
+    study.add_trial(_trial(_candidate(0, 4), "ok", 10.0))
+    export(study, tmp_path / "out")
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch\n"
+        "open(sys.argv[0] + '.out', 'w').write(str(torch.backends.cuda.matmul.allow_tf32))\n"
+    )
+    bin_dir = str(Path(sys.executable).parent)
+    result = subprocess.run(
+        ["bash", str(tmp_path / "out" / "launch.sh"), str(script)],
+        cwd=tmp_path,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "LAUNCHER": "torchrun"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    tf32 = precision == "high"
+    assert (tmp_path / "train.py.out").read_text() == str(tf32)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    if tf32:
+        assert "launch.sh exports `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1`" in summary
+    else:
+        assert "do not turn TF32 on" in summary

@@ -9,13 +9,27 @@ except the numbers, which are quoted here.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 
 
-def _cpu_env(accelerator: str) -> str:
-    return 'export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"\n' if accelerator == "cpu" else ""
+def _exports(accelerator: str, env: Mapping[str, str]) -> str:
+    """``export`` lines, each keeping a value the caller's environment already has: the CPU
+    accelerator for DeepSpeed on CPU ranks, then ``env`` (what production must set to
+    compute as the probes did)."""
+    wanted = {"DS_ACCELERATOR": "cpu"} if accelerator == "cpu" else {}
+    wanted.update(env)
+    return "".join(
+        f'export {name}="${{{name}:-{shlex.quote(value)}}}"\n' for name, value in wanted.items()
+    )
 
 
-def launch_script(origin: str, ranks: int, accelerator: str, threads_per_rank: int) -> str:
+def launch_script(
+    origin: str,
+    ranks: int,
+    accelerator: str,
+    threads_per_rank: int,
+    env: Mapping[str, str] | None = None,
+) -> str:
     """``launch.sh`` that starts the user's script (its first argument) with the config."""
     device = "GPU(s)" if accelerator == "cuda" else "CPU rank(s)"
     return f"""#!/usr/bin/env bash
@@ -35,7 +49,7 @@ SCRIPT="${{1:?usage: $0 train.py [arguments of your script]}}"
 shift
 # The probes ran with this many intra-op threads per rank.
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(threads_per_rank))}}}"
-{_cpu_env(accelerator)}case "${{LAUNCHER:-deepspeed}}" in
+{_exports(accelerator, env or {})}case "${{LAUNCHER:-deepspeed}}" in
   deepspeed)
     exec deepspeed --num_gpus={ranks} --master_port "${{MASTER_PORT:-29500}}" \\
       "$SCRIPT" --deepspeed_config "$CONFIG" "$@" ;;
@@ -58,6 +72,7 @@ def script_launch_script(
     ranks: int,
     accelerator: str,
     threads_per_rank: int,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """``launch.sh`` that runs the user's own script with ``shell_args`` (already quoted for
     bash; ``"$CONFIG"`` names the exported config); ``passes_config`` is False where the
@@ -83,7 +98,7 @@ CONFIG="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)/ds_config.json"
 cd {shlex.quote(cwd)}
 # The probes ran with this many intra-op threads per rank.
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(threads_per_rank))}}}"
-{_cpu_env(accelerator)}ARGS=(
+{_exports(accelerator, env or {})}ARGS=(
   {shell_args}
 )
 case "${{LAUNCHER:-torchrun}}" in
