@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")  # CPU ranks where there is no GPU
-
 import torch
+
+if not torch.cuda.is_available():  # CPU ranks where there is no GPU
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,

@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 
-os.environ.setdefault("DS_ACCELERATOR", "cpu")  # CPU ranks where there is no GPU
+import torch
+
+if not torch.cuda.is_available():  # CPU ranks where there is no GPU
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed
-import torch
 from torch import nn
 
 
