@@ -18,7 +18,10 @@ from benchmarks.gpu_check.settings import (
 )
 
 
-@pytest.mark.parametrize("settings", [GPU_SETTINGS, DRY_RUN_SETTINGS], ids=["gpu", "dry_run"])
+# not "gpu": a test with that keyword is skipped without CUDA (tests/conftest.py)
+@pytest.mark.parametrize(
+    "settings", [GPU_SETTINGS, DRY_RUN_SETTINGS], ids=["gpu_settings", "dry_run_settings"]
+)
 def test_the_time_plan_adds_up(settings) -> None:
     assert list(settings.timeouts) == [name for name, _ in PHASES]
     assert sum(settings.timeouts.values()) + settings.between_phases_s <= settings.total_s
