@@ -188,6 +188,39 @@ class RankReport(BaseModel):
     versions: dict[str, str] = Field(
         default_factory=dict, description="Library versions and numeric settings (TF32)."
     )
+    optimizer: str = Field(
+        default="",
+        description="Built-in probes: module.Class of the optimizer that stepped, as the engine "
+        "built it (torch's AdamW where FusedAdam does not build, DeepSpeedCPUAdam offloaded).",
+    )
+    loss_scale_at_start: float = Field(
+        default=0.0,
+        description="Built-in probes, fp16: the loss scale the engine's scaler held before the "
+        "first step; 0 without fp16.",
+    )
+    loss_scale_at_end: float = Field(
+        default=0.0,
+        description="Built-in probes, fp16: the loss scale the engine's scaler held after the "
+        "timed steps (lower than at the start once a dynamic scaler met overflows); 0 without "
+        "fp16.",
+    )
+    offloaded_pinned_bytes: int = Field(
+        default=0,
+        description="Built-in probes: bytes of the host (CPU) tensors the optimizer steps (its "
+        "parameters, their gradients, its states) that are page-locked (Tensor.is_pinned()) "
+        "after the timed steps; on CUDA 0 without optimizer offload (on CPU ranks every "
+        "tensor is a host tensor).",
+    )
+    offloaded_pageable_bytes: int = Field(
+        default=0,
+        description="Built-in probes: bytes of those host tensors that are not page-locked.",
+    )
+    pinned_host_bytes_at_end: int = Field(
+        default=0,
+        description="Built-in probes: pinned host memory PyTorch's host allocator held after "
+        "the timed steps, the engine still alive (CUDA; 0 elsewhere): an offloading engine's "
+        "page-locked buffers.",
+    )
 
 
 class ProbeResult(BaseModel):

@@ -5,11 +5,12 @@
 
 The node is expected to run Python 3.12 on x86-64 Linux with torch, transformers, rich,
 typer and the other packages of its image installed (NODE_HAS, from its ``pip list``), and
-none of deepspeed, optuna, sqlalchemy, alembic, pydantic or ray. This downloads what autotune
-needs beyond that, at the versions installed in the environment that runs this script (the
-ones the tests here ran with): binary wheels for CPython 3.12 manylinux x86-64 and pure
-Python ones (``pip download --no-deps --only-binary=:all: --python-version 3.12 ...``), and
-follows each wheel's own requirements (for that interpreter and platform) to the packages
+none of deepspeed, optuna, sqlalchemy, alembic, pydantic, accelerate or ray. This downloads
+what autotune and the check's scripts need beyond that, at the versions installed in the
+environment that runs this script (the ones the tests here ran with): binary wheels for
+CPython 3.12 manylinux x86-64 and pure Python ones (``pip download --no-deps
+--only-binary=:all: --python-version 3.12 ...``), and follows each wheel's own
+requirements (for that interpreter and platform) to the packages
 the node lacks. DeepSpeed publishes a source archive only: it is built into a pure-Python
 wheel here (its ops are compiled on the node, just in time). Ray stays out (the check runs
 ``--executor local``); torch and NVIDIA's libraries are the node's.
@@ -33,8 +34,10 @@ from pathlib import Path
 
 LIMIT_BYTES = 64 * 2**20
 PYTHON = "3.12"
-# What autotune imports beyond the node's image, and what a DiT workload needs (diffusers).
+# What autotune imports beyond the node's image, what a DiT workload needs (diffusers), and
+# what the check's Hugging Face Trainer script needs (accelerate: the Trainer requires it).
 ROOTS = (
+    "accelerate",
     "deepspeed",
     "optuna",
     "optuna-dashboard",
@@ -50,7 +53,7 @@ NEVER = ("torch", "ray", "triton")
 NEVER_PREFIXES = ("nvidia-", "cuda-")
 # The GPU node's image, from its `pip list` (names normalised): not carried.
 NODE_IMAGE = """
-    absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
+    absl-py aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
     botorch build certifi charset-normalizer chex click cloudpickle cmake colorama contourpy
     coverage cuda-bindings cuda-core cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython
     diffrax e3nn einops equinox etils execnet filelock flatbuffers flax fonttools formulaic

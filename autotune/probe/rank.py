@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune.probe import _engine_state as engine_state
 from autotune.probe import _rank_memory as rank_memory
 from autotune.probe._model_build import _target_dtype, build_model
 from autotune.probe._rank_memory import classify_failure, dismantle, leak_tolerance_bytes
@@ -99,6 +100,7 @@ def run_rank(
             _keep_alive(model, spec, device)
         engine = backend.initialize_engine(model, spec.ds_config)
         report.init_s = time.perf_counter() - started
+        report.loss_scale_at_start = engine_state.loss_scale(engine)
         batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
         _inject(spec.fault, rank, world_size)
         step = functools.partial(timed_step, engine, workload, batch, candidate, device)
@@ -114,9 +116,20 @@ def run_rank(
             "the fp16 block of the base config"
         )
     record_peaks(report, tracker, device, overhead)
+    _record_engine_state(report, engine)
+    report.pinned_host_bytes_at_end = rank_memory.pinned_host_bytes(device)
     if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
         engine.destroy()
     dismantle(engine, model)
+
+
+def _record_engine_state(report: RankReport, engine: Any) -> None:
+    """What the engine did, read from it after the timed steps: the optimizer that
+    stepped, its fp16 loss scale, where its host tensors live."""
+    report.optimizer = engine_state.optimizer_name(engine)
+    report.loss_scale_at_end = engine_state.loss_scale(engine)
+    pinned, pageable = engine_state.host_tensor_bytes(engine_state.stepping_optimizer(engine))
+    report.offloaded_pinned_bytes, report.offloaded_pageable_bytes = pinned, pageable
 
 
 def make_batch(workload: Any, micro_batch_size: int, device: Any, precision: str) -> Any:

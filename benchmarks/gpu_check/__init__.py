@@ -4,6 +4,9 @@
     bash benchmarks/gpu_check.sh OUT_DIR --dry-run              # CPU ranks (CI), no GPU
     python -m benchmarks.gpu_check OUT_DIR --dry-run            # the same, from the repository root
 
+What each check expects, with the number that passes it, is in docs/gpu_expectations.md
+("What the GPU check judges").
+
 The phases run in order, each under its own limit from one table, the time plan
 (settings.py: their sum is the whole budget, 540 s on a GPU; ``--plan`` prints it, and the
 run prints it first); the console shows the time each took, and a phase that fails or runs over
@@ -12,24 +15,33 @@ is recorded and the rest go on (_phases.py):
   install            a venv that sees the node's own torch, the carried wheels
                      (benchmarks/prepare_gpu_wheels.py) and autotune from this tree
   env                versions, device, driver; whether hardware detection holds a context
-  ops                DeepSpeed's ops (FusedAdam, CPU Adam, async I/O), built side by side
+  ops                DeepSpeed's ops (FusedAdam, CPU Adam, async I/O), built side by side;
+                     whether FusedAdam and async I/O build is recorded as a fact
   memory             the memory model against max_memory_allocated and _reserved over 16
-                     candidates (bf16 and fp16 x ZeRO 0-3 x 2 micro-batches x checkpointing)
-  precision_offload  fp16 (dynamic loss scale), bf16, optimizer offload to pinned CPU memory
-                     and NVMe, from the memory phase's probes
+                     candidates (bf16 and fp16 x ZeRO 0-3 x 2 micro-batches x checkpointing),
+                     each within the limit it ran under
+  precision_offload  fp16 (its loss scale lowered on overflow), bf16, optimizer offload to
+                     pinned CPU memory and NVMe, the optimizer that stepped (FusedAdam, else
+                     torch's Adam), as the memory phase's engines reported them
   gpu_tests          pytest -m gpu (tests/integration/test_gpu_paths.py)
   oom                a study under a limit below ZeRO-0's need: oom recorded, the study goes
-                     on, larger micro-batches ruled out, the next probe clean
+                     on, larger micro-batches ruled out, the next probe clean, the probes
+                     that fit within the limit
   study              autotune run on GPT-2 124M (probes, confirmation, export); its budget is
                      what the phases before left, up to --study-budget
-  train_export       the exported config trains 20 steps unedited, through launch.sh
-                     (a dry run: 2 probes on gpt-tiny, no confirmation, 8 steps)
+  train_export       the exported config trains 20 steps unedited, through launch.sh, at the
+                     study's speed (a dry run: 2 probes on gpt-tiny, no confirmation, 8 steps)
+  script_deepspeed   autotune run --script on examples/vision_deepspeed (a plain DeepSpeed
+                     script): probes ok, activation bytes learned, an export
+  script_trainer     the same on examples/hf_trainer (a Hugging Face Trainer script)
   study_dit          a shorter study on a DiT workload, with the time left
 
 The study's budget is its limit less its overhead (start, export), up to --study-budget;
 the DiT study is not in the GPU plan (it does not fit 9 minutes beside the rest) and is
 reported not verified. The verdict is passed, failed or not verified (report.py): exit
-code 0, 1 or 3.
+code 0, 1 or 3; a phase skipped, out of time or never reached, a check not judged, and
+what one GPU cannot show (2+ ranks, NCCL between ranks, probes spanning nodes) are each
+listed not verified with the reason, the last in a count of their own.
 
 OUT_DIR receives gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md, with
 date and device), gpu_check.log (this console), phases.log (every command and its output)
@@ -38,24 +50,30 @@ before anything is installed, and never touches CUDA itself (a context here woul
 as overhead in every probe).
 
 The modules: _driver.py runs the phases and writes the report; _phases.py,
-_memory_phases.py and _study_phases.py are the phases, _run.py what they run commands
-through; settings.py holds each mode's limits; report.py, memory_checks.py,
-oom_checks.py and study_checks.py judge what the phases read (pure functions over
-data). probes.py and train.py are scripts the phases run by path in the check's venv
-(they import autotune, torch and DeepSpeed); nothing here imports them.
+_memory_phases.py, _study_phases.py and _script_phases.py are the phases, _run.py what
+they run commands through; settings.py holds each mode's limits; report.py the verdict and
+the table; setup_checks.py, memory_checks.py, precision_checks.py, oom_checks.py and
+study_checks.py make every check, judging what the phases read (pure functions over data;
+tests/benchmarks/test_gpu_check_doctored.py shows each check can fail). probes.py and
+train.py are scripts the phases run by path in the check's venv (they import autotune,
+torch and DeepSpeed); nothing here imports them.
 """
 
 from ._driver import main
-from .memory_checks import memory_checks, memory_summary, precision_offload_checks
+from .memory_checks import memory_checks, memory_summary
 from .oom_checks import oom_checks, oom_limit
-from .report import check, render_markdown
+from .precision_checks import precision_offload_checks
+from .report import check, render_markdown, verdict
 from .settings import DRY_RUN_SETTINGS, GPU_SETTINGS, Settings
+from .setup_checks import env_checks, install_checks, leftover_check, ops_checks, ops_facts
 from .study_checks import (
     gpu_tests_checks,
     pytest_outcomes,
+    script_checks,
     study_checks,
     study_summary,
     train_checks,
+    train_speed_check,
 )
 
 __all__ = [
@@ -63,16 +81,24 @@ __all__ = [
     "GPU_SETTINGS",
     "Settings",
     "check",
+    "env_checks",
     "gpu_tests_checks",
+    "install_checks",
+    "leftover_check",
     "main",
     "memory_checks",
     "memory_summary",
     "oom_checks",
     "oom_limit",
+    "ops_checks",
+    "ops_facts",
     "precision_offload_checks",
     "pytest_outcomes",
     "render_markdown",
+    "script_checks",
     "study_checks",
     "study_summary",
     "train_checks",
+    "train_speed_check",
+    "verdict",
 ]

@@ -10,7 +10,8 @@ import shutil
 from typing import Any
 
 from ._run import PROBES, OverTime, Phase, Run, Skip
-from .memory_checks import memory_checks, memory_summary, precision_offload_checks
+from .memory_checks import memory_checks, memory_summary
+from .precision_checks import precision_offload_checks
 from .report import GiB
 
 NVME_MIN_FREE_BYTES = 8 * GiB  # GPT-2's optimizer and parameter swap files with room to spare
@@ -38,14 +39,20 @@ def phase_memory(run: Run, phase: Phase) -> None:
     if nvme and not together:
         rows += nvme_rows(run, phase, argv, nvme)
     summary = memory_summary(rows)
+    run.facts["nvme_probed"] = bool(nvme)
     phase.data = {"workload": s.workload, "vram_limit_bytes": vram, "rows": rows}
     phase.data["summary"] = summary
     phase.checks += memory_checks(rows, "cuda" if run.cuda else "cpu", min_candidates=16)
-    alloc = summary["allocated"]
+    alloc, res = summary["allocated"], summary["reserved"]
     if alloc["n"]:
         phase.summary = (
             f"{alloc['n']} candidates: median |error| {100 * alloc['median_abs']:.2f}%, worst "
             f"{100 * alloc['worst_abs']:.2f}% vs allocated"
+        )
+    if res["n"]:  # reported beside allocated, not judged
+        phase.summary += (
+            f"; vs reserved median {100 * res['median_abs']:.2f}%, "
+            f"worst {100 * res['worst_abs']:.2f}%"
         )
 
 
@@ -97,6 +104,11 @@ def phase_precision_offload(run: Run, phase: Phase) -> None:
     rows = (memory.data.get("rows") if memory else None) or []
     if not rows:
         raise Skip("the memory phase measured nothing (its probes are this phase's)")
-    reason = run.facts.get("nvme_reason") or "no NVMe candidate"
-    phase.checks += precision_offload_checks(rows, "cuda" if run.cuda else "cpu", reason)
-    phase.summary = "measured in the memory phase's launches"
+    phase.checks += precision_offload_checks(
+        rows,
+        "cuda" if run.cuda else "cpu",
+        nvme_expected=bool(run.facts.get("nvme_probed")),
+        nvme_reason=run.facts.get("nvme_reason") or "no NVMe candidate",
+        fused_adam_builds=not run.facts.get("torch_adam"),
+    )
+    phase.summary = "read from the engines of the memory phase's probes"

@@ -184,7 +184,11 @@ class Run:
                 continue
         return found
 
-    def kill_leftovers(self) -> list[str]:
+    def kill_leftovers(self, grace_s: float = 0.0) -> list[str]:
+        """Kill what this check started that still runs after ``grace_s`` (each named)."""
+        deadline = time.monotonic() + grace_s
+        while self.leftovers() and time.monotonic() < deadline:
+            time.sleep(0.5)
         lines = []
         for pid, cmd in self.leftovers():
             lines.append(f"{pid} {cmd}")

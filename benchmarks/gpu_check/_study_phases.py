@@ -94,6 +94,8 @@ def phase_oom(run: Run, phase: Phase) -> None:
         accelerator="cuda" if run.cuda else "cpu",
         exit_code=code,
         leftovers=leftovers,
+        limit_bytes=limit["limit_bytes"],
+        baseline_overhead_bytes=min([o for o in overheads if o], default=None),
     )
     phase.data = {"limit": limit, "study": study_summary(status), "run_tail": out[-1500:]}
     phase.summary = (

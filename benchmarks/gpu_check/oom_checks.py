@@ -4,7 +4,8 @@ ruled out, nothing left behind), over the `autotune plan --json` and `autotune s
 --json` documents and the probes' rank reports.
 
 Pure functions over data, standard library only (the check's driver imports this before
-anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes.
+anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded shapes,
+tests/benchmarks/test_gpu_check_doctored.py doctored ones.
 """
 
 from __future__ import annotations
@@ -74,9 +75,13 @@ def oom_checks(
     accelerator: str,
     exit_code: int,
     leftovers: list[str],
+    limit_bytes: int,
+    baseline_overhead_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
     """The study under a limit below need: an out-of-memory probe is ``oom``, the study goes
-    on, larger micro-batches of that family are not probed, the next probe starts clean."""
+    on, larger micro-batches of that family are not probed, the next probe starts clean
+    (``baseline_overhead_bytes``: the memory outside the allocator of clean probes on this
+    GPU, the memory phase's), and the probes that fit stayed within the limit."""
     trials = sorted(status.get("trials", []), key=lambda t: t["number"])
     ooms = [t for t in trials if t.get("status") == "oom"]
     checks: list[dict[str, Any]] = []
@@ -104,8 +109,39 @@ def oom_checks(
         )
     )
     checks += _ruled_out_checks(trials, ooms, plan)
-    checks.append(_zombie_check(trials, ooms, reports, accelerator, leftovers))
+    checks.append(
+        _zombie_check(trials, ooms, reports, accelerator, leftovers, baseline_overhead_bytes)
+    )
+    checks.append(_fitting_probes_check(trials, reports, accelerator, limit_bytes))
     return checks
+
+
+def _fitting_probes_check(
+    trials: list[dict[str, Any]],
+    reports: dict[int, dict[str, Any]],
+    accelerator: str,
+    limit_bytes: int,
+) -> dict[str, Any]:
+    """Each probe that fit (``ok``) reached at most the limit on the device: its reserved
+    peak with the memory outside the allocator, as its rank reported them. Memory outside
+    the allocator that grew after the limit was set (NCCL connecting later, cuBLAS
+    workspaces) would put it over, as a card of that size would have run out. Judged on
+    CUDA; CPU ranks' tracker enforces the limit itself."""
+    name = "the probes that fit stayed within the limit (reserved peak with the overhead)"
+    ok = [t["number"] for t in trials if t.get("status") == "ok"]
+    if accelerator != "cuda":
+        return check(name, None, "CPU ranks: the tensor tracker enforces the limit itself")
+    if not ok:
+        return check(name, False, "no probe fit under the limit")
+    peaks = {n: int((reports.get(n) or {}).get("peak_reserved_bytes") or 0) for n in ok}
+    over = [f"trial {n}: {mib(p)} MiB" for n, p in peaks.items() if not p or p > limit_bytes]
+    seen = ", ".join(f"trial {n}: {mib(p)} MiB" for n, p in peaks.items())
+    return check(
+        name,
+        not over,
+        f"limit {mib(limit_bytes)} MiB; "
+        + ("over it or not reported: " + "; ".join(over) if over else seen),
+    )
 
 
 def _ruled_out_checks(
@@ -159,38 +195,45 @@ def _zombie_check(
     reports: dict[int, dict[str, Any]],
     accelerator: str,
     leftovers: list[str],
+    baseline_overhead_bytes: int | None,
 ) -> dict[str, Any]:
     """The probe after each out-of-memory starts with nothing left allocated, and on CUDA
-    sees the same memory outside its allocator as the probes before (a process still
-    holding the failed probe's memory would add to it)."""
+    sees no more memory outside its allocator than clean probes on the same GPU did (the
+    memory phase's, and the study's before its first out-of-memory): a process still
+    holding the failed probe's memory would add to it."""
     probed = _probed(trials)
     before = [
-        reports.get(t["number"], {}).get("device_overhead_bytes", 0)
+        int(reports.get(t["number"], {}).get("device_overhead_bytes") or 0)
         for t in probed
         if t["number"] < ooms[0]["number"] and t["status"] == "ok"
     ]
+    clean = [b for b in [*before, baseline_overhead_bytes or 0] if b > 0]
+    baseline = min(clean) if clean else None
     problems, seen = [], []
     for oom in ooms:
         nxt = next((t for t in probed if t["number"] > oom["number"]), None)
         if nxt is None:
             continue
-        report = reports.get(nxt["number"], {})
-        leaked = int(report.get("leaked_bytes", 0))
-        overhead = int(report.get("device_overhead_bytes", 0))
+        if nxt["number"] not in reports:
+            problems.append(f"trial {nxt['number']}: no rank report to read")
+            continue
+        report = reports[nxt["number"]]
+        leaked = int(report.get("leaked_bytes") or 0)
+        # measured once the probe ran its steps: an out-of-memory probe has none
+        overhead = int(report.get("device_overhead_bytes") or 0) if nxt["status"] == "ok" else 0
         seen.append(
             f"trial {nxt['number']}: leaked {mib(leaked)} MiB, overhead {mib(overhead)} MiB"
         )
         if leaked:
             problems.append(f"trial {nxt['number']} started with {mib(leaked)} MiB allocated")
-        baseline = min(before) if before else None
         if accelerator == "cuda" and baseline and overhead - baseline > ZOMBIE_TOLERANCE_BYTES:
             problems.append(
                 f"trial {nxt['number']} saw {mib(overhead - baseline)} MiB more outside its "
-                "allocator than the probes before the out-of-memory"
+                f"allocator than clean probes ({mib(baseline)} MiB)"
             )
     problems += [f"process left running: {line}" for line in leftovers]
     return check(
         "no memory or process left behind by the out-of-memory probe",
-        not problems if seen or leftovers else None,
+        not problems if seen or problems else None,
         "; ".join(problems or seen) or "no probe ran after the out-of-memory",
     )

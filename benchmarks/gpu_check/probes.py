@@ -26,6 +26,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+# fp16 candidates at the smaller micro-batch start their dynamic loss scale here, as
+# tests/integration/test_gpu_paths.py does: their first gradients overflow fp16, so the
+# scaler must skip those steps and lower the scale, and the check sees it do so
+HIGH_SCALE_POWER = 24
 PACKAGES = (
     "torch",
     "deepspeed",
@@ -199,6 +203,8 @@ def _jobs(args: argparse.Namespace, candidates: list, root: Path) -> list:
         )
         if args.torch_adam:
             config = use_torch_adam(config)
+        if candidate.precision == "fp16" and candidate.micro_batch_size == min(args.micro_batches):
+            config["fp16"] = {**config.get("fp16", {}), "initial_scale_power": HIGH_SCALE_POWER}
         spec = ProbeSpec(
             workload=args.workload,
             candidate=candidate,
@@ -239,8 +245,6 @@ def _launch_all(jobs: list) -> list:
 
 
 def memory(args: argparse.Namespace) -> int:
-    from autotune.execution import read_reports
-
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
     precisions = tuple(args.precisions)
@@ -255,49 +259,76 @@ def memory(args: argparse.Namespace) -> int:
     from autotune.workloads import get_workload
 
     model = MemoryModel(get_workload(args.workload))
-    rows = []
-    for index, (job, result) in enumerate(zip(jobs, results, strict=True)):
-        candidate = job.spec.candidate
-        estimate = model.predict(candidate)
-        reports = read_reports(job)
-        report = reports[0] if reports else None
-        overhead = (result.overhead_bytes_per_rank or [0])[0]
-        reserved = (result.reserved_bytes_per_rank or [0])[0]
-        zero = job.spec.ds_config.get("zero_optimization", {})
-        offload = zero.get("offload_optimizer") or zero.get("offload_param") or {}
-        rows.append(
-            {
-                "label": candidate.label,
-                "design": index < len(chosen),
-                "precision": candidate.precision,
-                "zero_stage": candidate.zero_stage,
-                "micro_batch_size": candidate.micro_batch_size,
-                "activation_checkpointing": candidate.activation_checkpointing,
-                "offload_optimizer": candidate.offload_optimizer,
-                "offload_param": candidate.offload_param,
-                "pin_memory": offload.get("pin_memory"),
-                "loss_scale": job.spec.ds_config.get("fp16", {}).get("loss_scale"),
-                "status": result.status,
-                "error": result.error,
-                "predicted_bytes": estimate.tracked_bytes(args.accelerator),
-                "predicted_host_bytes": estimate.host_bytes,
-                "phase": estimate.phase,
-                "allocated_bytes": (result.peak_bytes_per_rank or [0])[0],
-                # the caching allocator's own peak: the probe adds the context overhead
-                "reserved_bytes": max(reserved - overhead, 0) if reserved else 0,
-                "overhead_bytes": overhead,
-                "host_peak_bytes": (result.host_peak_bytes_per_rank or [0])[0],
-                "skipped_steps": result.skipped_steps,
-                "samples_per_s": result.samples_per_s,
-                "leaked_bytes": report.leaked_bytes if report else None,
-                "pinned_host_bytes_at_start": report.pinned_host_bytes_at_start if report else None,
-                "cold_start": result.cold_start,
-                "wall_s": result.wall_s,
-            }
-        )
+    rows = [
+        memory_row(job, result, model, args.accelerator, design=index < len(chosen))
+        for index, (job, result) in enumerate(zip(jobs, results, strict=True))
+    ]
     Path(args.out).write_text(json.dumps(rows, indent=1))
     print(f"{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} candidates measured")
     return 0
+
+
+def memory_row(job: Any, result: Any, model: Any, accelerator: str, design: bool) -> dict:
+    """One candidate's row: what it was, what the model predicted, what its probe measured
+    and what its rank read of its engine."""
+    from autotune.execution import read_reports
+
+    candidate = job.spec.candidate
+    estimate = model.predict(candidate)
+    reports = read_reports(job)
+    report = reports[0] if reports else None
+    overhead = (result.overhead_bytes_per_rank or [0])[0]
+    reserved = (result.reserved_bytes_per_rank or [0])[0]
+    zero = job.spec.ds_config.get("zero_optimization", {})
+    offload = zero.get("offload_optimizer") or zero.get("offload_param") or {}
+    fp16 = job.spec.ds_config.get("fp16", {})
+    return {
+        "label": candidate.label,
+        "design": design,
+        "precision": candidate.precision,
+        "zero_stage": candidate.zero_stage,
+        "micro_batch_size": candidate.micro_batch_size,
+        "activation_checkpointing": candidate.activation_checkpointing,
+        "offload_optimizer": candidate.offload_optimizer,
+        "offload_param": candidate.offload_param,
+        "pin_memory": offload.get("pin_memory"),
+        "loss_scale": fp16.get("loss_scale"),
+        "initial_scale_power": fp16.get("initial_scale_power"),
+        "vram_limit_bytes": job.spec.vram_limit_bytes,
+        "status": result.status,
+        "error": result.error,
+        "predicted_bytes": estimate.tracked_bytes(accelerator),
+        "predicted_host_bytes": estimate.host_bytes,
+        "phase": estimate.phase,
+        "allocated_bytes": (result.peak_bytes_per_rank or [0])[0],
+        # the caching allocator's own peak: the probe adds the context overhead
+        "reserved_bytes": max(reserved - overhead, 0) if reserved else 0,
+        "overhead_bytes": overhead,
+        "host_peak_bytes": (result.host_peak_bytes_per_rank or [0])[0],
+        "skipped_steps": result.skipped_steps,
+        "samples_per_s": result.samples_per_s,
+        "leaked_bytes": report.leaked_bytes if report else None,
+        **engine_state(report),
+        "cold_start": result.cold_start,
+        "wall_s": result.wall_s,
+    }
+
+
+ENGINE_STATE = (
+    "pinned_host_bytes_at_start",
+    "pinned_host_bytes_at_end",
+    "offloaded_pinned_bytes",
+    "offloaded_pageable_bytes",
+    "loss_scale_at_start",
+    "loss_scale_at_end",
+    "optimizer",
+)
+
+
+def engine_state(report: Any) -> dict[str, Any]:
+    """What the rank read of its engine (autotune.protocol.RankReport): pinned host memory,
+    the optimizer's host tensors, the fp16 loss scale, the optimizer that stepped."""
+    return {key: getattr(report, key) if report else None for key in ENGINE_STATE}
 
 
 def _stop(signum: int, frame: Any) -> None:

@@ -6,9 +6,14 @@ anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded s
 
 A check is ``{"name", "ok", "detail"}`` with ``ok`` True (passed), False (failed) or None
 (not verified: a target that applies on CUDA only, a step the run did not reach; ``detail``
-says why). The whole check's verdict (:func:`verdict`) is passed only when nothing failed
-and nothing is left not verified: a skipped phase, one that ran out of time, a check with
-``ok`` None and what one GPU cannot show each count as not verified, with their reason.
+says why). Checks are made by the judging modules only (setup_checks.py, memory_checks.py,
+oom_checks.py, study_checks.py), each able to fail (tests/benchmarks/
+test_gpu_check_doctored.py); what is a fact, not a judgement (FusedAdam builds here or
+not), goes in a phase's data and summary. The whole check's verdict (:func:`verdict`) is
+passed only when nothing failed and nothing is left not verified: a skipped phase, one that
+ran out of time or never ran, a check with ``ok`` None and what one GPU cannot show each
+count as not verified, with their reason; the last in a count of their own. What each check
+expects, with the number that passes it: docs/gpu_expectations.md.
 """
 
 from __future__ import annotations
@@ -19,17 +24,35 @@ MiB = 2**20
 GiB = 2**30
 
 
-# what a check on one GPU cannot show, whatever its phases find
+# what a check on one GPU cannot show, whatever its phases find: listed as not verified,
+# each with its reason, and counted apart from what one GPU could have shown
 ONE_GPU_CANNOT_SHOW = (
-    ("2+ ranks (data parallel, ZeRO partitioned across ranks)", "one GPU runs one rank"),
-    ("NCCL collectives between GPUs", "one GPU has no peer to talk to"),
-    ("a run spanning nodes", "one GPU sits on one node"),
+    (
+        "2+ ranks: data parallel, ZeRO partitioned across ranks, the slowest rank's step",
+        "one GPU runs one rank per probe",
+    ),
+    (
+        "NCCL communicator memory across ranks (counted in each rank's limit)",
+        "a probe of one rank creates no NCCL communicator: there is no peer to connect to",
+    ),
+    (
+        "probes spanning nodes (--ray-address, a placement group over several nodes)",
+        "one GPU sits on one node",
+    ),
 )
+BEYOND_ONE_GPU = "beyond one GPU"
 EXIT_PASSED, EXIT_FAILED, EXIT_NOT_VERIFIED = 0, 1, 3
 
 
-def verdict(phases: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every phase and check as passed, failed or not verified, with each one's reason."""
+def verdict(
+    phases: list[dict[str, Any]],
+    expected: list[str] | tuple[str, ...] = (),
+    beyond: tuple[tuple[str, str], ...] = ONE_GPU_CANNOT_SHOW,
+) -> dict[str, Any]:
+    """Every phase and check as passed, failed or not verified, with each one's reason. A
+    phase of ``expected`` missing from ``phases`` (the run never reached it) is not
+    verified; so is each item of ``beyond`` (what the machine cannot show), counted apart
+    in ``beyond_one_gpu``. Passed only when nothing failed and nothing is left not verified."""
     passed: list[str] = []
     failed: list[dict[str, str]] = []
     not_verified: list[dict[str, str]] = []
@@ -48,14 +71,19 @@ def verdict(phases: list[dict[str, Any]]) -> dict[str, Any]:
             failed.append({"where": name, "reason": reason})
         elif phase["status"] in ("skipped", "timeout"):
             not_verified.append({"where": name, "reason": f"{phase['status']}: {reason}"})
-    for what, why in ONE_GPU_CANNOT_SHOW:
-        not_verified.append({"where": what, "reason": why})
+    seen = {phase["name"] for phase in phases}
+    for name in expected:
+        if name not in seen:
+            not_verified.append({"where": name, "reason": "missing: the run did not reach it"})
+    for what, why in beyond:
+        not_verified.append({"where": what, "reason": f"{BEYOND_ONE_GPU}: {why}"})
     status = "failed" if failed else "not verified" if not_verified else "passed"
     return {
         "status": status,
         "passed": len(passed),
         "failed": failed,
         "not_verified": not_verified,
+        "beyond_one_gpu": len(beyond),
     }
 
 
@@ -120,17 +148,23 @@ def _verdict_lines(report: dict[str, Any]) -> list[str]:
     v = report.get("verdict")
     if not v:
         return []
-    lines = [
-        f"**Verdict: {v['status']}**: {v['passed']} passed, {len(v['failed'])} failed, "
-        f"{len(v['not_verified'])} not verified.",
-        "",
-    ]
+    lines = [f"**Verdict: {v['status']}**: {verdict_counts(v)}.", ""]
     for title, items in (("Failed", v["failed"]), ("Not verified", v["not_verified"])):
         if items:
             lines += [f"{title}:", ""]
             lines += [f"- {i['where']}: {_cell(i['reason'])}" for i in items]
             lines.append("")
     return lines
+
+
+def verdict_counts(v: dict[str, Any]) -> str:
+    """The verdict's counts, what one GPU cannot show apart from what it could."""
+    beyond = v.get("beyond_one_gpu", 0)
+    within = len(v["not_verified"]) - beyond
+    return (
+        f"{v['passed']} passed, {len(v['failed'])} failed, {within} not verified, "
+        f"and {beyond} not verified {BEYOND_ONE_GPU} (what one GPU cannot show)"
+    )
 
 
 def _machine_line(report: dict[str, Any]) -> str:

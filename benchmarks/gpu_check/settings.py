@@ -26,8 +26,15 @@ class Settings:
     study_max_trials: int | None  # the study also stops after this many probes
     study_confirms: bool  # the study ends with its confirmation round
     train_steps: int  # optimizer steps of the exported config's training
+    script_budget_s: float  # each script study's budget (examples/, autotune run --script)
+    script_overhead_s: float  # its start, plan, last probe, export, status beyond the budget
+    script_max_trials: int  # each script study stops after this many probes
+    script_min_probes: int  # ... and must have measured at least this many
     timeouts: dict[str, float]  # each phase's limit: the time plan; 0 = not in the plan
     total_s: float
+    # held back from the phases for the moments between them (nvidia-smi after each, the
+    # grace a phase's last processes get to end, _driver.LEFTOVER_GRACE_S)
+    between_phases_s: float
 
 
 # the GPU check's whole budget: at most 9 minutes of the 15 minutes of device time a session
@@ -46,29 +53,38 @@ GPU_SETTINGS = Settings(
     memory_micro_batches=(4, 16),
     memory_precisions=("bf16", "fp16"),
     oom_precision="bf16",
-    oom_budget_s=40,
+    oom_budget_s=25,
     study_budget_max_s=180,
-    study_budget_min_s=60,
-    study_overhead_s=50,
+    study_budget_min_s=45,
+    study_overhead_s=40,
     min_probes=3,
     study_max_trials=None,
     study_confirms=True,
     train_steps=20,
+    # a cold probe of each script (its own torchrun, imports, engine) and a second where
+    # the budget leaves time for it
+    script_budget_s=30,
+    script_overhead_s=15,
+    script_max_trials=2,
+    script_min_probes=1,
     # the time plan, in the order the phases run; its sum is the budget. The DiT study
     # does not fit 9 minutes beside the rest: it is reported not verified
     timeouts={
-        "install": 45,
-        "env": 20,
-        "ops": 90,
-        "memory": 75,
+        "install": 40,
+        "env": 15,
+        "ops": 70,
+        "memory": 70,
         "precision_offload": 5,
-        "gpu_tests": 55,
-        "oom": 80,  # oom_budget_s + OOM_AFTER_S
-        "study": 110,  # study_budget_min_s + study_overhead_s
-        "train_export": 60,
+        "gpu_tests": 50,
+        "oom": 65,  # oom_budget_s + OOM_AFTER_S
+        "study": 85,  # study_budget_min_s + study_overhead_s
+        "train_export": 40,
+        "script_deepspeed": 45,  # script_budget_s + script_overhead_s
+        "script_trainer": 45,
         "study_dit": 0,
     },
     total_s=GPU_BUDGET_S,
+    between_phases_s=10,
 )
 # CPU ranks share two slow cores here with other work: limits are bounds, not targets
 DRY_RUN_SETTINGS = Settings(
@@ -78,12 +94,12 @@ DRY_RUN_SETTINGS = Settings(
     memory_micro_batches=(2, 4),
     memory_precisions=("bf16", "fp32"),  # DeepSpeed's CPU accelerator refuses fp16 here
     oom_precision="fp32",
-    oom_budget_s=200,
+    oom_budget_s=120,
     # room for a first probe beside other busy test files, which takes 20 s or more there
     # (the launcher's imports, the ranks, DeepSpeed's set-up)
     study_budget_max_s=45,
     study_budget_min_s=45,
-    study_overhead_s=300,
+    study_overhead_s=285,
     min_probes=1,
     # what a dry run checks (a probe measured, an export that trains) needs no more: each
     # probe and step beyond costs CPU time the rest of the test suite shares (the
@@ -91,20 +107,29 @@ DRY_RUN_SETTINGS = Settings(
     study_max_trials=2,
     study_confirms=False,
     train_steps=8,
+    # one probe per script: what the phase judges (a probe measured, activation bytes
+    # learned, an export) needs no more on two cores
+    script_budget_s=60,
+    script_overhead_s=90,
+    script_max_trials=1,
+    script_min_probes=1,
     # inside the dry-run test's own 1800 s limit
     timeouts={
-        "install": 220,
-        "env": 90,
-        "ops": 240,
-        "memory": 360,
+        "install": 180,
+        "env": 60,
+        "ops": 180,
+        "memory": 330,
         "precision_offload": 5,
-        "gpu_tests": 60,
-        "oom": 240,  # oom_budget_s + OOM_AFTER_S (with --cpu-oom)
-        "study": 345,  # study_budget_min_s + study_overhead_s
-        "train_export": 220,
+        "gpu_tests": 30,
+        "oom": 160,  # oom_budget_s + OOM_AFTER_S (with --cpu-oom)
+        "study": 330,  # study_budget_min_s + study_overhead_s
+        "train_export": 180,
+        "script_deepspeed": 150,  # script_budget_s + script_overhead_s
+        "script_trainer": 150,
         "study_dit": 0,
     },
     total_s=1780,
+    between_phases_s=25,
 )
 
 
@@ -112,17 +137,23 @@ def phase_needs(settings: Settings) -> dict[str, float]:
     """What each phase needs at least, by its own constants (a phase planned at 0 needs 0:
     it is reported not verified)."""
     study = settings.study_budget_min_s + settings.study_overhead_s
+    script = settings.script_budget_s + settings.script_overhead_s
     needs = {name: float(MIN_PHASE_S) for name in settings.timeouts}
     needs.update(oom=settings.oom_budget_s + OOM_AFTER_S, study=study, study_dit=study)
+    needs.update(script_deepspeed=script, script_trainer=script)
     return {name: needs[name] if settings.timeouts[name] else 0.0 for name in needs}
 
 
 def plan_problems(settings: Settings) -> list[str]:
-    """Where the time plan does not add up: its sum past the budget, a phase under its need."""
+    """Where the time plan does not add up: its sum with the time between phases past the
+    budget, a phase under its need."""
     problems = []
-    planned = sum(settings.timeouts.values())
+    planned = sum(settings.timeouts.values()) + settings.between_phases_s
     if planned > settings.total_s:
-        problems.append(f"the limits add up to {planned:.0f} s, past {settings.total_s:.0f} s")
+        problems.append(
+            f"the limits and {settings.between_phases_s:.0f} s between phases add up to "
+            f"{planned:.0f} s, past {settings.total_s:.0f} s"
+        )
     for name, need in phase_needs(settings).items():
         if settings.timeouts[name] < need:
             problems.append(f"{name}: {settings.timeouts[name]:.0f} s, under its {need:.0f} s")
@@ -136,5 +167,8 @@ def plan_lines(settings: Settings) -> list[str]:
         for name, limit in settings.timeouts.items()
     ]
     planned = sum(settings.timeouts.values())
-    lines.append(f"plan: {planned:.0f} s of the {settings.total_s:.0f} s budget")
+    lines.append(
+        f"plan: {planned:.0f} s and {settings.between_phases_s:.0f} s between phases, "
+        f"{planned + settings.between_phases_s:.0f} s of the {settings.total_s:.0f} s budget"
+    )
     return lines + [f"plan does not add up: {p}" for p in plan_problems(settings)]

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,13 +18,18 @@ from benchmarks.gpu_check import (
     DRY_RUN_SETTINGS,
     gpu_tests_checks,
     memory_checks,
-    oom_checks,
     oom_limit,
-    precision_offload_checks,
     pytest_outcomes,
     render_markdown,
     study_checks,
     train_checks,
+)
+from tests.support.gpu_check_shapes import (
+    judged,
+    memory_rows,
+    oom_plan,
+    passing_inputs,
+    study_status,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +44,8 @@ PHASES = [
     "oom",
     "study",
     "train_export",
+    "script_deepspeed",
+    "script_trainer",
     "study_dit",
 ]
 NEEDS_CUDA = {"oom", "gpu_tests"}
@@ -78,6 +84,21 @@ def test_the_dry_run_runs_every_phase_it_can_on_cpu_and_reports_all(tmp_path: Pa
     assert memory["summary"]["allocated"]["n"] >= 16
     assert phases["train_export"]["data"]["global_steps"] == DRY_RUN_SETTINGS.train_steps
     assert phases["study"]["data"]["study"]["best"]["samples_per_s"] > 0
+    # the ranks read their engines: the optimizer that stepped, its host tensors
+    measured = [r for r in memory["rows"] if r["status"] == "ok"]
+    assert all(r["optimizer"] for r in measured)
+    offloaded = [r for r in measured if r["offload_optimizer"] == "cpu"]
+    assert offloaded and all(r["offloaded_pageable_bytes"] > 0 for r in offloaded)
+    precision = judged(phases["precision_offload"]["checks"])
+    assert precision["bf16 runs"] and precision["optimizer offload to CPU runs"]
+    assert precision[
+        "the probes stepped with the optimizer the ops allow (FusedAdam, else torch's Adam)"
+    ]
+    for name in ("script_deepspeed", "script_trainer"):  # one probe each, learned, exported
+        assert all(c["ok"] for c in phases[name]["checks"]), phases[name]
+        learned = phases[name]["data"]["activation_bytes"]
+        assert len(learned) == 1 and all(b > 0 for b in learned.values())
+    assert doc["verdict"]["beyond_one_gpu"] == 3
     table = (out / "gpu_check.md").read_text()
     assert table.startswith(f"## GPU check, {doc['date']}, ")
     assert "| phase | status | seconds (limit) | result |" in table
@@ -96,81 +117,8 @@ def test_gpu_check_sh_without_an_out_dir_says_how_to_call_it() -> None:
 
 
 # ---------------------------------------------------------------- recorded shapes
-
-
-def candidate(precision: str, stage: int, mb: int, optimizer: str = "none") -> dict[str, Any]:
-    return {
-        "precision": precision,
-        "zero_stage": stage,
-        "offload_optimizer": optimizer,
-        "offload_optimizer_ratio": 1.0,
-        "offload_param": "none",
-        "micro_batch_size": mb,
-        "gradient_accumulation_steps": 2 // mb,
-        "data_parallel_size": 1,
-        "activation_checkpointing": True,
-    }
-
-
-def label(c: dict[str, Any]) -> str:
-    opt = " opt:cpu" if c["offload_optimizer"] == "cpu" else ""
-    return f"z{c['zero_stage']} {c['precision']} mb{c['micro_batch_size']}{opt} ckpt"
-
-
-FAMILIES = [("bf16", 0, "none"), ("bf16", 2, "none"), ("bf16", 2, "cpu")]
-NEED_MIB = {0: 2500, 2: 2500}  # ZeRO-0 and ZeRO-2 without offload: model states on the GPU
-
-
-def oom_plan() -> dict[str, Any]:
-    candidates = []
-    for precision, stage, optimizer in FAMILIES:
-        for mb in (1, 2):
-            c = candidate(precision, stage, mb, optimizer)
-            need = 1100 if optimizer == "cpu" else NEED_MIB[stage]
-            candidates.append(
-                {"label": label(c), "candidate": c, "device_bytes": (need + 300 * mb) * MiB}
-            )
-    return {"candidates": candidates}
-
-
-def trial(number: int, c: dict[str, Any], status: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "number": number,
-        "label": label(c),
-        "candidate": c,
-        "status": status,
-        "error": extra.pop("error", ""),
-        "pruned_by": extra.pop("pruned_by", ""),
-        "trial_dir": f"/trials/trial-{number:04d}",
-        **extra,
-    }
-
-
-CUDA_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 384.00 MiB"
-
-
-def oom_study() -> dict[str, Any]:
-    """What a grid study under a limit between ZeRO-2 with offload and ZeRO-0 records."""
-    z0, z2, z2cpu = ([candidate(p, s, mb, o) for mb in (1, 2)] for p, s, o in FAMILIES)
-    return {
-        "trials": [
-            trial(0, z0[0], "oom", error=f"rank 0: {CUDA_OOM}"),
-            trial(1, z0[1], "pruned", pruned_by="oom at micro-batch 1"),
-            trial(2, z2[0], "oom", error=f"rank 0: {CUDA_OOM}"),
-            trial(3, z2cpu[0], "ok"),
-            trial(4, z2cpu[1], "ok"),
-        ]
-    }
-
-
-CLEAN = {
-    3: {"leaked_bytes": 0, "device_overhead_bytes": 600 * MiB},
-    4: {"leaked_bytes": 0, "device_overhead_bytes": 600 * MiB},
-}
-
-
-def judged(checks: list[dict[str, Any]]) -> dict[str, bool | None]:
-    return {c["name"]: c["ok"] for c in checks}
+# (each check passing on a run that went right and failing on a doctored one:
+# test_gpu_check_doctored.py)
 
 
 def test_the_oom_limit_lies_between_the_family_that_fits_and_the_next() -> None:
@@ -182,101 +130,29 @@ def test_the_oom_limit_lies_between_the_family_that_fits_and_the_next() -> None:
         oom_limit(flat, overhead_bytes=0)
 
 
-def test_an_oom_study_that_went_right_passes_every_check() -> None:
-    checks = oom_checks(
-        oom_study(), oom_plan(), CLEAN, accelerator="cuda", exit_code=0, leftovers=[]
-    )
+def test_an_oom_study_that_went_right_names_what_it_ruled_out() -> None:
+    function, kwargs = passing_inputs()["oom_checks"]
+    checks = function(**kwargs)
     assert all(c["ok"] for c in checks), checks
     ruled = next(c for c in checks if c["name"].startswith("larger micro-batches"))
     assert "z2 bf16 mb2 ckpt" in ruled["detail"] and "recorded infeasible" in ruled["detail"]
 
 
-def test_an_oom_study_shows_each_way_it_can_go_wrong() -> None:
-    study = oom_study()
-    z0_mb2 = study["trials"][1]
-    study["trials"][1] = dict(z0_mb2, status="ok", pruned_by="")  # probed after its oom
-    zombie = {3: {"leaked_bytes": 0, "device_overhead_bytes": 2600 * MiB}, 4: CLEAN[4]}
-    checks = judged(
-        oom_checks(
-            study, oom_plan(), zombie, accelerator="cuda", exit_code=3, leftovers=["77 torchrun"]
-        )
-    )
-    assert checks["a probe over the limit is recorded oom with CUDA's message"]
-    assert (
-        checks["the study went on after the out-of-memory and exported a fitting config"] is False
-    )
-    assert checks["no larger micro-batch of an out-of-memory family probed after it"] is False
-    assert checks["no memory or process left behind by the out-of-memory probe"] is False
-    cpu_text = {
-        "trials": [dict(t, error="rank 0: rank tensor memory ...") for t in oom_study()["trials"]]
-    }
-    cuda = oom_checks(cpu_text, oom_plan(), CLEAN, accelerator="cuda", exit_code=0, leftovers=[])
-    assert judged(cuda)["a probe over the limit is recorded oom with CUDA's message"] is False
-
-
-def memory_row(precision: str, stage: int, predicted: int, allocated: int, **extra: Any) -> dict:
-    return {
-        "label": f"z{stage} {precision}",
-        "design": True,
-        "precision": precision,
-        "offload_optimizer": "none",
-        "offload_param": "none",
-        "status": "ok",
-        "error": "",
-        "predicted_bytes": predicted,
-        "allocated_bytes": allocated,
-        "reserved_bytes": int(allocated * 1.1),
-        "leaked_bytes": 0,
-        **extra,
-    }
-
-
 def test_memory_targets_are_judged_against_allocated_on_cuda_only() -> None:
-    rows = [memory_row("bf16", s % 4, 1020 * MiB, 1000 * MiB) for s in range(15)]
-    rows.append(memory_row("fp16", 3, 1100 * MiB, 1000 * MiB, loss_scale=0))  # +10%: worst
-    checks = judged(memory_checks(rows, "cuda", min_candidates=16))
-    assert checks["at least 16 design candidates measured"]
-    assert checks["median |error| vs allocated <= 3%"]
-    assert checks["worst |error| vs allocated <= 8%"] is False
-    assert checks["error vs reserved (reported beside allocated)"] is None
-    assert checks["no candidate starts with memory an earlier one left allocated"]
+    rows = memory_rows()
     rows[3]["leaked_bytes"] = 128 * MiB
+    rows[4]["predicted_bytes"] = 1100 * MiB  # +10%: the worst
     on_cpu = judged(memory_checks(rows, "cpu", min_candidates=16))
     assert on_cpu["worst |error| vs allocated <= 8%"] is None
     assert on_cpu["no candidate starts with memory an earlier one left allocated"] is None
     on_cuda = judged(memory_checks(rows, "cuda", min_candidates=16))
+    assert on_cuda["worst |error| vs allocated <= 8%"] is False
     assert on_cuda["no candidate starts with memory an earlier one left allocated"] is False
 
 
-def test_precision_and_offload_checks_read_the_memory_probes() -> None:
-    rows = [
-        memory_row("fp16", 0, 1, 1, loss_scale=0, skipped_steps=3),
-        memory_row("bf16", 1, 1, 1),
-        memory_row("bf16", 2, 1, 1, offload_optimizer="cpu", pin_memory=True),
-    ]
-    checks = judged(precision_offload_checks(rows, "cuda", "no libaio"))
-    assert checks["fp16 (dynamic loss scale) runs"]
-    assert checks["bf16 runs"] and checks["optimizer offload to CPU (pinned) runs"]
-    assert checks["NVMe offload runs"] is None
-    rows[0]["loss_scale"] = 1024  # a static scale is not what the check asks for
-    assert not judged(precision_offload_checks(rows, "cuda", ""))["fp16 (dynamic loss scale) runs"]
-
-
-def test_study_checks_need_the_confirmation_round_on_a_gpu() -> None:
-    status = {
-        "trials": [trial(n, candidate("bf16", 0, 1), "ok") for n in range(4)],
-        "confirmation": {
-            "contenders": [
-                {"trial": 0, "label": "a", "samples_per_s": [10.0, 11.0], "estimate": 10.5},
-                {"trial": 1, "label": "b", "samples_per_s": [9.0, 9.5], "estimate": 9.2},
-            ]
-        },
-        "best": {"trial": 0, "label": "a", "samples_per_s": 10.5},
-    }
-    assert all(study_checks(status, 0, True, min_probes=3, confirm=True)[i]["ok"] for i in range(4))
+def test_the_dry_run_study_need_not_reach_a_confirmation_round() -> None:
+    status = study_status()
     status["confirmation"] = None
-    checks = judged(study_checks(status, 0, True, min_probes=3, confirm=True))
-    assert checks["confirmation round interleaved the top candidates"] is False
     dry = judged(study_checks(status, 0, True, min_probes=1, confirm=False))
     assert dry["confirmation round interleaved the top candidates"] is None
 
@@ -299,16 +175,13 @@ SKIPPED [1] tests/test_gpu_paths.py:40: needs a CUDA GPU
     assert (
         outcomes["tests/test_gpu_paths.py::test_memory_model_matches_cuda_attention[16]"] == "XPASS"
     )
-    checks = gpu_tests_checks(outcomes, exit_code=1)
-    assert checks[0]["ok"] is False and name in checks[0]["detail"]
-    assert checks[1]["ok"] is None and "[16]" in checks[1]["detail"]
+    (checks,) = gpu_tests_checks(outcomes, exit_code=1)
+    assert checks["ok"] is False and name in checks["detail"]
 
 
-def test_the_training_line_is_read_and_judged() -> None:
-    checks, data = train_checks("TRAINED global_steps=20 loss=7.1234 samples_per_s=55.5\n", 0, 20)
-    assert all(c["ok"] for c in checks) and data["samples_per_s"] == 55.5
-    checks, _ = train_checks("TRAINED global_steps=20 loss=nan samples_per_s=1\n", 0, 20)
-    assert checks[1]["ok"] is False
+def test_the_training_line_is_read() -> None:
+    _, data = train_checks("TRAINED global_steps=20 loss=7.1234 samples_per_s=55.5\n", 0, 20)
+    assert data == {"global_steps": 20, "loss": 7.1234, "samples_per_s": 55.5}
 
 
 def test_the_markdown_table_lists_every_phase_with_its_status_and_time() -> None:
@@ -360,3 +233,5 @@ def test_requirements_follow_the_nodes_interpreter_and_skip_what_it_has(tmp_path
     assert prepare_gpu_wheels.carried("typing_extensions")  # pinned recent by pydantic-core
     assert not prepare_gpu_wheels.carried("nvidia-nccl-cu13")
     assert not prepare_gpu_wheels.carried("ray")
+    assert prepare_gpu_wheels.carried("accelerate")  # the Trainer script's, not on the node
+    assert "accelerate" in prepare_gpu_wheels.ROOTS

@@ -52,10 +52,20 @@ def test_a_failed_check_or_a_broken_phase_fails_the_whole_check() -> None:
     assert exit_code(broken["status"]) == EXIT_FAILED
 
 
-def test_what_one_gpu_cannot_show_is_always_listed_as_not_verified() -> None:
+def test_what_one_gpu_cannot_show_is_always_listed_as_not_verified_and_counted_apart() -> None:
     v = verdict([phase("env", "passed", "", check("a", True))])
     assert {w for w, _ in ONE_GPU_CANNOT_SHOW} <= wheres(v["not_verified"])
     assert v["passed"] == 1 and v["status"] == "not verified"
+    assert v["beyond_one_gpu"] == len(ONE_GPU_CANNOT_SHOW) == len(v["not_verified"])
+    assert all(i["reason"].startswith("beyond one GPU: ") for i in v["not_verified"])
+    whats = " ".join(w for w, _ in ONE_GPU_CANNOT_SHOW)
+    assert "2+ ranks" in whats and "NCCL communicator memory" in whats and "spanning" in whats
+
+
+def test_a_phase_the_run_never_reached_is_not_verified() -> None:
+    v = verdict([phase("env", "passed", "", check("a", True))], ["env", "ops"], beyond=())
+    assert v["status"] == "not verified"
+    assert v["not_verified"] == [{"where": "ops", "reason": "missing: the run did not reach it"}]
 
 
 def test_only_all_passed_exits_zero() -> None:
@@ -78,8 +88,11 @@ def test_the_markdown_shows_the_not_verified_count_and_each_reason() -> None:
         "verdict": verdict(phases),
     }
     table = render_markdown(report)
-    n = len(report["verdict"]["not_verified"])
-    assert f"**Verdict: not verified**: 0 passed, 0 failed, {n} not verified." in table
+    beyond = len(ONE_GPU_CANNOT_SHOW)
+    assert (
+        f"**Verdict: not verified**: 0 passed, 0 failed, 1 not verified, and {beyond} not "
+        "verified beyond one GPU (what one GPU cannot show)." in table
+    )
     assert "- oom: skipped: needs CUDA" in table
 
 

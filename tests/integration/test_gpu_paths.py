@@ -143,14 +143,29 @@ def test_a_candidate_after_another_reports_its_own_cuda_peak(runs) -> None:
     )
 
 
+def own_cuda_overhead_bytes() -> int:
+    """What a CUDA context and cuBLAS's workspace take outside PyTorch's allocator in this
+    process (one matmul made them), read once the probes' ranks have exited."""
+    import torch
+
+    x = torch.ones(8, 8, device="cuda")
+    (x @ x).sum().item()
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return int(total - free - torch.cuda.memory_reserved())
+
+
 def test_the_limit_covers_the_cuda_context_and_an_overrun_is_oom(runs) -> None:
-    """Expected: the context, NCCL and cuBLAS overhead is measured (100 MiB .. 4 GiB on a
-    current driver) and counted in the reserved peak; 1 GiB is below what ZeRO-0 fp32
-    GPT-2 needs (~2 GiB of model states), so that probe is `oom` with CUDA's message."""
+    """Expected: the context and cuBLAS overhead is measured (100 MiB .. 4 GiB on a current
+    driver), within 256 MiB of an independent reading (this process's own context and
+    cuBLAS workspace; a one-rank probe has no NCCL communicator, and a probe that counted
+    another process's memory as its own would read far more), and the reserved peak with
+    it stays within the limit; 1 GiB is below what ZeRO-0 fp32 GPT-2 needs (~2 GiB of model
+    states), so that probe is `oom` with CUDA's message."""
     result = _ok(runs, "z0_fp32")
     overhead = result.overhead_bytes_per_rank[0]
     assert 100 * 2**20 <= overhead <= 4 * GiB
-    assert result.reserved_bytes_per_rank[0] >= result.peak_bytes_per_rank[0] + overhead
+    assert abs(overhead - own_cuda_overhead_bytes()) <= 256 * 2**20
     assert result.peak_bytes <= LIMIT
     small = runs["z0_fp32_1GiB"][1]
     assert small.status == "oom", small.error
