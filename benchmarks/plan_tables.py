@@ -1,7 +1,8 @@
 """Per-GPU memory that `autotune plan`'s memory model predicts for published training claims:
 DiT-B/8, DiT-L/4 and DiT-XL/2 at batch sizes 8-256 on 1, 2, 4 and 8 GPUs, ZeRO 0-3, fp32 /
 bf16 / fp16, activation checkpointing off and on; and Llama 70B on 4 x 80 GiB with ZeRO-3 and
-CPU offload (host RAM per node). No GPU is used: the model traces activations on fake tensors.
+CPU offload (host RAM per node). No GPU is used: the model traces activations on fake
+tensors, with CUDA's attention and dropout kernels.
 
 Reproduce (about 5 minutes on 2 CPU cores):
     python benchmarks/plan_tables.py --write docs/plans.md
@@ -84,14 +85,14 @@ def dit_grid() -> list[dict]:
     rows = []
     for name in DIT_CLAIMS:
         workload = get_workload(name)
-        model = MemoryModel(workload)
+        model = MemoryModel(workload, accelerator="cuda")
         params = model_facts(workload, 100_000).params
         for precision, batch, gpus, stage, ckpt in itertools.product(
             PRECISIONS, BATCHES, GPUS, STAGES, (False, True)
         ):
             estimate = model.predict(_candidate(precision, stage, batch, gpus, ckpt))
             # activations alone: gradients released as produced (not counted twice)
-            act = profile(workload, batch, precision, ckpt, "dropped")
+            act = profile(workload, batch, precision, ckpt, "dropped", "cuda")
             activations = max(act.forward_peak_bytes, act.backward_peak_bytes)
             states = paper_model_states(params, precision, stage, gpus)
             rows.append(
@@ -220,7 +221,7 @@ def llama_tables() -> str:
     gpus = 4
     for name in ("llama-70b", "llama3-70b"):
         workload = get_workload(name)
-        model = MemoryModel(workload)
+        model = MemoryModel(workload, accelerator="cuda")
         facts = model_facts(workload, 100_000)
         largest = largest_layer_params(workload)
         for opt, param, ckpt, batch in LLAMA_SHAPES:

@@ -26,6 +26,7 @@ from autotune.memory.memory_model import Calibration
 from autotune.settings import format_bytes
 
 if TYPE_CHECKING:
+    from autotune.hardware import Accelerator
     from autotune.memory.memory_model import MemoryModel
     from autotune.memory.script_memory import ScriptMemoryModel
     from autotune.study import TrialView
@@ -142,7 +143,7 @@ class Verdict(BaseModel):
 class Limits:
     """What a candidate must fit into."""
 
-    accelerator: str
+    accelerator: Accelerator
     vram_limit_bytes: int
     margin: float
     host_ram_bytes: int
@@ -188,7 +189,10 @@ class MemoryScreen:
             from autotune.memory.memory_model import MemoryModel
 
             self._model = MemoryModel(
-                self._workload, base_config=self._base_config, calibration=self.calibration
+                self._workload,
+                accelerator=self.limits.accelerator,
+                base_config=self._base_config,
+                calibration=self.calibration,
             )
         return self._model
 

@@ -42,6 +42,7 @@ LIBRARIES = ("torch", "transformers", "diffusers")
 # The code that traces, counts and defines the workloads: a change to any of it is a new key.
 TRACING_MODULES = (
     "autotune.memory.activations",
+    "autotune.memory._cuda_kernels",
     "autotune.probe._memtrack",
     "autotune.memory.memory_model",
     "autotune.backends._memory_terms",
@@ -92,9 +93,13 @@ def _path(key: str) -> Path:
     return Path(cache_root()) / "activations" / f"{key}.json"
 
 
-def entry_name(micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: str) -> str:
-    """The name an activation profile is kept under in its model's file."""
-    return f"mb{micro_batch_size}-{dtype_name}-{'ckpt' if checkpointing else 'full'}-{kind}"
+def entry_name(
+    micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: str, target: str
+) -> str:
+    """The name an activation profile is kept under in its model's file: a trace of CUDA's
+    kernels (``target`` ``cuda``) is another entry than one of the CPU's."""
+    mode = "ckpt" if checkpointing else "full"
+    return f"mb{micro_batch_size}-{dtype_name}-{mode}-{kind}-{target}"
 
 
 def facts_name(persistence_threshold: int) -> str:

@@ -13,6 +13,12 @@ of trace exist, as DeepSpeed's stages treat gradients differently:
 One traced forward and backward gives both (the dropped count is the kept one less the
 gradients held), and ``accumulate`` adds a second micro-batch to it.
 
+A trace is made for the accelerator the ranks run on (``target``). For ``cpu`` it runs the
+CPU kernels the CPU ranks run. For ``cuda`` attention and dropout keep what CUDA's kernels
+keep (:mod:`autotune.memory._cuda_kernels`: fused attention holds no sequence x sequence
+matrix), and transformers' attention mask is made as for the real batch
+(:func:`_unpacked_sequences`).
+
 For a stack of identical blocks a trace is linear in the number of blocks: two short
 stacks are traced and the line extrapolated, so a 70B model costs small traces. It is not
 linear in the micro-batch (where the backward peak falls moves with it, with checkpointing
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 # Stack depths traced for extrapolation.
 TRACE_LAYERS = (1, 2)
 Kind = Literal["kept", "accumulate", "dropped"]
+Target = Literal["cpu", "cuda"]
 
 
 def _dtype_name(precision: str) -> str:
@@ -44,12 +51,15 @@ def _dtype_name(precision: str) -> str:
 class _FakeModel:
     """A workload's model on fake tensors, whose gradient hooks count the gradients held."""
 
-    def __init__(self, workload: Workload, dtype_name: str, checkpointing: bool) -> None:
+    def __init__(
+        self, workload: Workload, dtype_name: str, checkpointing: bool, target: Target
+    ) -> None:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         self.workload = workload
+        self.target = target
         self.mode = FakeTensorMode()
         self.first_grad: list[int] = []
         self.held: set[int] = set()
@@ -116,7 +126,12 @@ class _FakeModel:
         self.held = set()
         for parameter in self.parameters:
             parameter.grad = None
-        with self.mode, _static_expert_shapes(), _grad_aware_tracker() as tracker:
+        with (
+            self.mode,
+            _static_expert_shapes(),
+            _kernels(self.target),
+            _grad_aware_tracker() as tracker,
+        ):
             # A fresh tracker counts what comes on top of the parameters (and of views of
             # them, which it must not take for new storages).
             tracker.ignore(self.parameters)
@@ -203,9 +218,48 @@ def _static_expert_shapes() -> Iterator[None]:
         moe._can_use_grouped_mm = chooser
 
 
+@contextlib.contextmanager
+def _kernels(target: Target) -> Iterator[None]:
+    """The kernels of ``target``: on CPU those the fake tensors take; for CUDA attention and
+    dropout routed to CUDA's (:func:`autotune.memory._cuda_kernels.cuda_kernels`)."""
+    if target == "cpu":
+        yield
+        return
+    from autotune.memory._cuda_kernels import cuda_kernels
+
+    with _unpacked_sequences(), cuda_kernels():
+        yield
+
+
+@contextlib.contextmanager
+def _unpacked_sequences() -> Iterator[None]:
+    """transformers (5) reads the position ids to learn whether a batch packs several
+    sequences; on fake tensors it cannot, takes the batch as packed and passes SDPA an
+    explicit B x 1 x L x L mask (``masking_utils.find_packed_sequence_indices``). On the
+    real batch, whose positions run 0..L-1, it finds none packed and passes ``is_causal``
+    instead, which is what lets CUDA pick flash attention (which takes no mask) and keeps
+    that mask out of memory. The trace for CUDA answers as the real batch does."""
+    try:
+        from transformers import masking_utils
+    except ImportError:  # no transformers: no such mask
+        yield
+        return
+    finder = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if finder is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = finder
+
+
 @functools.lru_cache(maxsize=16)
-def _fake_model(workload: Workload, dtype_name: str, checkpointing: bool) -> _FakeModel:
-    return _FakeModel(workload, dtype_name, checkpointing)
+def _fake_model(
+    workload: Workload, dtype_name: str, checkpointing: bool, target: Target
+) -> _FakeModel:
+    return _FakeModel(workload, dtype_name, checkpointing, target)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -223,9 +277,10 @@ def trace_once(
     precision: str,
     checkpointing: bool,
     kind: Kind = "kept",
+    target: Target = "cpu",
 ) -> ActivationProfile:
     """One trace of the whole model (no extrapolation)."""
-    return _fake_model(workload, _dtype_name(precision), checkpointing).trace(
+    return _fake_model(workload, _dtype_name(precision), checkpointing, target).trace(
         micro_batch_size, kind
     )
 
@@ -236,37 +291,50 @@ def profile(
     precision: str,
     checkpointing: bool,
     kind: Kind = "kept",
+    target: Target = "cpu",
 ) -> ActivationProfile:
-    """The activation profile of ``kind`` at a micro-batch, extrapolated over blocks."""
+    """The activation profile of ``kind`` at a micro-batch on ``target``'s kernels,
+    extrapolated over blocks."""
     # fp16 and bf16 trace alike: one cache entry for both
-    return _profile(workload, micro_batch_size, _dtype_name(precision), checkpointing, kind)
+    return _profile(workload, micro_batch_size, _dtype_name(precision), checkpointing, kind, target)
 
 
 @functools.lru_cache(maxsize=1024)
 def _profile(
-    workload: Workload, micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: Kind
+    workload: Workload,
+    micro_batch_size: int,
+    dtype_name: str,
+    checkpointing: bool,
+    kind: Kind,
+    target: Target,
 ) -> ActivationProfile:
     """Kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
     from autotune.memory import _trace_cache as trace_cache
 
-    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind)
+    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind, target)
     return trace_cache.kept_or_made(
         workload,
         name,
         ActivationProfile,
-        lambda: _traced(workload, micro_batch_size, dtype_name, checkpointing, kind),
+        lambda: _traced(workload, micro_batch_size, dtype_name, checkpointing, kind, target),
     )
 
 
 def _traced(
-    workload: Workload, micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: Kind
+    workload: Workload,
+    micro_batch_size: int,
+    dtype_name: str,
+    checkpointing: bool,
+    kind: Kind,
+    target: Target,
 ) -> ActivationProfile:
     layers, with_layers = _depth(workload)
+    args = (micro_batch_size, dtype_name, checkpointing, kind, target)
     if layers is None:
-        return trace_once(workload, micro_batch_size, dtype_name, checkpointing, kind)
+        return trace_once(workload, *args)
     short, longer = TRACE_LAYERS
-    a = trace_once(with_layers(short), micro_batch_size, dtype_name, checkpointing, kind)
-    b = trace_once(with_layers(longer), micro_batch_size, dtype_name, checkpointing, kind)
+    a = trace_once(with_layers(short), *args)
+    b = trace_once(with_layers(longer), *args)
     values = {}
     for field in ActivationProfile.model_fields:
         low, high = getattr(a, field), getattr(b, field)

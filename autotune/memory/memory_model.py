@@ -11,8 +11,10 @@ allocates on top of them, phase by phase of a step. For DeepSpeed's ZeRO these a
 :mod:`autotune.backends.deepspeed._zero_phases`.
 
 Activations come from :mod:`autotune.memory.activations` (the workload's real forward and
-backward on fake tensors). :class:`Calibration` corrects predictions by the ratio of
-measured to predicted peaks of the study's completed probes.
+backward on fake tensors, traced with the kernels of the ranks' accelerator: CUDA's fused
+attention keeps no sequence x sequence matrix, the CPU's math path does).
+:class:`Calibration` corrects predictions by the ratio of measured to predicted peaks of
+the study's completed probes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from autotune.backends.deepspeed import (
     DEFAULT_REDUCE_BUCKET,
 )
 from autotune.candidate import Candidate
+from autotune.hardware import Accelerator
 
 if TYPE_CHECKING:
     from autotune.backends import TrainingBackend
@@ -119,17 +122,20 @@ class Calibration(BaseModel):
 
 
 class MemoryModel:
-    """Predicts per-rank peak memory for candidates of one workload."""
+    """Predicts per-rank peak memory for candidates of one workload, on ranks of
+    ``accelerator`` (whose kernels the activation traces follow)."""
 
     def __init__(
         self,
         workload: Workload,
         *,
+        accelerator: Accelerator = "cpu",
         base_config: dict[str, Any] | None = None,
         calibration: Calibration | None = None,
         backend: TrainingBackend | None = None,
     ) -> None:
         self.workload = workload
+        self.accelerator = accelerator
         self.backend = backend or get_backend(DEFAULT_BACKEND)
         self.base_zero = dict((base_config or {}).get("zero_optimization") or {})
         self.calibration = calibration or Calibration()
@@ -183,6 +189,7 @@ class MemoryModel:
             candidate.precision,
             candidate.activation_checkpointing,
             kind,  # type: ignore[arg-type]
+            self.accelerator,
         )
         knobs = {
             name: self._knob(candidate, name, default)

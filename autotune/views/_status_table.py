@@ -259,7 +259,8 @@ def plan_candidates(
     batch = global_batch or workload.default_global_batch
     bound = spec.bind(target, data_parallel_size=gpus, global_batch=batch)
     threshold = vram_bytes * (1.0 - margin)
-    rows = _planned_rows(bound, MemoryModel(workload), threshold, gpus, host_ram)
+    model = MemoryModel(workload, accelerator=target.accelerator)
+    rows = _planned_rows(bound, model, threshold, gpus, host_ram)
     facts = model_facts(workload, 100_000)
     return Planned(
         description=workload.describe(),

@@ -258,7 +258,7 @@ def memory(args: argparse.Namespace) -> int:
     from autotune.memory import MemoryModel
     from autotune.workloads import get_workload
 
-    model = MemoryModel(get_workload(args.workload))
+    model = MemoryModel(get_workload(args.workload), accelerator=args.accelerator)
     rows = [
         memory_row(job, result, model, args.accelerator, design=index < len(chosen))
         for index, (job, result) in enumerate(zip(jobs, results, strict=True))

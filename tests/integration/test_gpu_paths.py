@@ -244,21 +244,37 @@ def test_probes_follow_the_float32_matmul_precision(runs) -> None:
     assert tf32.versions["cuda_matmul_allow_tf32"] == "True"
 
 
-@pytest.mark.xfail(
-    reason="activations.py traces CPU fake tensors, where SDPA takes the math path and keeps "
-    "B*H*L^2 attention matrices that CUDA flash/memory-efficient attention never stores; "
-    "passes once the trace uses a CUDA fake device on CUDA hosts (or measures one block)",
-    strict=False,
-)
+# The memory model's largest error the test accepts against the allocator (see the test).
+CUDA_MEMORY_TOLERANCE = 0.04
+
+
 @pytest.mark.parametrize("micro_batch", [4, 16])
 def test_memory_model_matches_cuda_attention(tmp_path: Path, micro_batch: int) -> None:
-    """Expected: the memory model's predicted device peak for GPT-2 bf16 ZeRO-0 without
-    checkpointing is within 8% of the allocator's measured peak at micro-batch 4 and 16."""
+    """Expected: the memory model for CUDA ranks (activations traced with CUDA's kernels:
+    flash attention, fused dropout) predicts the allocator's peak of GPT-2 bf16 ZeRO-0
+    without checkpointing, sequence 1024, within 4% at micro-batch 4 and 16 (about 6.7 and
+    19.7 GiB predicted), and the CPU-kernel trace (the attention matrices of the math path:
+    about 13.7 and 47.9 GiB) is outside that.
+
+    Why 4%: against the CPU probe's tracker the model is within 0.2% for GPT-2
+    (benchmarks/RESULTS.md, "Memory model accuracy"). On CUDA the allocator also counts
+    what kernels take from it without making tensors of the trace: the cuBLAS and cuBLASLt
+    workspaces (at most 2 x 32 MiB), flash attention's backward fp32 accumulator of dq and
+    its row sums (B x L x H x (D + 1) x 4 bytes: 12 MiB at micro-batch 4, 49 MiB at 16), the
+    embedding backward's fp32 partial sums (at most B x L x 768 x 4 bytes: 12 and 48 MiB)
+    and the rounding of every allocation to 512 bytes (under 2 MiB): about 90 MiB (1.3%) at
+    micro-batch 4 and 163 MiB (0.8%) at 16. 4% covers that with room for workspaces not
+    listed, and fails an attention matrix kept for backward: one B x H x L x L bf16 matrix
+    per layer is 1.1 GiB (17%) at micro-batch 4."""
     from autotune.memory.memory_model import MemoryModel
     from autotune.workloads import get_workload
 
     cand = candidate("bf16", 0, micro_batch)
     (result,) = launch_probes([cuda_job(tmp_path, "z0", cand, torch_adam=_torch_adam())])
     assert result.status == "ok", result.error
-    predicted = MemoryModel(get_workload("gpt2")).predict(cand).device_bytes
-    assert predicted == pytest.approx(result.peak_bytes_per_rank[0], rel=0.08)
+    measured = result.peak_bytes_per_rank[0]
+    workload = get_workload("gpt2")
+    predicted = MemoryModel(workload, accelerator="cuda").predict(cand).device_bytes
+    assert predicted == pytest.approx(measured, rel=CUDA_MEMORY_TOLERANCE)
+    cpu_kernels = MemoryModel(workload, accelerator="cpu").predict(cand).device_bytes
+    assert cpu_kernels > measured * (1 + CUDA_MEMORY_TOLERANCE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.candidate import Candidate
+from autotune.memory import Limits, MemoryScreen
 from autotune.memory.activations import profile, trace_once
 from autotune.memory.memory_model import Calibration, MemoryModel, model_facts
 from autotune.workloads import get_workload
@@ -110,3 +111,24 @@ def test_gradient_accumulation_holds_what_deepspeed_holds() -> None:
     assert peak(2, 1, "cpu") - peak(2, 2, "cpu") == pytest.approx(4 * params / 2, rel=0.05)
     assert peak(1, 1) - peak(1, 2) == pytest.approx(4 * embedding, rel=0.1)
     assert abs(peak(3, 1) - peak(3, 2)) < 0.02 * 4 * params / 2
+
+
+def test_cuda_ranks_are_predicted_with_cudas_kernels() -> None:
+    """The model for CUDA ranks traces CUDA's fused attention (no attention matrix kept),
+    and the memory screen builds it for the accelerator of its limits."""
+    workload = get_workload("gpt-tiny")
+    single = candidate(0, n=1).model_copy(update={"micro_batch_size": 16})  # peaks in backward
+    on_cpu = MemoryModel(workload).predict(single)
+    on_cuda = MemoryModel(workload, accelerator="cuda").predict(single)
+    assert on_cuda.device.activations < on_cpu.device.activations
+    assert on_cuda.device.params == on_cpu.device.params
+    limits = Limits(
+        accelerator="cuda",
+        vram_limit_bytes=2**30,
+        margin=0.05,
+        host_ram_bytes=2**34,
+        ranks_per_node=1,
+    )
+    model = MemoryScreen(workload, limits).model
+    assert isinstance(model, MemoryModel) and model.accelerator == "cuda"
+    assert model.predict(single).device_bytes == on_cuda.device_bytes

@@ -66,6 +66,44 @@ def test_the_key_follows_the_model_and_a_workload_without_fingerprint_has_none()
     assert trace_cache.cache_key(unnamed) is None
 
 
+def test_the_key_follows_the_code_that_routes_cuda_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    workload = get_workload("gpt-tiny")
+    key = trace_cache.cache_key(workload)
+    digest = trace_cache._source_digest
+
+    def changed(name: str) -> str:
+        return "changed" if name == "autotune.memory._cuda_kernels" else digest(name)
+
+    monkeypatch.setattr(trace_cache, "_source_digest", changed)
+    assert trace_cache.cache_key(workload) != key
+
+
+def test_cpu_and_cuda_traces_are_kept_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace of the CPU's kernels is never read for CUDA ranks, nor the other way."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    workload = get_workload("gpt-tiny")
+    _forget_in_process()
+    cpu = activations.profile(workload, 2, "fp32", False, "kept", "cpu")
+    _forget_in_process()  # as a new process would start: only the CPU trace is on disk
+    traced: list[object] = []
+    trace = activations._traced
+    monkeypatch.setattr(activations, "_traced", lambda *args: traced.append(args) or trace(*args))
+    cuda = activations.profile(workload, 2, "fp32", False, "kept", "cuda")
+    assert traced and cuda.forward_peak_bytes < cpu.forward_peak_bytes
+
+    _forget_in_process()
+
+    def no_trace(*args: object) -> None:
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(activations, "_traced", no_trace)
+    assert activations.profile(workload, 2, "fp32", False, "kept", "cpu") == cpu
+    assert activations.profile(workload, 2, "fp32", False, "kept", "cuda") == cuda
+    _forget_in_process()
+
+
 def test_a_damaged_file_is_traced_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     workload = get_workload("gpt-tiny")
@@ -77,7 +115,7 @@ def test_a_damaged_file_is_traced_again(tmp_path: Path, monkeypatch: pytest.Monk
     _forget_in_process()
     profile = activations.profile(workload, 1, "fp32", False, "kept")
     assert profile.forward_peak_bytes > 0
-    name = trace_cache.entry_name(1, "fp32", False, "kept")
+    name = trace_cache.entry_name(1, "fp32", False, "kept", "cpu")
     assert trace_cache.load(key)[name] == profile.model_dump()
     _forget_in_process()
 
