@@ -172,6 +172,9 @@ class ProbeFinished(Event):
     result: ProbeResult
     vram_limit_bytes: int
     log_path: str
+    # why a probe that ran (ok) is infeasible: its device peak over the limit, a node's host
+    # memory over --host-ram; empty when within them or not judged (a confirmation re-probe)
+    over_limits: str = ""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,20 @@ Fault = Literal["none", "oom", "error", "crash", "hang", "leak"]
 # "high" lets fp32 matmuls use TF32 on Ampere and later, "medium" bf16.
 Float32MatmulPrecision = Literal["highest", "high", "medium"]
 PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3's default stage3_param_persistence_threshold
+# How a rank's host memory peak was measured: "kernel_hwm", the kernel's high-water mark of
+# the process's resident memory (Linux VmHWM), reset at the probe's start; "sampled", the
+# resident memory read every few milliseconds during the probe (where the reset is not
+# permitted, or not Linux); "at_end", the resident memory at the probe's end (what records
+# written before the peak was measured hold).
+HostPeakMethod = Literal["kernel_hwm", "sampled", "at_end"]
+HOST_PEAK_WORDS: dict[str, str] = {
+    "kernel_hwm": "peak resident memory (kernel high-water mark)",
+    "sampled": "peak resident memory (sampled)",
+    "at_end": "resident memory at the probe's end",
+}
+# The node a rank runs on, set by a launcher whose ranks span nodes (a Ray placement group);
+# a rank without it runs on its launcher's host and names it by its host name.
+NODE_ENV = "AUTOTUNE_NODE"
 
 
 class ScriptRun(BaseModel):
@@ -149,7 +163,17 @@ class RankReport(BaseModel):
     step_times_s: list[float] = Field(default_factory=list)
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
-    host_peak_bytes: int = 0
+    host_peak_bytes: int = Field(
+        default=0, description="Peak resident memory of this rank's process during the probe."
+    )
+    host_peak_method: HostPeakMethod = Field(
+        default="at_end", description="How host_peak_bytes was measured (see HostPeakMethod)."
+    )
+    node: str = Field(
+        default="",
+        description="The node the rank ran on: the launcher's node name (NODE_ENV) when the "
+        "ranks span nodes, else the host name. Ranks of one node share its host RAM.",
+    )
     init_s: float = 0.0
     warmup_s: float = 0.0
     wall_s: float = 0.0
@@ -247,6 +271,14 @@ class ProbeResult(BaseModel):
     host_peak_bytes_per_rank: list[int] = Field(
         default_factory=list, description="Peak resident host memory of each rank process."
     )
+    host_peak_method: HostPeakMethod = Field(
+        default="at_end",
+        description="How host_peak_bytes_per_rank was measured; the least exact of the ranks' "
+        "methods (sampled over kernel_hwm).",
+    )
+    node_per_rank: list[str] = Field(
+        default_factory=list, description="The node each rank ran on (see RankReport.node)."
+    )
     wall_s: float = Field(default=0.0, description="Launch to exit of the probe.")
     init_s: float = Field(default=0.0, description="Imports to end of deepspeed.initialize.")
     cold_start: bool = Field(
@@ -294,12 +326,38 @@ class ProbeResult(BaseModel):
         """What the device had to provide: the worst rank's allocated or reserved peak."""
         return max([*self.peak_bytes_per_rank, *self.reserved_bytes_per_rank, 0])
 
+    def host_peak_per_node(self) -> dict[str, int]:
+        """Each node's ranks' host peaks summed: what the node's RAM had to hold."""
+        return host_peak_per_node(self.host_peak_bytes_per_rank, self.node_per_rank)
+
     @property
     def spread(self) -> float:
         """Relative spread of throughput over timed steps: (max - min) / median."""
         if self.samples_per_s <= 0:
             return 0.0
         return (self.samples_per_s_max - self.samples_per_s_min) / self.samples_per_s
+
+
+def host_peak_per_node(peaks_bytes: list[int], nodes: list[str]) -> dict[str, int]:
+    """The ranks' host peaks summed per node (``nodes[i]`` is rank i's; a rank without a
+    node is counted on ""), in the order the nodes first appear. Each rank's peak counts the
+    pages it shares with the node's other ranks (libraries, what a forked rank shares with
+    its launcher), and the ranks may peak at different moments: the sum bounds from above
+    what the node held at once."""
+    totals: dict[str, int] = {}
+    for index, peak in enumerate(peaks_bytes):
+        node = nodes[index] if index < len(nodes) else ""
+        totals[node] = totals.get(node, 0) + peak
+    return totals
+
+
+# Least exact first: a sample may miss a short peak; the end of a probe is not its peak.
+_LEAST_EXACT_FIRST: tuple[HostPeakMethod, ...] = ("at_end", "sampled", "kernel_hwm")
+
+
+def _least_exact(methods: list[HostPeakMethod]) -> HostPeakMethod:
+    """The method that qualifies every rank's peak (no rank: ``at_end``)."""
+    return next((m for m in _LEAST_EXACT_FIRST if m in methods), "at_end")
 
 
 def aggregate(
@@ -318,6 +376,8 @@ def aggregate(
         "peak_bytes_per_rank": [r.peak_allocated_bytes for r in reports],
         "reserved_bytes_per_rank": [r.peak_reserved_bytes for r in reports],
         "host_peak_bytes_per_rank": [r.host_peak_bytes for r in reports],
+        "host_peak_method": _least_exact([r.host_peak_method for r in reports]),
+        "node_per_rank": [r.node for r in reports],
         "wall_s": wall_s,
         "init_s": max((r.init_s for r in reports), default=0.0),
         "threads_per_rank": max((r.threads for r in reports), default=0),

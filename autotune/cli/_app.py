@@ -273,7 +273,8 @@ def _why_nothing(summary: RunSummary, plan: Plan) -> str:
         )
     return (
         f"nothing exported: none of the {summary.probes} probe(s) measured a configuration "
-        f"within the {format_bytes(summary.vram_limit_bytes)} limit (autotune status --study "
+        f"within the {format_bytes(summary.vram_limit_bytes)} limit per rank and --host-ram "
+        f"per node (autotune status --study "
         f"{plan.study_name} shows why each failed); fix the cause or give it more time ({more})"
     )
 

@@ -151,7 +151,7 @@ class RunState:
             self.confirmation_probes += 1
             return
         self.done += 1
-        over = result.peak_bytes > event.vram_limit_bytes > 0
+        over = result.peak_bytes > event.vram_limit_bytes > 0 or bool(event.over_limits)
         if result.status == "oom" or (result.status == "ok" and over):
             self.infeasible += 1
         elif result.status == "ok" and result.stopped_early:

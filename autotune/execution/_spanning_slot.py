@@ -31,7 +31,7 @@ from typing import Any
 
 from autotune.execution._rank_actor import Placement, RankArtifacts, RankState
 from autotune.execution.launch import ProbeJob, prepare_trial_dir, unclean_bytes
-from autotune.protocol import ProbeResult, RankReport, aggregate
+from autotune.protocol import NODE_ENV, ProbeResult, RankReport, aggregate
 
 RENDEZVOUS_PORTS = (29500, 29999)  # the first rank's store: open between the nodes
 PLACEMENT_TIMEOUT_S = 60.0  # for Ray to start a rank's actor on its bundle
@@ -152,6 +152,7 @@ class SpanningSlot:
                 "WORLD_SIZE": str(world_size),
                 "LOCAL_RANK": str(local.index(place)),
                 "LOCAL_WORLD_SIZE": str(len(local)),
+                NODE_ENV: node_name(place),  # the node whose host RAM the rank uses
             }
             if cuda:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(g for p in local for g in p.gpu_ids)
@@ -351,6 +352,12 @@ class SpanningSlot:
         self._actors = [None] * len(self._actors)
 
 
+def node_name(place: Placement) -> str:
+    """How a rank's report names its node: the node's address and Ray's id (several nodes
+    of a loopback cluster share an address)."""
+    return f"{place.node_ip} (node {place.node_id[:8]})"
+
+
 def _node_alive(ray: Any, node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())
 
@@ -377,7 +384,7 @@ def _write_artifacts(
     folder = Path(job.trial_dir)
     parts, endings = [], []
     for rank, (artifact, state, place) in enumerate(zip(artifacts, states, places, strict=True)):
-        where = f"{place.node_ip} (node {place.node_id[:8]})" if place else "?"
+        where = node_name(place) if place else "?"
         if artifact.report is not None:
             (folder / f"rank-{rank}.json").write_text(artifact.report, encoding="utf-8")
         parts.append(f"===== rank {rank} on {where} =====\n{artifact.log.rstrip()}\n")

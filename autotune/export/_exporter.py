@@ -88,8 +88,8 @@ def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Be
         reason = f"it repeats trial {trial.record.duplicate_of}"
     elif trial.status == "ok" and trial.record.stopped_early:
         reason = "its probe was stopped early (a partial measurement)"
-    elif trial.status == "ok":
-        reason = "its peak memory exceeded the limit"
+    elif trial.status == "ok":  # its error says which limit (records before host ones: none)
+        reason = trial.record.error or "its peak memory exceeded the limit"
     else:
         reason = f"its status is {trial.status!r}"
     feasible = ", ".join(str(t.number) for t in records.ranked_feasible(trials)[:10]) or "none"

@@ -13,6 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from autotune.export._numerics import numerics_actions
+from autotune.protocol import HOST_PEAK_WORDS
 from autotune.settings import format_bytes
 from autotune.study import records
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.candidate import Candidate
-    from autotune.study import Best, Confirmation, StudyConfig, TrialView
+    from autotune.study import Best, Confirmation, StudyConfig, TrialRecord, TrialView
 
 RUNNERS_UP = 5
 
@@ -62,6 +63,8 @@ def outcome_counts(trials: list[TrialView]) -> Counter[str]:
             counts["feasible, measured in full"] += 1
         elif trial.status == "ok" and record.stopped_early and record.feasible:
             counts["feasible, stopped early as clearly slower than the best so far"] += 1
+        elif trial.status == "ok" and record.over_host_ram and not _over_device(record):
+            counts["infeasible: measured host memory above --host-ram"] += 1
         elif trial.status == "ok":
             counts["infeasible: measured peak above the limit"] += 1
         elif trial.status == "oom":
@@ -71,6 +74,24 @@ def outcome_counts(trials: list[TrialView]) -> Counter[str]:
         elif trial.status in records.FAILED_STATUSES:
             counts[f"failed: {trial.status}"] += 1
     return counts
+
+
+def _over_device(record: TrialRecord) -> bool:
+    return record.peak_bytes > record.vram_limit_bytes
+
+
+def _host_memory_line(record: TrialRecord) -> str:
+    """The ranks' host memory in the words of how it was measured, and each node's sum
+    against the --host-ram it was judged against."""
+    words = HOST_PEAK_WORDS[record.host_peak_method]
+    line = f"- Host memory per rank process, {words}: {_peaks(record.host_peak_bytes_per_rank)}"
+    if record.host_ram_bytes:
+        nodes = "; ".join(
+            f"{format_bytes(total)} on {node or 'its node'}"
+            for node, total in record.host_peak_per_node().items()
+        )
+        line += f"; summed per node {nodes}, of --host-ram {format_bytes(record.host_ram_bytes)}"
+    return line + "."
 
 
 def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
@@ -102,8 +123,9 @@ def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> lis
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
             "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "
-            f"processes peaked at {_peaks(trial.record.host_peak_bytes_per_rank)} resident "
-            "per rank; leave that much free per rank on each node."
+            f"processes reached {_peaks(trial.record.host_peak_bytes_per_rank)} per rank "
+            f"({HOST_PEAK_WORDS[trial.record.host_peak_method]}); leave that much free per "
+            "rank on each node."
         )
     if "nvme" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
@@ -244,11 +266,8 @@ def render_summary(
         f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
-    if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
-        lines.append(
-            f"- Host memory (resident, per rank process): "
-            f"{_peaks(record.host_peak_bytes_per_rank)}."
-        )
+    if record.host_peak_bytes_per_rank:
+        lines.append(_host_memory_line(record))
     lines.append(f"- {runner_up_distance(rows, verdict)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]

@@ -1,7 +1,7 @@
 """What both kinds of probe rank (a built-in workload's, :mod:`autotune.probe.rank`, and a
 script's, :mod:`autotune.probe.script_rank`) do alike as processes: die with their launcher,
-find their device, quiet libraries, record peaks and versions, write their report, leave the
-process group, and leave at once on failure."""
+find their device, quiet libraries, record peaks (device and host) and versions, write
+their report, leave the process group, and leave at once on failure."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ import logging
 import os
 import platform
 import signal
+import socket
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from autotune.probe import _host_peak as host_peak
 from autotune.probe import _rank_memory as rank_memory
-from autotune.protocol import ProbeSpec, RankReport
+from autotune.protocol import NODE_ENV, ProbeSpec, RankReport
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -40,12 +42,17 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def host_peak_bytes() -> int:
-    """Resident memory of this rank now (called at the end of a probe, after the optimizer
-    states exist); a warm worker's lifetime maximum (ru_maxrss) would mix probes."""
-    import psutil
+def start_host_peak() -> None:
+    """Measure this rank's host memory peak from here (each candidate's start): a warm
+    worker's lifetime maximum (ru_maxrss) would mix candidates."""
+    host_peak.METER.start()
 
-    return int(psutil.Process().memory_info().rss)
+
+def record_host_memory(report: RankReport) -> None:
+    """The rank's peak resident memory since :func:`start_host_peak`, how it was measured,
+    and the node whose RAM it used."""
+    report.host_peak_bytes, report.host_peak_method = host_peak.METER.peak()
+    report.node = os.environ.get(NODE_ENV) or socket.gethostname()
 
 
 def versions(device: Any) -> dict[str, str]:
@@ -112,7 +119,7 @@ def leave_now(report: RankReport, spec_path: Path, started: float) -> None:
     """Write the report of a rank that stops here and exit at once: peers may be blocked in
     a collective, interpreter teardown would abort in gloo/NCCL destructors, and the launcher
     stops the other ranks."""
-    report.host_peak_bytes = host_peak_bytes()
+    record_host_memory(report)
     report.wall_s = time.perf_counter() - started
     write_report(report, spec_path.parent)
     sys.stdout.flush()

@@ -5,7 +5,8 @@ Each rank builds the workload (at ZeRO-3 under ``deepspeed.zero.Init``, partitio
 is built; at other stages on the device in the target dtype), calls ``deepspeed.initialize``
 with the candidate's config, runs warm-up steps (where, on CPU, tensor memory is traced and
 the limit enforced), then times optimizer steps, and writes a
-:class:`~autotune.protocol.RankReport` to ``rank-<r>.json`` next to the spec. A failure is
+:class:`~autotune.protocol.RankReport` to ``rank-<r>.json`` next to the spec, with the
+process's peak resident memory over the candidate (:mod:`autotune.probe._host_peak`). A failure is
 data: the rank reports ``oom`` or ``error`` and exits without tearing down collectives
 (its launcher stops its peers).
 
@@ -37,11 +38,12 @@ from autotune.probe._model_build import _target_dtype, build_model
 from autotune.probe._rank_memory import classify_failure, dismantle, leak_tolerance_bytes
 from autotune.probe._rank_process import (
     device_of,
-    host_peak_bytes,
     leave_now,
     leave_process_group,
     quiet_libraries,
+    record_host_memory,
     record_peaks,
+    start_host_peak,
     versions,
     write_report,
 )
@@ -191,6 +193,7 @@ def _keep_alive(model: Any, spec: ProbeSpec, device: Any) -> None:
 def probe_spec(spec_path: Path, started: float) -> None:
     """Probe one spec and write this rank's report beside it; on failure, or when earlier
     candidates left memory behind (``unclean``), write the report and exit."""
+    start_host_peak()  # this candidate's own host memory peak, also in a warm rank
     spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
     report = RankReport(rank=int(os.environ.get("RANK", "0")), status="ok", pid=os.getpid())
     tolerance = leak_tolerance_bytes(spec.vram_limit_bytes)
@@ -212,7 +215,7 @@ def probe_spec(spec_path: Path, started: float) -> None:
             f"(more than {tolerance}); the ranks must restart"
         )
         leave_now(report, spec_path, started)
-    report.host_peak_bytes = host_peak_bytes()
+    record_host_memory(report)
     report.wall_s = time.perf_counter() - started
     write_report(report, spec_path.parent)
     rank_memory.release(spec.accelerator)

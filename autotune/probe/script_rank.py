@@ -42,11 +42,12 @@ from autotune import timing as steps
 from autotune.probe._rank_memory import classify_failure
 from autotune.probe._rank_process import (
     device_of,
-    host_peak_bytes,
     leave_now,
     leave_process_group,
     quiet_libraries,
+    record_host_memory,
     record_peaks,
+    start_host_peak,
     versions,
     write_report,
 )
@@ -278,7 +279,7 @@ class ScriptProbe:
         report = self.report
         report.skipped_steps = sum(self.warmup_skipped) + self.timed_skipped
         record_peaks(report, self.tracker, self.device, self.overhead)
-        report.host_peak_bytes = host_peak_bytes()
+        record_host_memory(report)
         report.wall_s = time.perf_counter() - self.started
         write_report(report, self.spec_path.parent)
         sys.stdout.flush()
@@ -355,6 +356,7 @@ def run(spec_path: Path, started: float) -> None:
     """Run the script of ``spec_path`` as this rank's probe; never returns."""
     import torch
 
+    start_host_peak()  # the script's host memory from before its first allocation
     spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
     probe = ScriptProbe(spec, spec_path, started)
     script = probe.script

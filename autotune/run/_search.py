@@ -166,6 +166,7 @@ class Search:
             candidate_key=candidate.key,
             label=candidate.label,
             vram_limit_bytes=self.plan.config.vram_limit_bytes,
+            host_ram_bytes=self.screen.limits.host_ram_bytes,
             retry_of=retried_trial(records.view_of(trial).frozen),
             **prediction,
         )
@@ -240,12 +241,14 @@ class Search:
     # -- one result --------------------------------------------------------------------
     def _record(self, job: InFlight, result: ProbeResult) -> None:
         assert job.trial is not None
+        over_limits = ""
         if result.lost_node and job.record.retry_of is None:
             # the node died, not the candidate: probed again once, elsewhere
             records.record_interrupted(self.study, job.trial, job.record, result.error)
             self.session.requeue(job.trial)
         else:
-            records.record_probe(self.study, job.trial, job.record, result)
+            final = records.record_probe(self.study, job.trial, job.record, result)
+            over_limits = final.error if result.status == "ok" and not final.feasible else ""
             view = records.view_of(job.trial)
             self.evaluated[job.candidate.key] = view
             self.screen.learn(view)
@@ -259,6 +262,7 @@ class Search:
                 result,
                 self.plan.config.vram_limit_bytes,
                 f"{job.record.trial_dir}/probe.log",
+                over_limits=over_limits,
             )
         )
 

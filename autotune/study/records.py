@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.candidate import Candidate
+from autotune.protocol import HOST_PEAK_WORDS, HostPeakMethod, ProbeResult, host_peak_per_node
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-    from autotune.protocol import ProbeResult
 
-
-# 3: readable memory fields (memory, peak_pct_of_limit); records of 2 read the same.
-SCHEMA_VERSION = 3
+# 4: measured host memory judged (host_peak_method, node_per_rank, host_ram_bytes); 3: readable
+# memory fields (memory, peak_pct_of_limit). Records of 2 and 3 read the same (defaults).
+SCHEMA_VERSION = 4
 SCHEMA_ATTR = "autotune_schema"
 
 TrialStatus = Literal[
@@ -66,9 +66,22 @@ class TrialRecord(BaseModel):
         default_factory=list, description="Peak reserved by the CUDA caching allocator."
     )
     host_peak_bytes_per_rank: list[int] = Field(
-        default_factory=list, description="Resident host memory of each rank process."
+        default_factory=list, description="Peak resident host memory of each rank process."
+    )
+    host_peak_method: HostPeakMethod = Field(
+        default="at_end",
+        description="How host_peak_bytes_per_rank was measured: kernel_hwm (the kernel's "
+        "high-water mark), sampled, or at_end (resident at the probe's end: older records).",
+    )
+    node_per_rank: list[str] = Field(
+        default_factory=list, description="The node each rank ran on (see RankReport.node)."
     )
     vram_limit_bytes: int = Field(default=0, description="The limit it was judged against.")
+    host_ram_bytes: int = Field(
+        default=0,
+        description="The host RAM per node (--host-ram) its measured host memory was judged "
+        "against; 0: not judged (records written before host memory was).",
+    )
     feasible: bool = Field(default=False, description="Measured and within the limit.")
     predicted_peak_bytes: int | None = Field(
         default=None, description="The memory model's calibrated prediction per rank."
@@ -114,6 +127,16 @@ class TrialRecord(BaseModel):
     peak_pct_of_limit: float | None = Field(
         default=None, description="Measured peak per rank, % of the limit (a sortable column)."
     )
+
+    def host_peak_per_node(self) -> dict[str, int]:
+        """Each node's ranks' host peaks summed (:func:`autotune.protocol.host_peak_per_node`)."""
+        return host_peak_per_node(self.host_peak_bytes_per_rank, self.node_per_rank)
+
+    @property
+    def over_host_ram(self) -> bool:
+        """A node's ranks together measured above the --host-ram it was judged against."""
+        per_node = self.host_peak_per_node()
+        return self.host_ram_bytes > 0 and max(per_node.values(), default=0) > self.host_ram_bytes
 
 
 _FIELDS = tuple(TrialRecord.model_fields)
@@ -267,37 +290,23 @@ def set_constraint(trial: optuna.Trial, value: float) -> None:
 def record_probe(
     study: optuna.Study, trial: optuna.Trial, record: TrialRecord, result: ProbeResult
 ) -> TrialRecord:
-    """Write a probe's outcome over ``record`` (what was known before the probe) and tell
-    Optuna: ok -> COMPLETE with samples/s (an early-stopped probe too: a true if short
-    measurement, never exported); oom -> PRUNED and infeasible (no invented value);
-    error/timeout -> FAIL. The constraint is peak - limit, positive for an OOM."""
+    """Write a probe's outcome over ``record`` (what was known before the probe, its limits
+    included) and tell Optuna: ok -> COMPLETE with samples/s (an early-stopped probe too: a
+    true if short measurement, never exported; one over a limit too, infeasible, its error
+    saying which); oom -> PRUNED and infeasible (no invented value); error/timeout -> FAIL.
+    The constraint is how far the measurement is over its limits (:func:`measured_excess`),
+    positive for an OOM."""
     from optuna.trial import TrialState
 
-    over_bytes = result.peak_bytes - record.vram_limit_bytes
+    over_bytes, why = measured_excess(result, record.vram_limit_bytes, record.host_ram_bytes)
     if result.status == "oom":
         over_bytes = max(over_bytes, 1)
     final = record.model_copy(
         update={
             "status": result.status,
-            "error": result.error,
-            "samples_per_s": result.samples_per_s,
-            "samples_per_s_min": result.samples_per_s_min,
-            "samples_per_s_max": result.samples_per_s_max,
-            "tokens_per_s": result.tokens_per_s,
-            "step_time_s": result.step_time_s,
-            "step_times_s": result.step_times_s,
-            "warmup_steps": result.warmup_steps,
-            "stopped_early": result.stopped_early,
-            "peak_bytes": result.peak_bytes,
-            "peak_bytes_per_rank": result.peak_bytes_per_rank,
-            "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
-            "host_peak_bytes_per_rank": result.host_peak_bytes_per_rank,
+            "error": why if result.status == "ok" else result.error,
+            **_measurements(result),
             "feasible": result.status == "ok" and over_bytes <= 0,
-            "probe_wall_s": result.wall_s,
-            "probe_init_s": result.init_s,
-            "probe_timed_s": result.timed_s,
-            "probe_cold_start": result.cold_start,
-            "versions": result.versions,
             "log_tail": ""
             if result.status == "ok"
             else "\n".join(result.log_tail.strip().splitlines()[-20:]),
@@ -316,6 +325,64 @@ def record_probe(
     else:
         study.tell(trial, state=TrialState.FAIL)
     return final
+
+
+def _measurements(result: ProbeResult) -> dict[str, Any]:
+    """The record's fields that copy what a probe measured."""
+    return {
+        "samples_per_s": result.samples_per_s,
+        "samples_per_s_min": result.samples_per_s_min,
+        "samples_per_s_max": result.samples_per_s_max,
+        "tokens_per_s": result.tokens_per_s,
+        "step_time_s": result.step_time_s,
+        "step_times_s": result.step_times_s,
+        "warmup_steps": result.warmup_steps,
+        "stopped_early": result.stopped_early,
+        "peak_bytes": result.peak_bytes,
+        "peak_bytes_per_rank": result.peak_bytes_per_rank,
+        "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
+        "host_peak_bytes_per_rank": result.host_peak_bytes_per_rank,
+        "host_peak_method": result.host_peak_method,
+        "node_per_rank": result.node_per_rank,
+        "probe_wall_s": result.wall_s,
+        "probe_init_s": result.init_s,
+        "probe_timed_s": result.timed_s,
+        "probe_cold_start": result.cold_start,
+        "versions": result.versions,
+    }
+
+
+def measured_excess(
+    result: ProbeResult, vram_limit_bytes: int, host_ram_bytes: int
+) -> tuple[int, str]:
+    """How far a probe's measurement is over its limits, in bytes (<= 0: within them, by
+    the tightest margin), and why it is over (empty when within): the worst rank's device
+    peak against the limit per rank, and each node's ranks' host peaks, summed, against
+    ``host_ram_bytes`` (0: not judged). Host memory is judged on CPU ranks too: there the
+    limit bounds the tensors a rank holds, while host RAM holds the whole processes
+    (interpreter, libraries, allocator caches)."""
+    from autotune.settings import format_bytes
+
+    device_over = result.peak_bytes - vram_limit_bytes
+    overs, reasons = [device_over], []
+    if device_over > 0:
+        reasons.append(
+            f"measured peak {format_bytes(result.peak_bytes)} per rank is over the limit "
+            f"{format_bytes(vram_limit_bytes)}"
+        )
+    per_node = result.host_peak_per_node() if host_ram_bytes > 0 else {}
+    if per_node:
+        node = max(per_node, key=lambda n: per_node[n])
+        overs.append(per_node[node] - host_ram_bytes)
+    if per_node and overs[-1] > 0:
+        ranks = [n for n in result.node_per_rank if n == node] or result.host_peak_bytes_per_rank
+        reasons.append(
+            f"measured host memory {format_bytes(per_node[node])} on node {node or '?'} "
+            f"({len(ranks)} rank(s)) is over --host-ram {format_bytes(host_ram_bytes)} by "
+            f"{format_bytes(overs[-1])} ({HOST_PEAK_WORDS[result.host_peak_method]}, summed "
+            "over the node's ranks)"
+        )
+    return max(overs), "; ".join(reasons)
 
 
 def record_pruned(

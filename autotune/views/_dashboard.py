@@ -104,7 +104,8 @@ def _outcome(trial: TrialView) -> list[str]:
             "clearly slower than the best so far. A true but short measurement: never exported.",
         ]
     if status == "ok":
-        return [f"- **Infeasible**: {steps}, but its peak is above the limit."]
+        why = record.error or "its peak is above the limit"
+        return [f"- **Infeasible**: {steps}, but {why}."]
     if status == "oom":
         return [f"- **Infeasible**: out of memory in the probe ({record.error})."]
     if status == "pruned":

@@ -78,8 +78,8 @@ def point_of(trial: TrialView, origin: float | None, chosen: int | None) -> Poin
         kind, why = FEASIBLE, ""
     elif status == "ok" and record.stopped_early and record.feasible:
         kind, why = STOPPED, record.pruned_by or "clearly slower than the best so far"
-    elif status == "ok" and over:
-        kind, why = INFEASIBLE, "measured peak above the limit"
+    elif status == "ok" and (over or not record.feasible):
+        kind, why = INFEASIBLE, record.error or "measured peak above the limit"
     elif status == "oom":
         kind, why = INFEASIBLE, record.error or "out of memory"
     elif status == "pruned":

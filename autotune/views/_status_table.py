@@ -104,14 +104,15 @@ def _note(trial: records.TrialView, decided: best.Best | None) -> str:
         )
     if record.confirmation_of is not None:
         return f"confirmation probe of trial {record.confirmation_of}"
-    if record.stopped_early:
+    if record.stopped_early and not record.error:
         return "stopped early: clearly slower than the best so far"
     if record.retry_of is not None:
         text = f"retry of interrupted trial {record.retry_of}"
-        return text if trial.status == "ok" else f"{text}; {record.error}"[:100]
+        return f"{text}; {record.error}"[:100] if record.error else text
     if trial.state == "WAITING":
         return "queued: probed again at the next run"
-    return "" if trial.status == "ok" else record.error[:120]
+    # an ok trial's error says which limit its measurement is over (empty within them)
+    return record.error[:120]
 
 
 @dataclass

@@ -20,3 +20,17 @@ def test_the_cli_words_the_verdict_the_round_reports() -> None:
     text = line(done_event(verdict))
     assert text == f"confirmation (2 round(s), 31 s): {verdict.describe()}"
     assert text.startswith("confirmation (2 round(s), 31 s): winner b: 69.0 samples/s ±3.1")
+
+
+def test_a_probe_over_a_limit_says_it_is_infeasible_and_why() -> None:
+    from autotune import events
+    from autotune.protocol import ProbeResult
+
+    result = ProbeResult(
+        status="ok", samples_per_s=10.0, samples_per_s_min=9.0, samples_per_s_max=11.0
+    )
+    why = "measured host memory 6.00 GiB on node vm (2 rank(s)) is over --host-ram 4.00 GiB"
+    text = line(events.ProbeFinished(3, "z2", result, 2**30, "log", over_limits=why))
+    assert text.startswith("trial 3: z2 -> 10.0 samples/s")
+    assert text.endswith(f"; infeasible: {why} [0 s]")
+    assert "infeasible" not in line(events.ProbeFinished(3, "z2", result, 2**30, "log"))

@@ -142,3 +142,35 @@ Root Cause (first observed failure):
     result = _fold([], exit_code=1, log_tail=log)
     assert "rank(s) [0, 1] wrote no report" in result.error
     assert "rank 1 died first with exit code -9" in result.error
+
+
+def test_host_peaks_fold_per_node_with_the_least_exact_method() -> None:
+    def rank(r: int, node: str, peak: int, method: str) -> RankReport:
+        return RankReport(
+            rank=r,
+            status="ok",
+            step_times_s=[1.0],
+            host_peak_bytes=peak,
+            host_peak_method=method,
+            node=node,
+        )
+
+    result = _fold(
+        [
+            rank(1, "b", 20, "kernel_hwm"),
+            rank(0, "a", 10, "kernel_hwm"),
+            rank(2, "a", 5, "sampled"),
+        ],
+        world_size=3,
+    )
+    assert result.host_peak_bytes_per_rank == [10, 20, 5]
+    assert result.node_per_rank == ["a", "b", "a"]
+    assert result.host_peak_per_node() == {"a": 15, "b": 20}
+    assert result.host_peak_method == "sampled"  # one sampled rank qualifies them all
+    both = _fold([rank(0, "a", 1, "kernel_hwm"), rank(1, "a", 2, "kernel_hwm")])
+    assert both.host_peak_method == "kernel_hwm" and both.host_peak_per_node() == {"a": 3}
+
+
+def test_a_rank_report_written_before_host_peaks_were_measured_still_reads() -> None:
+    old = RankReport.model_validate({"rank": 0, "status": "ok", "host_peak_bytes": 7})
+    assert (old.host_peak_method, old.node) == ("at_end", "")

@@ -50,6 +50,11 @@ def test_deepspeed_script_through_a_project_file(tmp_path: Path) -> None:
     assert "project file: autotune.yaml" in result.stdout
     launch = _exported(folder, "train")
     assert '--deepspeed_config "$CONFIG"' in launch and "--epochs 50" in launch
+    # a script rank measures its process's peak resident memory as a built-in one does
+    summary = (folder / "trials" / "train" / "best" / "summary.md").read_text()
+    assert "- Host memory per rank process, peak resident memory (kernel high-water mark): " in (
+        summary
+    )
 
 
 def test_hugging_face_trainer_script(tmp_path: Path) -> None:

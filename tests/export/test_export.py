@@ -114,7 +114,11 @@ def test_summary_explains_the_choice(study, tmp_path: Path) -> None:
     assert "Fastest of 3 feasible configurations measured: 42.0 samples/s" in summary
     assert "(steps ranged 39.9-44.1)" in summary and "2688 tokens/s" in summary
     assert "1.00 GiB, 1.00 GiB of 8.00 GiB allowed" in summary
-    assert "Host memory (resident, per rank process): 3.00 GiB, 3.00 GiB" in summary
+    # a record from before the peak was measured says what its number is
+    assert (
+        "Host memory per rank process, resident memory at the probe's end: 3.00 GiB, 3.00 GiB."
+        in summary
+    )
     runners = summary.split("## Runners-up")[1].split("## Search")[0]
     assert "| 2 | z1 bf16 mb2x4 | 40.0 | one probe | 95% |" in runners and "| 0 |" in runners
     # the chosen trial is never its own runner-up; a partial measurement is never ranked
@@ -148,6 +152,42 @@ def test_a_chosen_trial_says_which_is_the_best(study, tmp_path: Path) -> None:
     assert "Chosen with --trial 2; the best is trial 1 (z3 bf16 mb4x2 opt:cpu ckpt)" in summary
     runners = summary.split("## Runners-up")[1].split("## Search")[0]
     assert "| 1 | z3 bf16 mb4x2 opt:cpu ckpt |" in runners and "| 2 |" not in runners
+
+
+def test_host_memory_in_the_words_of_its_measurement_and_over_host_ram(
+    study, tmp_path: Path
+) -> None:
+    measured = {
+        "host_peak_method": "kernel_hwm",
+        "node_per_rank": ["gpu-node-7", "gpu-node-7"],
+        "host_ram_bytes": 8 * 2**30,
+    }
+    best = _candidate(2, 2, offload_optimizer="cpu")
+    over = _candidate(2, 1, offload_optimizer="cpu")
+    host_error = "measured host memory 10.00 GiB on node gpu-node-7 (2 rank(s)) is over ..."
+    study.add_trial(_trial(best, "ok", 60.0, **measured))
+    study.add_trial(
+        _trial(
+            over,
+            "ok",
+            70.0,
+            feasible=False,
+            error=host_error,
+            **{**measured, "host_peak_bytes_per_rank": [5 * 2**30, 5 * 2**30]},
+        )
+    )
+    export(study, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "# autotune: z2 bf16 mb2x4 opt:cpu" in summary
+    assert (
+        "- Host memory per rank process, peak resident memory (kernel high-water mark): "
+        "3.00 GiB, 3.00 GiB; summed per node 6.00 GiB on gpu-node-7, of --host-ram 8.00 GiB."
+    ) in summary
+    assert "reached 3.00 GiB, 3.00 GiB per rank (peak resident memory (kernel high-water" in summary
+    assert "infeasible: measured host memory above --host-ram: 1" in summary
+    assert "infeasible: measured peak above the limit: 1" in summary  # trial 4, the device's
+    with pytest.raises(ExportError, match=r"--trial 10 cannot be exported: measured host memory"):
+        choose_trial(study, 10)
 
 
 def test_launch_script_quotes_what_comes_from_the_storage(tmp_path: Path) -> None:

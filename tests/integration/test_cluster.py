@@ -122,7 +122,9 @@ try:
         nice = [psutil.Process(pid).nice() for pid in pids]  # the warm ranks, still serving
         rows.append({"status": result.status, "error": result.error, "log": result.log_tail,
                      "steps": len(result.step_times_s), "cold": result.cold_start, "pids": pids,
-                     "nice": nice})
+                     "nice": nice, "nodes": result.node_per_rank,
+                     "host_method": result.host_peak_method,
+                     "per_node": result.host_peak_per_node()})
 finally:
     executor.close()
 print(json.dumps(rows))
@@ -162,6 +164,11 @@ class TestOnOneCluster:
                 "probe.log",
             } <= names
             assert len(_nodes_of(tmp_path / name)) == 2  # one rank on each node
+        for row, name in ((first, "a"), (second, "b")):
+            # each rank names its own node, so host memory is summed per node
+            ids = {node.split("(node ")[1].rstrip(")") for node in row["nodes"]}
+            assert ids == _nodes_of(tmp_path / name), row["nodes"]
+            assert len(row["per_node"]) == 2 and row["host_method"] == "kernel_hwm"
         assert _no_probe_left() == []
 
     def test_a_study_through_the_cluster_completes_and_exports(

@@ -276,6 +276,41 @@ def test_ranks_that_find_a_leak_restart_and_probe_cold(sequences) -> None:
     assert restarted.peak_bytes_per_rank == pytest.approx(alone.peak_bytes_per_rank, rel=0.01)
 
 
+# A micro-batch large enough that its activations take hundreds of MiB of host memory.
+LARGE_BATCH = Candidate(
+    precision="fp32",
+    zero_stage=1,
+    micro_batch_size=64,
+    gradient_accumulation_steps=1,
+    data_parallel_size=2,
+    zero_knobs=SMALL_BUCKETS,
+)
+
+
+def test_each_candidate_in_warm_ranks_reports_its_own_host_peak(tmp_path: Path) -> None:
+    """The kernel's high-water mark of resident memory is reset at each candidate's start:
+    a small candidate after a large one in the same ranks reports its own peak, as alone,
+    not the process's lifetime maximum."""
+    large, after = launch_probes(
+        [sequence_job(tmp_path, "large", LARGE_BATCH), sequence_job(tmp_path, "after", SMALL)]
+    )
+    (alone,) = launch_probes([sequence_job(tmp_path, "alone", SMALL)])
+    for result in (large, after, alone):
+        assert result.status == "ok", result.error + result.log_tail
+        assert result.host_peak_method == "kernel_hwm"
+        assert len(result.node_per_rank) == 2 and len(set(result.node_per_rank)) == 1
+    assert not after.cold_start and alone.cold_start
+    for large_bytes, after_bytes, alone_bytes in zip(
+        large.host_peak_bytes_per_rank,
+        after.host_peak_bytes_per_rank,
+        alone.host_peak_bytes_per_rank,
+        strict=True,
+    ):
+        assert after_bytes < large_bytes - 200 * 2**20  # not the large candidate's peak
+        assert after_bytes == pytest.approx(alone_bytes, rel=0.15)
+    assert_no_probe_left()
+
+
 def test_a_warm_worker_restarts_unclean_ranks_and_removes_scratch(tmp_path: Path) -> None:
     from autotune.execution._worker import WarmWorker
     from autotune.probe._rank_memory import leak_tolerance_bytes

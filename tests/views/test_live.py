@@ -129,3 +129,14 @@ def test_live_view_on_a_terminal(real_study: RealStudy) -> None:
     final = real_study.output
     assert "· done" in final and "exported:" in final and "report:" in final
     assert final.index("· done") < final.index("exported:")
+
+
+def test_a_probe_over_host_ram_counts_infeasible_and_is_no_best() -> None:
+    state = RunState(now=lambda: 1000.0)
+    over = "measured host memory 600.00 MiB on node vm (2 rank(s)) is over --host-ram ..."
+    state.apply(events.ProbeFinished(1, "z2 fp32 mb2x2 opt:cpu", _ok(90.0), 40 * MIB, "log"))
+    state.apply(
+        events.ProbeFinished(2, "z2 fp32 mb4x1 opt:cpu", _ok(99.0), 40 * MIB, "l", over_limits=over)
+    )
+    assert (state.done, state.infeasible) == (2, 1)
+    assert state.best is not None and state.best.trial == 1

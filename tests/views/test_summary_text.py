@@ -114,3 +114,41 @@ def test_an_early_stopped_probe_over_the_limit_is_infeasible(synthetic: str) -> 
     assert "Stopped early" not in note and "**Infeasible**" in note
     assert point_of(over, None, None).kind == INFEASIBLE
     assert over.record.peak_bytes == 70 * MIB
+
+
+def test_a_probe_over_host_ram_is_infeasible_and_says_why_in_every_view(synthetic: str) -> None:
+    from autotune.views._status_table import _note
+
+    study = optuna.load_study(study_name=NAME, storage=synthetic)
+    trial = study.ask()
+    candidate = _candidate(0, 1, False, None).model_copy(update={"gradient_accumulation_steps": 4})
+    record = records.TrialRecord(
+        candidate=candidate,
+        candidate_key=candidate.key + "-host",
+        label=candidate.label,
+        vram_limit_bytes=LIMIT,
+        host_ram_bytes=512 * MIB,
+    )
+    result = _result("ok", 99.0, 20).model_copy(
+        update={
+            "host_peak_bytes_per_rank": [300 * MIB, 300 * MIB],
+            "host_peak_method": "sampled",
+            "node_per_rank": ["vm", "vm"],
+        }
+    )
+    records.record_probe(study, trial, record, result)
+    (over,) = [t for t in records.views(study) if t.number == trial.number]
+    why = (
+        "measured host memory 600.00 MiB on node vm (2 rank(s)) is over --host-ram 512.00 MiB "
+        "by 88.00 MiB (peak resident memory (sampled), summed over the node's ranks)"
+    )
+    assert over.status == "ok" and not over.feasible and over.record.error == why
+    assert _note(over, None) == why[:120]  # the status table
+    counts = outcome_counts(records.evaluations(records.views(study)))
+    assert counts["infeasible: measured host memory above --host-ram"] == 1  # summary.md
+    assert f"but {why}." in trial_note(over, None, None)  # the dashboard's note
+    point = point_of(over, None, None)  # report.html
+    assert point.kind == INFEASIBLE and point.why == why
+    # the fastest probe of the study, but never ranked among the feasible
+    ranked = records.ranked_feasible(records.views(study))
+    assert ranked and over.number not in [t.number for t in ranked]
