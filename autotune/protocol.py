@@ -182,8 +182,9 @@ class RankReport(BaseModel):
     )
     activation_bytes: int = Field(
         default=0,
-        description="Script probes: tensor bytes one micro-batch's forward left alive (the "
-        "largest over warm-up micro-steps; CPU ranks).",
+        description="Script probes: tensor bytes one micro-batch's forward left alive, the "
+        "largest over warm-up micro-steps (CPU: the tensor tracker's live bytes; CUDA: "
+        "torch.cuda.memory_allocated), before and after the engine module's forward.",
     )
     versions: dict[str, str] = Field(
         default_factory=dict, description="Library versions and numeric settings (TF32)."

@@ -16,7 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from autotune.probe import _rank_memory as rank_memory
+from autotune.probe import _cuda_memory as cuda_memory
 from autotune.protocol import ProbeSpec, RankReport
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -94,7 +94,7 @@ def record_peaks(report: RankReport, tracker: Any, device: Any, overhead: int) -
     if device.type != "cuda":
         report.peak_allocated_bytes = tracker.peak_bytes
         return
-    overhead = max(overhead, rank_memory.cuda_overhead_bytes(device))
+    overhead = max(overhead, cuda_memory.cuda_overhead_bytes(device))
     report.device_overhead_bytes = overhead
     report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
     # What the device had to provide: the allocator's reserve plus what lies outside it.

@@ -31,6 +31,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune.probe import _cuda_memory as cuda_memory
 from autotune.probe import _engine_state as engine_state
 from autotune.probe import _rank_memory as rank_memory
 from autotune.probe._model_build import _target_dtype, build_model
@@ -171,7 +172,7 @@ def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]
     report.threads = torch.get_num_threads()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return contextlib.nullcontext(), rank_memory.limit_cuda_memory(spec, device)
+        return contextlib.nullcontext(), cuda_memory.limit_cuda_memory(spec, device)
     from autotune.probe._memtrack import TensorMemoryTracker, live_tensors
 
     tracker = TensorMemoryTracker(limit_bytes=spec.vram_limit_bytes)

@@ -179,7 +179,7 @@ def test_deepspeed_sees_the_limit_not_the_card() -> None:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from autotune.probe._rank_memory import limit_available_memory
+    from autotune.probe._cuda_memory import limit_available_memory
 
     accelerator = get_accelerator()
     card = accelerator.available_memory()
