@@ -16,7 +16,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from autotune.probe import _cuda_memory as cuda_memory
 from autotune.protocol import ProbeSpec, RankReport
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -88,17 +87,19 @@ def device_of(spec: ProbeSpec) -> Any:
     return torch.device("cpu")
 
 
-def record_peaks(report: RankReport, tracker: Any, device: Any, overhead: int) -> None:
+def record_peaks(report: RankReport, tracker: Any, device: Any, cuda: Any) -> None:
+    """The candidate's peaks: the CPU tracker's, or on CUDA the allocator's, its reserved
+    peak plus the largest memory outside it measured during the candidate (``cuda``, a
+    :class:`~autotune.probe._cuda_memory.CudaMemoryLimit`)."""
     import torch
 
     if device.type != "cuda":
         report.peak_allocated_bytes = tracker.peak_bytes
         return
-    overhead = max(overhead, cuda_memory.cuda_overhead_bytes(device))
-    report.device_overhead_bytes = overhead
+    cuda.finish(report)
     report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
     # What the device had to provide: the allocator's reserve plus what lies outside it.
-    report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device)) + overhead
+    report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device)) + cuda.largest_bytes
 
 
 def write_report(report: RankReport, directory: Path) -> None:

@@ -73,7 +73,7 @@ class ScriptProbe:
         self.device: Any = None
         self.tracker: Any = contextlib.nullcontext()
         self.tracking = False
-        self.overhead = 0
+        self.cuda: Any = None  # the CUDA limit (_cuda_memory.CudaMemoryLimit)
         self.engine: Any = None
         self.warmup_skipped: list[bool] = []
         self.timed_skipped = 0
@@ -156,17 +156,15 @@ class ScriptProbe:
         from autotune.probe import _cuda_memory as cuda_memory
 
         torch.cuda.reset_peak_memory_stats(self.device)
-        self.overhead = cuda_memory.limit_cuda_memory(self.spec, self.device)
+        self.cuda = cuda_memory.CudaMemoryLimit(self.spec, self.device)
+        self.cuda.start()
 
     def _start_tracking(self, model: Any) -> None:
         """CPU: count tensor memory from here (the model's tensors held), under the limit.
         CUDA: the limit set again, now that the script's process group may exist (its
         communicator is then outside the allocator too); the peak counts from the start."""
-        from autotune.probe import _cuda_memory as cuda_memory
-
         if self.device.type == "cuda":
-            overhead = cuda_memory.limit_cuda_memory(self.spec, self.device)
-            self.overhead = max(self.overhead, overhead)
+            self.cuda.update(connect=True)
             return
         from autotune.probe._memtrack import TensorMemoryTracker
 
@@ -246,6 +244,9 @@ class ScriptProbe:
     def _optimizer_step_done(self, skipped: bool) -> None:
         elapsed, skipped = self._agreed(time.perf_counter() - self.last_s, skipped)
         spec, report = self.spec, self.report
+        if self.cuda is not None and not self.steps_seen():
+            # DeepSpeed's groups and ZeRO's collectives have connected in the first step
+            self.cuda.update()
         if not self.timing:
             report.warmup_step_times_s.append(elapsed)
             self.warmup_skipped.append(skipped)
@@ -307,7 +308,7 @@ class ScriptProbe:
         self._stop_tracking()
         report = self.report
         report.skipped_steps = sum(self.warmup_skipped) + self.timed_skipped
-        record_peaks(report, self.tracker, self.device, self.overhead)
+        record_peaks(report, self.tracker, self.device, self.cuda)
         report.host_peak_bytes = host_peak_bytes()
         report.wall_s = time.perf_counter() - self.started
         write_report(report, self.spec_path.parent)

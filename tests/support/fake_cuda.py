@@ -46,6 +46,7 @@ class FakeCudaMemory:
         self.fraction: float | None = None
         self.events: list[str] = []
         self.connected = False
+        self.nvml_lists_this_process = True  # False: NVML sees other PIDs (a container's)
 
     # -- what the test moves ----------------------------------------------------------------
     def allocate(self, nbytes: int) -> None:
@@ -118,6 +119,8 @@ class FakeCudaMemory:
                 pid=os.getpid(), usedGpuMemory=self.reserved_bytes + self.outside_bytes
             )
             other = types.SimpleNamespace(pid=1, usedGpuMemory=self.other_process_bytes)
+            if not self.nvml_lists_this_process:
+                mine.pid = os.getpid() + 1
             return [other, mine] if self.other_process_bytes else [mine]
 
         module.NVMLError = NVMLError  # type: ignore[attr-defined]
