@@ -27,6 +27,10 @@ Fault = Literal["none", "oom", "error", "crash", "hang", "leak"]
 # torch.set_float32_matmul_precision: "highest" is PyTorch's default (no TF32 on CUDA);
 # "high" lets fp32 matmuls use TF32 on Ampere and later, "medium" bf16.
 Float32MatmulPrecision = Literal["highest", "high", "medium"]
+# How a CUDA rank measured its memory outside PyTorch's allocator: NVML's figure for its own
+# process ("process"), the whole device's ("device": other processes on the GPU count too),
+# or not at all ("none": CPU ranks).
+OverheadMethod = Literal["process", "device", "none"]
 PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3's default stage3_param_persistence_threshold
 # How a rank's host memory peak was measured: "kernel_hwm", the kernel's high-water mark of
 # the process's resident memory (Linux VmHWM), reset at the probe's start; "sampled", the
@@ -197,8 +201,29 @@ class RankReport(BaseModel):
     )
     device_overhead_bytes: int = Field(
         default=0,
-        description="CUDA memory outside PyTorch's allocator (context, NCCL, cuBLAS), "
-        "included in peak_reserved_bytes.",
+        description="CUDA memory outside PyTorch's allocator (context, NCCL, cuBLAS): the "
+        "largest reading of the candidate (at its start, after the engine's first optimizer "
+        "step, at its end), included in peak_reserved_bytes.",
+    )
+    overhead_method: OverheadMethod = Field(
+        default="none",
+        description="How device_overhead_bytes was read: NVML's used memory of this rank's "
+        "process less memory_reserved (process), the device's total - free - reserved, which "
+        "counts other processes on the GPU too (device: NVML not installed or not listing the "
+        "process), or not at all (none: CPU ranks).",
+    )
+    overhead_at_start_bytes: int = Field(
+        default=0,
+        description="CUDA memory outside the allocator at the candidate's start (after the "
+        "first matmul and collective): the context, cuBLAS, the world group's communicator, "
+        "and in a warm rank what earlier candidates left there.",
+    )
+    overhead_left_bytes: int = Field(
+        default=0,
+        description="Warm ranks: of overhead_at_start_bytes, the bytes beyond the largest the "
+        "process's first candidate measured outside the allocator (left by earlier "
+        "candidates), the largest over the ranks; above the leak tolerance the rank is "
+        "unclean.",
     )
     build: BuildInfo | None = Field(default=None, description="How the model was built.")
     model: ModelInfo | None = Field(
@@ -206,8 +231,9 @@ class RankReport(BaseModel):
     )
     activation_bytes: int = Field(
         default=0,
-        description="Script probes: tensor bytes one micro-batch's forward left alive (the "
-        "largest over warm-up micro-steps; CPU ranks).",
+        description="Script probes: tensor bytes one micro-batch's forward left alive, the "
+        "largest over warm-up micro-steps (CPU: the tensor tracker's live bytes; CUDA: "
+        "torch.cuda.memory_allocated), before and after the engine module's forward.",
     )
     versions: dict[str, str] = Field(
         default_factory=dict, description="Library versions and numeric settings (TF32)."
@@ -306,7 +332,8 @@ class ProbeResult(BaseModel):
     leak_restart_bytes: int = Field(
         default=0,
         description="The warm group was restarted before this probe because this many bytes "
-        "of earlier candidates were still allocated; the probe then ran cold.",
+        "of earlier candidates were still held (allocated, or outside the allocator); the "
+        "probe then ran cold.",
     )
     model: ModelInfo | None = Field(
         default=None, description="Script probes: the model the script handed to DeepSpeed."

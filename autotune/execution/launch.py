@@ -313,8 +313,12 @@ def _wait(
 
 
 def unclean_bytes(reports: list[RankReport]) -> int:
-    """The leak the ranks reported when they refused to probe (``unclean``), else 0."""
-    return max((r.leaked_bytes for r in reports if r.status == "unclean"), default=0)
+    """The leak the ranks reported when they refused to probe (``unclean``): allocated, and
+    outside the allocator; else 0."""
+    return max(
+        (r.leaked_bytes + r.overhead_left_bytes for r in reports if r.status == "unclean"),
+        default=0,
+    )
 
 
 def remove_scratch(job: ProbeJob) -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from autotune.probe import _host_peak as host_peak
-from autotune.probe import _rank_memory as rank_memory
 from autotune.protocol import NODE_ENV, ProbeSpec, RankReport
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -95,17 +94,19 @@ def device_of(spec: ProbeSpec) -> Any:
     return torch.device("cpu")
 
 
-def record_peaks(report: RankReport, tracker: Any, device: Any, overhead: int) -> None:
+def record_peaks(report: RankReport, tracker: Any, device: Any, cuda: Any) -> None:
+    """The candidate's peaks: the CPU tracker's, or on CUDA the allocator's, its reserved
+    peak plus the largest memory outside it measured during the candidate (``cuda``, a
+    :class:`~autotune.probe._cuda_memory.CudaMemoryLimit`)."""
     import torch
 
     if device.type != "cuda":
         report.peak_allocated_bytes = tracker.peak_bytes
         return
-    overhead = max(overhead, rank_memory.cuda_overhead_bytes(device))
-    report.device_overhead_bytes = overhead
+    cuda.finish(report)
     report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(device))
     # What the device had to provide: the allocator's reserve plus what lies outside it.
-    report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device)) + overhead
+    report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(device)) + cuda.largest_bytes
 
 
 def write_report(report: RankReport, directory: Path) -> None:

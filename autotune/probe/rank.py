@@ -12,8 +12,9 @@ data: the rank reports ``oom`` or ``error`` and exits without tearing down colle
 
 Ranks that probe several candidates (a warm worker, several ``--spec``) drop every
 reference to a candidate's engine before collecting and emptying caches, and check at the
-start of the next candidate that nothing of the earlier ones is still allocated; if
-something is, they report ``unclean`` and exit, and their launcher probes the candidate in
+start of the next candidate that nothing of the earlier ones is still allocated, nor left
+outside the allocator (communicators) beyond what the first candidate held; if something
+is, they report ``unclean`` and exit, and their launcher probes the candidate in
 a fresh group. The memory side (limit, leak check, release, what counts as an OOM) is
 :mod:`autotune.probe._rank_memory`; how the model is built, :mod:`autotune.probe._model_build`.
 """
@@ -32,6 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autotune.probe import _cuda_memory as cuda_memory
 from autotune.probe import _engine_state as engine_state
 from autotune.probe import _rank_memory as rank_memory
 from autotune.probe._model_build import _target_dtype, build_model
@@ -89,7 +91,11 @@ def run_rank(
     backend = get_backend(DEFAULT_BACKEND)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    tracker, overhead = _set_up(spec, report, device)
+    tracker, cuda = _set_up(spec, report, device)
+    if cuda is not None:
+        report.overhead_left_bytes = cuda.left_bytes()
+        if report.overhead_left_bytes > leak_tolerance_bytes(spec.vram_limit_bytes):
+            return  # earlier candidates left too much outside the allocator: unclean
     from autotune.workloads import get_workload
 
     candidate = spec.candidate
@@ -106,6 +112,8 @@ def run_rank(
         batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
         _inject(spec.fault, rank, world_size)
         step = functools.partial(timed_step, engine, workload, batch, candidate, device)
+        if cuda is not None:  # DeepSpeed's groups connect in the first step: measure again
+            step = cuda.after_first_step(step)
         if progress_file is not None and rank == 0:
             step = reporting(step, report, progress_file)
         warmup_skipped = warm_up(step, spec, report)
@@ -117,7 +125,7 @@ def run_rank(
             f"{warmup_skipped} in warm-up): the loss scale never settled; check the model or "
             "the fp16 block of the base config"
         )
-    record_peaks(report, tracker, device, overhead)
+    record_peaks(report, tracker, device, cuda)
     _record_engine_state(report, engine)
     report.pinned_host_bytes_at_end = rank_memory.pinned_host_bytes(device)
     if hasattr(engine, "destroy"):  # removes ZeRO-3's hooks and partitioned buffers
@@ -158,9 +166,12 @@ def _cast_floating(batch: Any, dtype: Any) -> Any:
     return batch
 
 
-def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]:
+def _set_up(
+    spec: ProbeSpec, report: RankReport, device: Any
+) -> tuple[Any, cuda_memory.CudaMemoryLimit | None]:
     """Process group, numeric settings and the memory limit of one candidate: the CPU
-    tracker (or a null context on CUDA) and the CUDA memory outside the allocator."""
+    tracker (or a null context on CUDA) and, on CUDA, the candidate's limit (its memory
+    outside the allocator measured at the start)."""
     import torch
 
     from autotune.backends import DEFAULT_BACKEND, get_backend
@@ -173,13 +184,15 @@ def _set_up(spec: ProbeSpec, report: RankReport, device: Any) -> tuple[Any, int]
     report.threads = torch.get_num_threads()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        return contextlib.nullcontext(), rank_memory.limit_cuda_memory(spec, device)
+        cuda = cuda_memory.CudaMemoryLimit(spec, device)
+        cuda.start()
+        return contextlib.nullcontext(), cuda
     from autotune.probe._memtrack import TensorMemoryTracker, live_tensors
 
     tracker = TensorMemoryTracker(limit_bytes=spec.vram_limit_bytes)
     # What is still alive counts toward this peak, as a device's allocator would count it.
     tracker.adopt(live_tensors("cpu"))
-    return tracker, 0
+    return tracker, None
 
 
 def _keep_alive(model: Any, spec: ProbeSpec, device: Any) -> None:
@@ -208,17 +221,31 @@ def probe_spec(spec_path: Path, started: float) -> None:
         if report.status == "error":
             traceback.print_exc()
         leave_now(report, spec_path, started)
-    if report.leaked_bytes > tolerance:
-        report.status = "unclean"
-        report.error = (
-            f"{report.leaked_bytes} bytes of earlier candidates still allocated at the start "
-            f"(more than {tolerance}); the ranks must restart"
-        )
+    unclean = unclean_error(report, tolerance)
+    if unclean:
+        report.status, report.error = "unclean", unclean
         leave_now(report, spec_path, started)
     record_host_memory(report)
     report.wall_s = time.perf_counter() - started
     write_report(report, spec_path.parent)
     rank_memory.release(spec.accelerator)
+
+
+def unclean_error(report: RankReport, tolerance_bytes: int) -> str:
+    """Why earlier candidates' memory stops this one ('' when it may probe): allocated
+    bytes, or bytes outside the allocator (communicators), beyond the tolerance."""
+    if report.leaked_bytes > tolerance_bytes:
+        return (
+            f"{report.leaked_bytes} bytes of earlier candidates still allocated at the start "
+            f"(more than {tolerance_bytes}); the ranks must restart"
+        )
+    if report.overhead_left_bytes > tolerance_bytes:
+        return (
+            f"{report.overhead_left_bytes} bytes outside the allocator (communicators, "
+            f"workspaces) beyond what the first candidate held, left by earlier candidates "
+            f"(more than {tolerance_bytes}); the ranks must restart"
+        )
+    return ""
 
 
 def serve(inbox: Path) -> None:

@@ -11,7 +11,10 @@ candidate's arguments. When the script calls ``deepspeed.initialize``:
   other key of the user's config (optimizer, scheduler, clipping, offload paths) is kept;
 - the model it hands over is described in the report (:class:`ModelInfo`), for the ZeRO
   formulas; on CPU ranks the tensor tracker (:mod:`autotune.probe._memtrack`) starts from the
-  model's tensors and enforces the memory limit as a device allocator would;
+  model's tensors and enforces the memory limit as a device allocator would (on CUDA ranks
+  the allocator's limit and peak statistics start with the rank, before the script runs);
+- the engine module's forwards during warm-up give the activation bytes (the tracker's live
+  bytes on CPU, the allocator's allocated bytes on CUDA, before and after);
 - the engine's ``step`` is wrapped: an optimizer step ends where
   ``engine.is_gradient_accumulation_boundary()`` held before ``step()``, and its time is
   from the end of the previous one (the script's data loading, forward and backward of
@@ -71,13 +74,14 @@ class ScriptProbe:
         self.device: Any = None
         self.tracker: Any = contextlib.nullcontext()
         self.tracking = False
-        self.overhead = 0
+        self.cuda: Any = None  # the CUDA limit (_cuda_memory.CudaMemoryLimit)
         self.engine: Any = None
         self.warmup_skipped: list[bool] = []
         self.timed_skipped = 0
         self.timing = False
         self.last_s = 0.0
         self.first_forward = True
+        self._forward_start: int | None = None
 
     # -- deepspeed.initialize ---------------------------------------------------------------
     def install(self) -> None:
@@ -141,16 +145,27 @@ class ScriptProbe:
             _write_json(self.spec_path.parent / "engine_config.json", config)
         return config
 
+    def start_cuda_memory(self) -> None:
+        """CUDA: the limit and the peak statistics from the rank's start, before the script
+        runs, so that what it puts on the device before ``deepspeed.initialize`` (a model
+        built on the device, its data) is limited and counted. No process group exists yet:
+        the limit covers the CUDA context and cuBLAS, and is set again at ``initialize``."""
+        if self.device.type != "cuda":
+            return
+        import torch
+
+        from autotune.probe import _cuda_memory as cuda_memory
+
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self.cuda = cuda_memory.CudaMemoryLimit(self.spec, self.device)
+        self.cuda.start()
+
     def _start_tracking(self, model: Any) -> None:
         """CPU: count tensor memory from here (the model's tensors held), under the limit.
-        CUDA: the allocator's limit and statistics."""
-        from autotune.probe import _rank_memory as rank_memory
-
+        CUDA: the limit set again, now that the script's process group may exist (its
+        communicator is then outside the allocator too); the peak counts from the start."""
         if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.overhead = rank_memory.limit_cuda_memory(self.spec, self.device)
+            self.cuda.update(connect=True)
             return
         from autotune.probe._memtrack import TensorMemoryTracker
 
@@ -189,12 +204,25 @@ class ScriptProbe:
         if self.first_forward:
             self.first_forward = False
             self._check_batch(args, kwargs)
-        self._forward_start = self.tracker.live_bytes if self.tracking else 0
+        self._forward_start = self._held_bytes()
 
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
+        held, start = self._held_bytes(), self._forward_start
+        if held is not None and start is not None:
+            self.report.activation_bytes = max(self.report.activation_bytes, held - start)
+
+    def _held_bytes(self) -> int | None:
+        """Tensor bytes held now, during warm-up: the CPU tracker's live bytes, or CUDA's
+        allocated bytes (the allocator's own statistic, which the forward's saved tensors and
+        output raise as the tracker's live bytes do on CPU). None while timing (CPU: the
+        tracker is off; CUDA: warm-up's forwards are the measure, as on CPU)."""
         if self.tracking:
-            held = self.tracker.live_bytes - self._forward_start
-            self.report.activation_bytes = max(self.report.activation_bytes, held)
+            return int(self.tracker.live_bytes)
+        if self.device.type == "cuda" and not self.timing:
+            import torch
+
+            return int(torch.cuda.memory_allocated(self.device))
+        return None
 
     def _check_batch(self, args: Any, kwargs: Any) -> None:
         """The first micro-batch must have the candidate's size: a script that sizes its
@@ -217,6 +245,9 @@ class ScriptProbe:
     def _optimizer_step_done(self, skipped: bool) -> None:
         elapsed, skipped = self._agreed(time.perf_counter() - self.last_s, skipped)
         spec, report = self.spec, self.report
+        if self.cuda is not None and not self.steps_seen():
+            # DeepSpeed's groups and ZeRO's collectives have connected in the first step
+            self.cuda.update()
         if not self.timing:
             report.warmup_step_times_s.append(elapsed)
             self.warmup_skipped.append(skipped)
@@ -278,7 +309,7 @@ class ScriptProbe:
         self._stop_tracking()
         report = self.report
         report.skipped_steps = sum(self.warmup_skipped) + self.timed_skipped
-        record_peaks(report, self.tracker, self.device, self.overhead)
+        record_peaks(report, self.tracker, self.device, self.cuda)
         record_host_memory(report)
         report.wall_s = time.perf_counter() - self.started
         write_report(report, self.spec_path.parent)
@@ -363,6 +394,7 @@ def run(spec_path: Path, started: float) -> None:
     try:
         quiet_libraries()
         probe.device = device_of(spec)
+        probe.start_cuda_memory()
         torch.set_float32_matmul_precision(spec.float32_matmul_precision)
         probe.report.versions = versions(probe.device)
         probe.report.threads = torch.get_num_threads()

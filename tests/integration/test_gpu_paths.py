@@ -137,6 +137,7 @@ def test_a_candidate_after_another_reports_its_own_cuda_peak(runs) -> None:
     assert after.leak_restart_bytes == 0 and not after.cold_start
     (report,) = read_reports(runs["z1_bf16_after_z0"][0])
     assert report.leaked_bytes <= leak_tolerance_bytes(LIMIT)
+    assert report.overhead_left_bytes <= leak_tolerance_bytes(LIMIT)
     assert after.peak_bytes_per_rank[0] == pytest.approx(alone.peak_bytes_per_rank[0], rel=0.05)
     assert after.reserved_bytes_per_rank[0] == pytest.approx(
         alone.reserved_bytes_per_rank[0], rel=0.05
@@ -159,13 +160,23 @@ def test_the_limit_covers_the_cuda_context_and_an_overrun_is_oom(runs) -> None:
     """Expected: the context and cuBLAS overhead is measured (100 MiB .. 4 GiB on a current
     driver), within 256 MiB of an independent reading (this process's own context and
     cuBLAS workspace; a one-rank probe has no NCCL communicator, and a probe that counted
-    another process's memory as its own would read far more), and the reserved peak with
-    it stays within the limit; 1 GiB is below what ZeRO-0 fp32 GPT-2 needs (~2 GiB of model
-    states), so that probe is `oom` with CUDA's message."""
+    another process's memory as its own would read far more), by NVML's per-process figure
+    where NVML lists this process's PID, and the reserved peak with it stays within the limit;
+    1 GiB is below what ZeRO-0 fp32 GPT-2 needs (~2 GiB of model states), so that probe is
+    `oom` with CUDA's message."""
+    import torch
+
+    from autotune.probe._cuda_memory import process_used_bytes
+
     result = _ok(runs, "z0_fp32")
     overhead = result.overhead_bytes_per_rank[0]
     assert 100 * 2**20 <= overhead <= 4 * GiB
     assert abs(overhead - own_cuda_overhead_bytes()) <= 256 * 2**20
+    (report,) = read_reports(runs["z0_fp32"][0])
+    # NVML lists this process (nvidia-ml-py installed, PIDs of this namespace): so it did
+    # the probe's rank
+    nvml = process_used_bytes(torch.device("cuda", 0)) is not None
+    assert report.overhead_method == ("process" if nvml else "device")
     assert result.peak_bytes <= LIMIT
     small = runs["z0_fp32_1GiB"][1]
     assert small.status == "oom", small.error
@@ -179,7 +190,7 @@ def test_deepspeed_sees_the_limit_not_the_card() -> None:
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from autotune.probe._rank_memory import limit_available_memory
+    from autotune.probe._cuda_memory import limit_available_memory
 
     accelerator = get_accelerator()
     card = accelerator.available_memory()

@@ -100,3 +100,55 @@ def test_the_probe_casts_inputs_to_the_engines_dtype() -> None:
             return dtype
 
     assert make_batch(Told(), 4, torch.device("cpu"), "fp16") == torch.float16
+
+
+def _write_cuda_probe(trial_dir: Path, activation_bytes: int, peak_allocated: int) -> int:
+    """Two CUDA ranks' reports as a script probe writes them: the allocator's peaks, the
+    memory outside it added to the reserved peak, the forward's allocator delta; the
+    probe's measured peak (what the study records)."""
+    from autotune.protocol import ProbeResult, RankReport
+
+    overhead = 600 * 2**20
+    reserved = int(peak_allocated * 1.02) + overhead
+    trial_dir.mkdir()
+    for rank in (0, 1):
+        report = RankReport(
+            rank=rank,
+            status="ok",
+            model=MODEL,
+            activation_bytes=activation_bytes,
+            peak_allocated_bytes=peak_allocated,
+            peak_reserved_bytes=reserved,
+            device_overhead_bytes=overhead,
+        )
+        (trial_dir / f"rank-{rank}.json").write_text(report.model_dump_json(), encoding="utf-8")
+    result = ProbeResult(
+        status="ok",
+        peak_bytes_per_rank=[peak_allocated] * 2,
+        reserved_bytes_per_rank=[reserved] * 2,
+    )
+    return result.peak_bytes
+
+
+def test_cuda_probe_reports_give_a_prediction(tmp_path: Path) -> None:
+    """CUDA ranks report the forward's allocator delta as activation bytes: the model then
+    predicts on CUDA as on CPU (a larger micro-batch adds its activations), so the screen
+    can prune; reports without activation bytes give no prediction."""
+    from autotune.memory.script_memory import read_probe
+
+    states = 12 * MODEL.params
+    peak = _write_cuda_probe(tmp_path / "mb2", 2_000_000, states + 2_000_000 + 3_000_000)
+    model = ScriptMemoryModel("cuda")
+    info, activations = read_probe(str(tmp_path / "mb2"))
+    assert activations == 2_000_000
+    model.learn_probe(_c(2), "ok", info, activations, peak)
+    predicted = model.predict(_c(8))
+    assert predicted is not None
+    # measured at micro-batch 2, plus six more samples' activations (1 MB each)
+    assert predicted.tracked_bytes("cuda") == pytest.approx(peak + 6_000_000, rel=1e-6)
+
+    blind = ScriptMemoryModel("cuda")
+    peak = _write_cuda_probe(tmp_path / "no_activations", 0, states + 5_000_000)
+    info, activations = read_probe(str(tmp_path / "no_activations"))
+    blind.learn_probe(_c(2), "ok", info, activations, peak)
+    assert blind.predict(_c(8)) is None

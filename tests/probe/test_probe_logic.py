@@ -20,14 +20,16 @@ from autotune import timing as steps
 from autotune.backends import get_backend
 from autotune.errors import ExecutorError
 from autotune.execution._executor import LocalExecutor, slot_devices
-from autotune.probe._rank_memory import (
+from autotune.probe._cuda_memory import (
     allocator_fraction,
-    classify_failure,
     device_overhead_bytes,
-    is_oom,
-    leak_tolerance_bytes,
     limit_available_memory,
     limited_available_memory,
+)
+from autotune.probe._rank_memory import (
+    classify_failure,
+    is_oom,
+    leak_tolerance_bytes,
     pinned_host_failure,
 )
 from autotune.protocol import ProbeSpec

@@ -1,0 +1,231 @@
+"""A CUDA rank's memory accounting, on CPU through :class:`FakeCudaMemory` (the CUDA calls a
+CPU build of torch cannot make; the real ones run in tests/integration/test_gpu_paths.py):
+script mode's limit and peak from the rank's start, its activation bytes from the
+allocator's statistics; the memory outside the allocator, this process's (NVML) or the
+device's, measured again after the first step, and what a warm rank's earlier candidates
+left there."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from autotune.candidate import Candidate
+from autotune.probe import _cuda_memory as cuda_memory
+from autotune.probe import script_rank
+from autotune.probe._cuda_memory import allocator_fraction
+from autotune.probe._rank_process import record_peaks
+from autotune.protocol import ProbeSpec, RankReport, ScriptRun
+from tests.support.fake_cuda import FakeCudaMemory
+
+GiB, MiB = 2**30, 2**20
+TOTAL = 80 * GiB
+LIMIT = 24 * GiB
+CONTEXT = 500 * MiB  # the CUDA context and cuBLAS, outside the allocator
+MICRO_BATCH = 4
+
+
+class Left(Exception):
+    """``leave_now`` was reached (the real one ends the process)."""
+
+
+def cuda_spec(tmp_path: Path, script: Path) -> Path:
+    spec = ProbeSpec(
+        workload=str(script),
+        candidate=Candidate(
+            precision="fp32",
+            zero_stage=0,
+            micro_batch_size=MICRO_BATCH,
+            gradient_accumulation_steps=1,
+            data_parallel_size=1,
+        ),
+        ds_config={},
+        accelerator="cuda",
+        vram_limit_bytes=LIMIT,
+        device_memory_bytes=TOTAL,
+        script=ScriptRun(path=str(script), argv=[str(tmp_path / "seen.json")]),
+    )
+    path = tmp_path / "spec.json"
+    path.write_text(spec.model_dump_json(), encoding="utf-8")
+    return path
+
+
+def test_a_script_runs_under_the_cuda_limit_from_the_ranks_start(tmp_path, monkeypatch) -> None:
+    """The limit and the peak reset come before the script's first line: the script sees
+    the allocator's fraction set (the limit less the context) and a peak of what it holds,
+    and what it allocates before deepspeed.initialize is under that limit."""
+    fake = FakeCudaMemory(TOTAL, CONTEXT)
+    fake.allocate(3 * GiB)
+    fake.free(3 * GiB)  # a peak from before the rank's start, which must not count
+    fake.install(monkeypatch, nvml=False)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json, sys, torch\n"
+        "seen = {'fraction': torch.cuda.get_per_process_memory_fraction(0),\n"
+        "        'peak': torch.cuda.max_memory_allocated(0)}\n"
+        "json.dump(seen, open(sys.argv[1], 'w'))\n",
+        encoding="utf-8",
+    )
+    left: list[RankReport] = []
+
+    def leave_now(report: RankReport, spec_path: Path, started: float) -> None:
+        left.append(report)
+        raise Left
+
+    monkeypatch.setattr(script_rank, "leave_now", leave_now)
+    monkeypatch.setattr(script_rank.sys, "argv", list(script_rank.sys.argv))
+    monkeypatch.setattr(script_rank.sys, "path", list(script_rank.sys.path))
+    with pytest.raises(Left):
+        script_rank.run(cuda_spec(tmp_path, script), 0.0)
+    seen = json.loads((tmp_path / "seen.json").read_text(encoding="utf-8"))
+    assert seen["fraction"] == pytest.approx(allocator_fraction(LIMIT, CONTEXT, TOTAL))
+    assert seen["peak"] == 0
+    assert fake.events.index("reset_peak_memory_stats") < fake.events.index(
+        "set_per_process_memory_fraction"
+    )
+    assert "ended without calling deepspeed.initialize" in left[0].error
+    # what the script would allocate on the device now is limited: the limit less the context
+    with pytest.raises(torch.OutOfMemoryError):
+        fake.allocate(LIMIT - CONTEXT + MiB)
+
+
+class AllocatingModule(torch.nn.Module):
+    """A model whose forward keeps ``held_bytes`` of activations on the fake device."""
+
+    def __init__(self, fake: FakeCudaMemory, held_bytes: int) -> None:
+        super().__init__()
+        self.fake, self.held_bytes = fake, held_bytes
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        self.fake.allocate(self.held_bytes)
+        return batch
+
+
+def test_a_forward_on_cuda_reports_the_allocators_delta(tmp_path, monkeypatch) -> None:
+    """On CUDA the activation bytes are memory_allocated after the engine module's forward
+    less before it, the largest over warm-up; forwards of timed steps do not count."""
+    fake = FakeCudaMemory(TOTAL, CONTEXT)
+    fake.install(monkeypatch, nvml=False)
+    fake.allocate(2 * GiB)  # model states, held before and after the forward
+    spec = ProbeSpec.model_validate_json(cuda_spec(tmp_path, tmp_path / "train.py").read_text())
+    probe = script_rank.ScriptProbe(spec, tmp_path / "spec.json", 0.0)
+    probe.device = torch.device("cuda", 0)
+    module = AllocatingModule(fake, 300 * MiB)
+    engine: Any = types.SimpleNamespace(
+        module=module, step=lambda: None, is_gradient_accumulation_boundary=lambda: True
+    )
+    probe._attach(engine)
+    batch = torch.zeros(MICRO_BATCH, 8)
+    engine.module(batch)
+    assert probe.report.activation_bytes == 300 * MiB
+    module.held_bytes = 100 * MiB  # a smaller forward keeps the largest
+    engine.module(batch)
+    assert probe.report.activation_bytes == 300 * MiB
+    probe.timing = True  # timed steps: not measured
+    module.held_bytes = GiB
+    engine.module(batch)
+    assert probe.report.activation_bytes == 300 * MiB
+
+
+# -- memory outside the allocator ------------------------------------------------------------
+OTHER_PROCESS = 3 * GiB  # another process on the same GPU
+
+
+@pytest.fixture
+def first_candidate(monkeypatch) -> None:
+    """A fresh process: no earlier candidate's figures."""
+    monkeypatch.setattr(cuda_memory, "_FIRST_LARGEST_BYTES", {})
+
+
+def test_the_overhead_is_this_processs_where_nvml_lists_it(monkeypatch) -> None:
+    """With NVML the overhead is this PID's used memory less the allocator's reserve (the
+    other process on the GPU is not counted); without pynvml, or where NVML does not list
+    this PID, the device-wide figure, which counts it, and the method says so."""
+    device = torch.device("cuda", 0)
+    fake = FakeCudaMemory(TOTAL, CONTEXT, other_process_bytes=OTHER_PROCESS)
+    fake.install(monkeypatch, nvml=True)
+    fake.allocate(2 * GiB)
+    assert cuda_memory.cuda_overhead(device) == (CONTEXT, "process")
+    fake.nvml_lists_this_process = False
+    assert cuda_memory.cuda_overhead(device) == (CONTEXT + OTHER_PROCESS, "device")
+    fake.install(monkeypatch, nvml=False)
+    assert cuda_memory.cuda_overhead(device) == (CONTEXT + OTHER_PROCESS, "device")
+
+
+def test_nccl_memory_of_the_first_step_is_in_the_limit_and_the_peak(
+    tmp_path, monkeypatch, first_candidate
+) -> None:
+    """The first step connects DeepSpeed's groups (1 GiB more outside the allocator): the
+    limit is set again from it right after that step, and the reported reserved peak is the
+    allocator's peak plus the largest overhead."""
+    device = torch.device("cuda", 0)
+    fake = FakeCudaMemory(TOTAL, CONTEXT, communicator_bytes=200 * MiB)
+    fake.install(monkeypatch, nvml=True)
+    spec = ProbeSpec.model_validate_json(cuda_spec(tmp_path, tmp_path / "train.py").read_text())
+    limit = cuda_memory.CudaMemoryLimit(spec, device)
+    assert limit.start() == CONTEXT + 200 * MiB
+    assert fake.fraction == pytest.approx(allocator_fraction(LIMIT, CONTEXT + 200 * MiB, TOTAL))
+
+    def first_step() -> tuple[float, bool]:
+        fake.allocate(4 * GiB)
+        fake.outside_bytes += GiB  # ZeRO's collectives on DeepSpeed's groups
+        return 1.0, False
+
+    step = limit.after_first_step(first_step)
+    assert step() == (1.0, False)
+    overhead = CONTEXT + 200 * MiB + GiB
+    assert fake.fraction == pytest.approx(allocator_fraction(LIMIT, overhead, TOTAL))
+    fake.outside_bytes -= GiB // 2  # a later reading lower: the largest stays
+    report = RankReport(rank=0, status="ok")
+    record_peaks(report, None, device, limit)
+    assert report.device_overhead_bytes == overhead
+    assert report.peak_reserved_bytes == 4 * GiB + overhead
+    assert report.overhead_at_start_bytes == CONTEXT + 200 * MiB
+    assert report.overhead_method == "process"
+
+
+def candidate_in_warm_rank(spec: ProbeSpec, fake: FakeCudaMemory) -> RankReport:
+    """One candidate of a warm rank: its limit, its unclean check, a step, its peaks."""
+    device = torch.device("cuda", 0)
+    limit = cuda_memory.CudaMemoryLimit(spec, device)
+    limit.start()
+    report = RankReport(rank=0, status="ok", overhead_left_bytes=limit.left_bytes())
+    limit.after_first_step(lambda: fake.allocate(GiB))()
+    record_peaks(report, None, device, limit)
+    fake.free(GiB)
+    return report
+
+
+def test_a_warm_ranks_leftover_outside_the_allocator_is_counted_and_flagged(
+    tmp_path, monkeypatch, first_candidate
+) -> None:
+    """What a later candidate finds outside the allocator beyond the first candidate's
+    largest is reported (overhead_left_bytes, overhead_at_start_bytes); within the leak
+    tolerance the rank probes on, beyond it the rank is unclean and its launcher restarts
+    it; a communicator the first candidate also had (reused) is no leftover."""
+    from autotune.execution.launch import unclean_bytes
+    from autotune.probe._rank_memory import leak_tolerance_bytes
+    from autotune.probe.rank import unclean_error
+
+    fake = FakeCudaMemory(TOTAL, CONTEXT)
+    fake.install(monkeypatch, nvml=True)
+    spec = ProbeSpec.model_validate_json(cuda_spec(tmp_path, tmp_path / "train.py").read_text())
+    tolerance = leak_tolerance_bytes(LIMIT)
+    first = candidate_in_warm_rank(spec, fake)
+    assert first.overhead_left_bytes == 0 and first.device_overhead_bytes == CONTEXT
+    fake.outside_bytes += 100 * MiB  # a communicator the next candidate may not use
+    second = candidate_in_warm_rank(spec, fake)
+    assert second.overhead_at_start_bytes == CONTEXT + 100 * MiB
+    assert second.overhead_left_bytes == 100 * MiB < tolerance
+    assert unclean_error(second, tolerance) == ""
+    fake.outside_bytes += tolerance  # more left: beyond the tolerance
+    third = candidate_in_warm_rank(spec, fake)
+    assert third.overhead_left_bytes == 100 * MiB + tolerance
+    assert "outside the allocator" in unclean_error(third, tolerance)
+    third.status = "unclean"
+    assert unclean_bytes([third]) == 100 * MiB + tolerance
