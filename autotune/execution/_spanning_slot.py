@@ -13,7 +13,7 @@ for its ranks what torchrun does on one host:
   the group (as :class:`~autotune.execution._worker.WarmWorker` does);
 - when one rank fails the others are given a moment to report, then all are stopped;
 - the ranks' reports and logs come back as Ray return values into the driver's trial
-  folder, and :func:`~autotune.protocol.aggregate` folds them into the same ProbeResult a
+  folder, and :func:`~autotune.rank_outcome.aggregate` folds them into the same ProbeResult a
   torchrun probe gives.
 
 A rank whose node leaves the cluster ends the probe as ``error`` with ``lost_node`` set
@@ -31,7 +31,8 @@ from typing import Any
 
 from autotune.execution._rank_actor import Placement, RankArtifacts, RankState
 from autotune.execution.launch import ProbeJob, prepare_trial_dir, unclean_bytes
-from autotune.protocol import NODE_ENV, ProbeResult, RankReport, aggregate
+from autotune.protocol import NODE_ENV, ProbeResult, RankReport
+from autotune.rank_outcome import aggregate
 
 RENDEZVOUS_PORTS = (29500, 29999)  # the first rank's store: open between the nodes
 PLACEMENT_TIMEOUT_S = 60.0  # for Ray to start a rank's actor on its bundle

@@ -37,7 +37,8 @@ from autotune.execution.launch import (
     track_group,
     unclean_bytes,
 )
-from autotune.protocol import ProbeResult, aggregate
+from autotune.protocol import ProbeResult
+from autotune.rank_outcome import aggregate
 
 POLL_S = 0.05
 

@@ -28,7 +28,8 @@ from autotune.backends.deepspeed import (
     torch_extensions_dir,
 )
 from autotune.execution import _priority as priority
-from autotune.protocol import ProbeResult, ProbeSpec, RankReport, aggregate
+from autotune.protocol import ProbeResult, ProbeSpec, RankReport
+from autotune.rank_outcome import aggregate
 
 LOG_TAIL_CHARS = 4000
 KILL_GRACE_S = 5.0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.candidate import Candidate
-from autotune.protocol import ProbeSpec, RankReport, aggregate, torchrun_root_cause
+from autotune.protocol import ProbeSpec, RankReport
+from autotune.rank_outcome import aggregate, torchrun_root_cause
 
 CANDIDATE = Candidate(
     precision="fp32",
