@@ -125,7 +125,19 @@ def leave_now(report: RankReport, spec_path: Path, started: float) -> None:
     write_report(report, spec_path.parent)
     sys.stdout.flush()
     sys.stderr.flush()
+    end_children()
     os._exit(1)
+
+
+def end_children() -> None:
+    """Kill this rank's child processes before it exits without teardown: a script's
+    DataLoader workers would otherwise outlive it by seconds (they notice their parent's
+    exit only at their next status check) and hold memory the next probe is judged by."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def leave_process_group() -> None:

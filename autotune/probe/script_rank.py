@@ -45,6 +45,7 @@ from autotune import timing as steps
 from autotune.probe._rank_memory import classify_failure
 from autotune.probe._rank_process import (
     device_of,
+    end_children,
     leave_now,
     leave_process_group,
     quiet_libraries,
@@ -316,6 +317,7 @@ class ScriptProbe:
         sys.stdout.flush()
         sys.stderr.flush()
         leave_process_group()
+        end_children()
         os._exit(0)
 
     def fail(self, exc: BaseException) -> None:

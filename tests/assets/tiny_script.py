@@ -12,12 +12,20 @@ import deepspeed
 import torch
 
 parser = argparse.ArgumentParser()
-parser.add_argument("mode", choices=["train", "hang", "crash", "short", "own_init", "nccl"])
+parser.add_argument(
+    "mode", choices=["train", "hang", "crash", "short", "own_init", "nccl", "child"]
+)
 args = parser.parse_args()
 
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 if args.mode == "hang":  # e.g. waiting for data that never comes
     time.sleep(3600)
+if args.mode == "child":  # e.g. a data-loading worker, which lives as long as it is not told
+    import subprocess
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    with open(f"child-{os.environ.get('RANK', '0')}.pid", "w") as pid_file:
+        pid_file.write(str(child.pid))
 if args.mode in ("own_init", "nccl"):
     import torch.distributed as dist
 

@@ -57,6 +57,25 @@ def test_a_script_that_never_initializes_is_killed_at_the_timeout(tmp_path: Path
     assert_no_probe_left()
 
 
+def test_the_script_s_child_processes_end_with_its_probe(tmp_path: Path) -> None:
+    """A rank ends without interpreter teardown: the processes the script started (data
+    loader workers) are ended with it, not left holding memory while the next probe runs."""
+    import psutil
+
+    code, output = _run(tmp_path, "child")
+    assert code == 0 and "samples/s" in _probe_line(output), output
+    pids = [int(path.read_text()) for path in tmp_path.rglob("child-*.pid")]
+    assert len(pids) == 2, pids
+
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    assert not any(alive(pid) for pid in pids)
+
+
 def test_a_crash_names_the_line_of_the_script(tmp_path: Path) -> None:
     code, output = _run(tmp_path, "crash")
     line = _probe_line(output)
