@@ -247,6 +247,41 @@ class ConfirmationDone(Event):
 
 
 @dataclass(frozen=True)
+class VerificationStarted(Event):
+    """The loss check of ``trial`` starts: its reference and why, and the runs' length."""
+
+    trial: int
+    label: str
+    reference_label: str
+    reason: str
+    steps: int
+    runs: int  # loss-parity runs launched (the reference twice, and the trial)
+
+
+@dataclass(frozen=True)
+class VerificationRunDone(Event):
+    """One loss-parity run of the check ended (``role``: reference, reference repeat,
+    winner)."""
+
+    role: str
+    label: str
+    status: str
+    error: str
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class VerificationDone(Event):
+    """The check's verdict in words (see :mod:`autotune.study.loss_parity`)."""
+
+    trial: int
+    verdict: str
+    max_relative_difference: float
+    tolerance: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class RunFinished(Event):
     """The run's outcome; ``summary`` is a :class:`autotune.run._tuner.RunSummary`."""
 

@@ -138,6 +138,9 @@ class LossTrace(BaseModel):
         description="The model has modules that normalise over the batch (BatchNorm): their "
         "statistics depend on the micro-batch.",
     )
+    gradient_clipping: float = Field(
+        default=0.0, description="The engine's gradient clipping threshold (0: none)."
+    )
     dropout_modules: int = Field(
         default=0,
         description="Dropout modules switched off for the run (their masks are drawn per "

@@ -102,6 +102,10 @@ Executor = Literal["ray", "local"]
 
 DEFAULT_BUDGET_S = 30 * 60.0  # what a new study gets without --budget
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
+# Optimizer steps of each loss-parity run of `autotune verify`: bf16's tolerance is still
+# under 10% at the tenth (autotune.study.loss_parity), and 10 steps of a tiny model take
+# seconds on CPU ranks.
+DEFAULT_VERIFY_STEPS = 10
 
 # Settings fields whose flag is spelled differently (the flag drops the unit suffix).
 _FLAG_OF_FIELD = {

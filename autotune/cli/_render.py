@@ -205,3 +205,32 @@ def _(event: events.ConfirmationStarted) -> str:
 @line.register
 def _(event: events.ConfirmationDone) -> str:
     return f"confirmation ({event.rounds} round(s), {event.seconds:.0f} s): {event.verdict}"
+
+
+@line.register
+def _(event: events.VerificationStarted) -> str:
+    return (
+        f"verifying trial {event.trial} ({event.label}) against {event.reference_label}: "
+        f"{event.reason}; {event.runs} run(s) of {event.steps} step(s) from one seed"
+    )
+
+
+@line.register
+def _(event: events.VerificationRunDone) -> str:
+    text = f"  {event.role} {event.label}: {event.status} in {event.wall_s:.0f} s"
+    return text + (f" ({event.error})" if event.error else "")
+
+
+@line.register
+def _(event: events.VerificationDone) -> str:
+    return (
+        f"loss check of trial {event.trial}: {event.verdict} (largest difference "
+        f"{relative_text(event.max_relative_difference)} against a tolerance of "
+        f"{relative_text(event.tolerance)} there; {event.seconds:.0f} s)"
+    )
+
+
+def relative_text(value: float) -> str:
+    """A relative difference as a percentage with two significant digits ("inf" for a
+    loss that is not finite)."""
+    return f"{100 * value:.2g}%" if value != float("inf") else "inf"

@@ -252,6 +252,7 @@ def render_summary(
     lines.append(f"- {runner_up_distance(rows, verdict)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
+    lines += ["", *_loss_check_lines(study, trial.number)]
     others = [row for row in rows if row[0].number != trial.number]
     if others:
         lines += ["", *_runner_up_lines(rows[0][1], others)]
@@ -264,6 +265,47 @@ def render_summary(
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]
     lines += ["", "## Files", "", *_file_lines(config), ""]
     return "\n".join(lines)
+
+
+def _loss_check_lines(study: optuna.Study, number: int) -> list[str]:
+    """The trial's loss check against its reference (``autotune verify``), step by step."""
+    from autotune.study import verification as checks
+
+    check = checks.load(study, number)
+    lines = ["## Loss check", ""]
+    if check is None:
+        return [
+            *lines,
+            f"Not run. `autotune verify --study {_printable(study.study_name)} --trial "
+            f"{number}` trains this configuration and a reference (your base config, else "
+            "fp32 at ZeRO-0) from one seed on one global batch and compares their losses "
+            "step by step.",
+        ]
+    verdict = check.verdict
+    lines.append(
+        f"This configuration and its reference, {check.reference_label} "
+        f"({check.reference_reason}), trained from seed {check.seed} on one global batch for "
+        f"{check.steps} optimizer step(s): **{verdict.text}**."
+    )
+    by_role = {run.role: run for run in check.runs}
+    reference, winner = by_role.get("reference"), by_role.get("winner")
+    if reference is None or winner is None or reference.trace is None or winner.trace is None:
+        return lines
+    lines += [
+        "",
+        f"Tolerance: 8·u·√(step+1) of the coarser precision ({verdict.precision}, u its unit "
+        "roundoff), each step's loss the mean over the global batch.",
+        "",
+        "| step | reference loss | this configuration's loss | relative difference |",
+        "| --- | --- | --- | --- |",
+    ]
+    from autotune.study.loss_parity import relative_difference
+
+    pairs = zip(reference.trace.losses, winner.trace.losses, strict=False)
+    for step, (ref, won) in enumerate(pairs):
+        difference = relative_difference(won, ref)
+        lines.append(f"| {step} | {ref:.6g} | {won:.6g} | {100 * difference:.2g}% |")
+    return lines
 
 
 def _file_lines(config: StudyConfig) -> list[str]:

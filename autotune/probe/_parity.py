@@ -81,6 +81,7 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
         batch_statistics=any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()
         ),
+        gradient_clipping=float(engine.gradient_clipping() or 0.0),
         dropout_modules=dropouts,
     )
     if hasattr(engine, "destroy"):

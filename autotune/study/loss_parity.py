@@ -64,15 +64,12 @@ STEP_ERROR = 2.0
 
 
 class ComparedRun(BaseModel):
-    """One run as the comparison sees it: its candidate, what it recorded, its clipping."""
+    """One run as the comparison sees it: its candidate and what it recorded."""
 
     model_config = ConfigDict(extra="forbid")
 
     candidate: Candidate = Field(description="The configuration the run trained with.")
     trace: LossTrace = Field(description="What its loss-parity run recorded.")
-    gradient_clipping: float = Field(
-        default=0.0, description="The config's gradient_clipping threshold (0: none)."
-    )
 
 
 class ParityVerdict(BaseModel):
@@ -251,7 +248,7 @@ def likely_cause(reference: ComparedRun, winner: ComparedRun, step: int) -> Caus
 def _clipping_bites(reference: ComparedRun, winner: ComparedRun, step: int) -> bool:
     """Clipping is on and, up to ``step``, a reported gradient norm reached its threshold
     (or neither run reports one, so that it may have)."""
-    threshold = max(reference.gradient_clipping, winner.gradient_clipping)
+    threshold = max(reference.trace.gradient_clipping, winner.trace.gradient_clipping)
     if threshold <= 0:
         return False
     norms = [

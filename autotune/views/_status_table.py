@@ -73,6 +73,30 @@ def trials_table(study: optuna.Study) -> Table:
     return table
 
 
+def verification_lines(study: optuna.Study) -> list[str]:
+    """The study's loss checks (``autotune verify``), one line each, the best's first; for
+    a best never checked, how to check it."""
+    from autotune.study import best
+    from autotune.study import verification as checks
+
+    decided = best.of_study(study)
+    chosen = decided.trial if decided is not None else None
+    kept = checks.load_all(study)
+    lines = [
+        f"loss check of trial {number} ({check.label}) against {check.reference_label}, "
+        f"{check.steps} step(s): {check.verdict.text}"
+        + ("" if number == chosen else " (not the best)")
+        for number, check in sorted(kept.items(), key=lambda item: (item[0] != chosen, item[0]))
+    ]
+    if chosen is not None and chosen not in kept:
+        lines.insert(
+            0,
+            f"loss check of the best (trial {chosen}): not run; autotune verify --study "
+            f"{study.study_name} trains it against its reference and compares the losses",
+        )
+    return lines
+
+
 def _add_trial_columns(table: Table) -> None:
     """The columns of :func:`trials_table`. In a narrow terminal (80 columns) the candidate
     and the note wrap at their spaces; the numbers and every header stay whole, so the

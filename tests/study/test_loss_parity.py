@@ -45,8 +45,8 @@ def run(
             initial_weights_sq_sum=1.0,
             loaded_weights_sq_sum=1.0,
             batch_statistics=batch_statistics,
+            gradient_clipping=clipping,
         ),
-        gradient_clipping=clipping,
     )
 
 
