@@ -1,6 +1,7 @@
-"""``autotune verify`` end to end: a study of gpt-tiny whose winner is bf16, its loss check
-against the fp32 ZeRO-0 reference on real DeepSpeed CPU ranks, and the verdict as status,
-``--json`` and summary.md show it."""
+"""``autotune verify`` end to end on real DeepSpeed CPU ranks: a study of gpt-tiny whose
+winner is bf16, its loss check against the fp32 ZeRO-0 reference, and the verdict as
+status, ``--json`` and summary.md show it; a model with BatchNorm whose winner splits the
+batch finer than its reference differs, by its batch statistics."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import run_cli
+from tests.support.paths import ASSETS
 
 pytestmark = pytest.mark.slow
 
@@ -81,3 +83,22 @@ def test_verify_json_is_one_document_and_replaces_the_trials_check(workdir: Path
     assert "loss check of trial 0" in result.stderr  # the progress lines go to stderr
     status = run_cli("status", cwd=workdir)
     assert "against z0 fp32 mb4x1, 2 step(s): drifts" in status.stdout
+
+
+# fp32 ZeRO-0 at micro-batch 2 (of a global batch of 8 on 2 ranks): the reference trains
+# the rank's 4 samples as one micro-batch, so BatchNorm normalises over 4 samples, not 2.
+SPLIT_SPACE = SPACE.replace("[bf16]", "[fp32]").replace("zero_stage: [2]", "zero_stage: [0]")
+
+
+def test_batch_statistics_at_a_smaller_micro_batch_differ(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(SPLIT_SPACE)
+    workload = f"{ASSETS / 'batchnorm_workload.py'}:make"
+    run = run_cli(*[workload if a == "gpt-tiny" else a for a in RUN], cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = run_cli("verify", "--steps", "3", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "verifying trial 0 (z0 fp32 mb2x2) against z0 fp32 mb4x1" in result.stdout
+    assert (
+        "loss check of trial 0: differs: step 0, loss " in result.stdout
+        and "likely cause: micro-batch-dependent statistics" in result.stdout
+    ), result.stdout
