@@ -198,6 +198,7 @@ class SearchStopped(Event):
     spent_s: float = 0.0
     total_s: float = 0.0
     reserve_s: float = 0.0
+    verify_s: float = 0.0  # the part of reserve_s held for the loss check (--verify)
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,8 @@ class ConfirmationStarted(Event):
 @dataclass(frozen=True)
 class BudgetUpdated(Event):
     """The study's clock after each result: what is spent, what the search holds back for
-    the confirmation round (``reserve_s``) and for the run's finish (``finish_s``: closing
+    the confirmation round and the loss check (``reserve_s``, of which ``verify_s`` is the
+    loss check's) and for the run's finish (``finish_s``: closing
     workers, deciding, exporting), and what it expects the next probe to take."""
 
     spent_s: float
@@ -216,6 +218,7 @@ class BudgetUpdated(Event):
     reserve_s: float
     probe_estimate_s: float
     finish_s: float = 0.0
+    verify_s: float = 0.0
 
 
 @dataclass(frozen=True)

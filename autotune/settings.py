@@ -218,6 +218,12 @@ class RunSettings(BaseModel):
     early_stop: bool = Field(
         default=True, description="Stop a probe once it is clearly slower than the best so far."
     )
+    verify: bool = Field(
+        default=False,
+        description="After the search and its confirmation round, check that the best trains "
+        "as its reference does (autotune verify), before the export; its time is held back "
+        "from the search.",
+    )
     shared: bool = Field(
         default=False,
         description="Drive the study side by side with other drivers (each its own proposals).",

@@ -178,9 +178,17 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
     if event.kind == "budget":
         used = f"{format_duration(event.spent_s)} of the study's {format_duration(event.total_s)}"
         if event.reserve_s >= 1:
+            kept = [
+                what
+                for seconds, what in (
+                    (event.reserve_s - event.verify_s, "the confirmation round"),
+                    (event.verify_s, "the loss check"),
+                )
+                if seconds >= 1
+            ]
             used = (
-                f"search {used}, the last {format_duration(event.reserve_s)} kept for the "
-                "confirmation round"
+                f"search {used}, the last {format_duration(event.reserve_s)} kept for "
+                + " and ".join(kept or ["the confirmation round"])
             )
         text = f"budget spent ({used})"
         if continue_command:

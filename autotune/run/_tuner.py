@@ -31,6 +31,7 @@ from autotune import events
 from autotune.errors import ExecutorError
 from autotune.memory import Limits, MemoryScreen
 from autotune.run.budget import BudgetClock, ReservePolicy, probe_estimate_s, read_budget
+from autotune.settings import DEFAULT_VERIFY_STEPS
 from autotune.study import best, records
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from autotune.run._search import Search
     from autotune.run.sampler import CandidatePolicy
     from autotune.study import Best, Confirmation, TrialRecord, TrialView
+    from autotune.study.verification import Verification
 
 
 @dataclass
@@ -61,6 +63,7 @@ class RunSummary:
     best_record: TrialRecord | None = None
     export_dir: str | None = None
     confirmation: Confirmation | None = None  # the round's verdict, None without a round
+    verification: Verification | None = None  # the best's loss check (--verify)
     interrupted: list[int] = field(default_factory=list)
 
 
@@ -124,7 +127,9 @@ class Tuner:
             base_config=plan.config.base_config,
             use_model=settings.prune,
         )
-        self.reserve = ReservePolicy(enabled=settings.confirm)
+        self.reserve = ReservePolicy(
+            enabled=settings.confirm, verify_steps=DEFAULT_VERIFY_STEPS if settings.verify else 0
+        )
 
     def run(self) -> RunSummary:
         from autotune.run._driver_session import DriverSession
@@ -255,6 +260,20 @@ class Tuner:
         self._record_interrupted(session, stopped, summary)
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
+        elif self.plan.settings.verify and summary.stop.kind != "interrupted":
+            summary.verification = self._verify(session.study)
+            search.clock.probing_done()  # the check was held back from the search, not the finish
+
+    def _verify(self, study: optuna.Study) -> Verification | None:
+        """The loss check of the best (``--verify``), after the search's workers are closed
+        and before the export, whose summary.md shows it."""
+        from autotune.run.verify import verify
+        from autotune.study import confirmation as confirm
+
+        decided = best.decide_best(records.views(study), confirm.load(study))
+        if decided is None:
+            return None
+        return verify(study, trial=decided.trial, steps=DEFAULT_VERIFY_STEPS, emit=self.emit)
 
     @staticmethod
     def _record_interrupted(

@@ -115,6 +115,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--script", "noattr.py", "--script-arg", "batch=--bs"], "--script-arg batch=--bs"),
     (["run", "--script", "noattr.py", "--", "--num_gpus", "2"], "--num_gpus is a launcher flag"),
     (["run", "--workload", "gpt-tiny", "--", "--lr", "1"], "script arguments (--lr 1) without"),
+    (["run", "--script", "noattr.py", "--verify"], "--verify: the loss check runs built-in"),
     # studies
     (["run", "--study", "nosuch"], "--study nosuch: no such study in"),
     ([*RUN, "--study", "../x"], "--study: study name '../x' must be"),

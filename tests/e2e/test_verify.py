@@ -102,3 +102,15 @@ def test_batch_statistics_at_a_smaller_micro_batch_differ(tmp_path: Path) -> Non
         "loss check of trial 0: differs: step 0, loss " in result.stdout
         and "likely cause: micro-batch-dependent statistics" in result.stdout
     ), result.stdout
+
+
+def test_run_with_verify_checks_the_best_before_its_export(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(SPACE)
+    result = run_cli(*RUN, "--verify", "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "verifying trial 0 (z2 bf16 mb2x2) against z0 fp32 mb4x1" in out
+    assert "loss check of trial 0: drifts within the tolerance of bf16" in out
+    assert out.index("loss check of trial 0") < out.index("exported: ")
+    summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+    assert "**drifts within the tolerance of bf16**" in summary
