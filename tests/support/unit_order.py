@@ -36,6 +36,7 @@ LONGEST_FIRST = (
     "benchmarks/test_deepspeed_matrix.py",
     "e2e/faults/test_script_faults.py",
     "e2e/test_models_cli.py",
+    "e2e/test_verify.py",
     "e2e/test_examples.py",
     "e2e/test_plan_and_prune.py",
     "integration/test_postgres.py",
@@ -43,6 +44,7 @@ LONGEST_FIRST = (
     "integration/test_loopback_only.py",
     "backends/test_build_locks.py",
     "integration/test_executor_ray.py",
+    "integration/test_loss_parity.py",
     "integration/test_nvme.py",
 )
 
