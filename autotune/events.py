@@ -282,6 +282,7 @@ class VerificationDone(Event):
     max_relative_difference: float
     tolerance: float
     seconds: float
+    set_aside: bool = False  # --verify-strict: it differs, the next best is checked
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,11 @@ class RunSettings(BaseModel):
         "as its reference does (autotune verify), before the export; its time is held back "
         "from the search.",
     )
+    verify_strict: bool = Field(
+        default=False,
+        description="As verify; a best whose loss check differs is set aside and the next best "
+        "is checked instead (the best and up to two runners-up), before the export.",
+    )
     shared: bool = Field(
         default=False,
         description="Drive the study side by side with other drivers (each its own proposals).",

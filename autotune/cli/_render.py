@@ -235,6 +235,7 @@ def _(event: events.VerificationDone) -> str:
         f"loss check of trial {event.trial}: {event.verdict} (largest difference "
         f"{relative_text(event.max_relative_difference)} against a tolerance of "
         f"{relative_text(event.tolerance)} there; {event.seconds:.0f} s)"
+        + ("; set aside (--verify-strict): the next best is checked" if event.set_aside else "")
     )
 
 

@@ -2,14 +2,16 @@
 
 Both are rendered from the trial records and the one decision of the best
 (:mod:`autotune.study.best`): the chosen configuration, why (the confirmed estimate when the
-confirmation round decided it), the runners-up in the same ranking, what the search did, and
-what the user must do in their own code. Text from the storage (study names, labels) is
+confirmation round decided it), the trials the loss check set aside, the runners-up in the
+same ranking, the loss check, what the search did, and what the user must do in their own
+code. Text from the storage (study names, labels) is
 quoted or escaped before it reaches the shell script.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from autotune.export._numerics import numerics_actions
@@ -148,12 +150,16 @@ def _setting_rows(candidate: Candidate) -> list[str]:
 
 
 def standings(
-    trials: list[TrialView], verdict: Confirmation | None, decided: Best | None
+    trials: list[TrialView],
+    verdict: Confirmation | None,
+    decided: Best | None,
+    set_aside: Collection[int] = (),
 ) -> list[tuple[TrialView, float, str]]:
     """Every feasible trial once, best first, each with the estimate it is ranked by: the
     confirmed contenders in the verdict's order, each by the median of its probes, then the
-    rest by their single measurement; the decided best leads."""
-    ranked = records.ranked_feasible(trials)
+    rest by their single measurement; the decided best leads. A trial ``set_aside`` by its
+    loss check (``run --verify-strict``) is not among them."""
+    ranked = [t for t in records.ranked_feasible(trials) if t.number not in set_aside]
     by_number = {t.number: t for t in ranked}
     rows: list[tuple[TrialView, float, str]] = []
     confirmed = decided is not None and decided.confirmed and verdict is not None
@@ -218,13 +224,15 @@ def render_summary(
 ) -> str:
     from autotune.study import confirmation as confirm
     from autotune.study import screened_keys
+    from autotune.study import verification as checks
 
     candidate = trial.candidate
     record = trial.record
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    rows = standings(trials, verdict, decided)
+    aside = checks.set_aside(study)
+    rows = standings(trials, verdict, decided, aside)
     limit = config.vram_limit_bytes
     memory_kind = "device memory" if config.accelerator == "cuda" else "tracked tensor memory"
     lines = [
@@ -241,6 +249,7 @@ def render_summary(
         "## Why",
         "",
         *_why(trial, decided, len(rows), verdict),
+        *_set_aside_lines(study, trials, aside),
         f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
@@ -265,6 +274,25 @@ def render_summary(
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]
     lines += ["", "## Files", "", *_file_lines(config), ""]
     return "\n".join(lines)
+
+
+def _set_aside_lines(
+    study: optuna.Study, trials: list[TrialView], aside: Collection[int]
+) -> list[str]:
+    """A line per trial ``run --verify-strict`` set aside: what it measured and why."""
+    from autotune.study import verification as checks
+
+    lines = []
+    for number in sorted(aside):
+        check = checks.load(study, number)
+        if check is None or not trials[number].feasible:
+            continue
+        lines.append(
+            f"- Set aside by its loss check (`--verify-strict`): trial {number} "
+            f"({check.label}), {float(trials[number].value or 0.0):.1f} samples/s in its "
+            f"search probe, {check.verdict.text}."
+        )
+    return lines
 
 
 def _loss_check_lines(study: optuna.Study, number: int) -> list[str]:

@@ -147,15 +147,16 @@ def _check_batch_flags(settings: RunSettings) -> None:
             "--global-batch auto needs --max-global-batch N, the largest global batch "
             "your training may use"
         )
-    if settings.verify and settings.script is not None:
+    flag = "--verify-strict" if settings.verify_strict else "--verify" if settings.verify else ""
+    if flag and settings.script is not None:
         raise SettingsError(
-            "--verify: the loss check runs built-in and file workloads only for now, not a "
-            "--script; leave --verify out"
+            f"{flag}: the loss check runs built-in and file workloads only for now, not a "
+            f"--script; leave {flag} out"
         )
-    if settings.verify and settings.ray_address is not None:
+    if flag and settings.ray_address is not None:
         raise SettingsError(
-            "--verify: the loss check runs on this machine, not on the Ray cluster; leave "
-            "--verify out and run autotune verify on a node with the devices"
+            f"{flag}: the loss check runs on this machine, not on the Ray cluster; leave "
+            f"{flag} out and run autotune verify on a node with the devices"
         )
 
 

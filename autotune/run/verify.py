@@ -47,9 +47,11 @@ def verify(
     trial: int | None = None,
     steps: int = DEFAULT_VERIFY_STEPS,
     emit: events.Emit = events.ignore,
+    strict: bool = False,
 ) -> checks.Verification:
     """Check trial ``trial`` (the best by default) against its reference; store and return
-    the check."""
+    the check. ``strict`` (``run --verify-strict``): a trial whose check differs is set
+    aside, never the best (a later check without it takes that back)."""
     started = time.monotonic()
     config = _checked_config(study, steps)
     trials = records.views(study)
@@ -79,7 +81,7 @@ def verify(
     jobs = _jobs(config, chosen, reference, roles, folder, steps, hardware, workload)
     _ensure_ops(hardware, jobs, emit)
     runs = _launch(roles, jobs, emit)
-    return _record(study, chosen, reference, runs, steps, started, emit)
+    return _record(study, chosen, reference, runs, steps, strict, started, emit)
 
 
 def _record(
@@ -88,6 +90,7 @@ def _record(
     reference: Reference,
     runs: list[checks.VerifiedRun],
     steps: int,
+    strict: bool,
     started: float,
     emit: events.Emit,
 ) -> checks.Verification:
@@ -104,6 +107,7 @@ def _record(
         runs=runs,
         verdict=verdict,
         seconds=round(time.monotonic() - started, 1),
+        set_aside=strict and verdict.verdict == "differs",
     )
     checks.store(study, check)
     emit(
@@ -113,6 +117,7 @@ def _record(
             verdict.max_relative_difference,
             verdict.tolerance_at_max,
             check.seconds,
+            check.set_aside,
         )
     )
     return check

@@ -53,6 +53,11 @@ class Verification(BaseModel):
     runs: list[VerifiedRun] = Field(description="Reference, its repeat, and the trial's run.")
     verdict: ParityVerdict = Field(description="What the comparison found.")
     seconds: float = Field(default=0.0, description="Wall time of the whole check.")
+    set_aside: bool = Field(
+        default=False,
+        description="run --verify-strict set the trial aside (its check differs): it is never "
+        "the best, until a later check of it says otherwise.",
+    )
 
 
 def store(study: optuna.Study, verification: Verification) -> None:
@@ -73,6 +78,11 @@ def load_all(study: optuna.Study) -> dict[int, Verification]:
             "what this autotune reads (edited, or written by another version); run autotune "
             "verify again"
         ) from None
+
+
+def set_aside(study: optuna.Study) -> frozenset[int]:
+    """The trials ``run --verify-strict`` set aside: never the best."""
+    return frozenset(number for number, check in load_all(study).items() if check.set_aside)
 
 
 def load(study: optuna.Study, trial: int) -> Verification | None:

@@ -74,7 +74,7 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(trials, verdict)
+    decided = best.decide_best(trials, verdict, checks.set_aside(study))
     config = study_config(study)
     known = {t.record.candidate_key for t in evaluated}
     return {

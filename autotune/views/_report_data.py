@@ -121,7 +121,7 @@ def collect(study: optuna.Study) -> ReportData:
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(trials, verdict)
+    decided = best.decide_best(trials, verdict, checks.set_aside(study))
     config = study_config(study)
     starts = [t.frozen.datetime_start for t in evaluated if t.frozen.datetime_start is not None]
     origin = min(starts).timestamp() if starts else None
@@ -139,7 +139,9 @@ def collect(study: optuna.Study) -> ReportData:
         outcomes=dict(sorted(outcome_counts(evaluated).items())),
         duplicates=sum(1 for t in trials if t.record.duplicate_of is not None),
         screened=len(screened_keys(study) - known),
-        distance=runner_up_distance(standings(trials, verdict, decided), verdict),
+        distance=runner_up_distance(
+            standings(trials, verdict, decided, checks.set_aside(study)), verdict
+        ),
         actions=user_actions(chosen, config) if chosen is not None and config else [],
         ds_config=production_config(chosen, config) if chosen is not None and config else None,
         verification=checks.load(study, chosen.number) if chosen is not None else None,

@@ -28,12 +28,13 @@ def trials_table(study: optuna.Study) -> Table:
     ``*`` marks the best by :func:`autotune.study.best.decide_best`, as every output does."""
     from autotune.study import best, records
     from autotune.study import confirmation as confirm
+    from autotune.study import verification as checks
 
     config = study_config(study)
     limit = config.vram_limit_bytes if config else None
     trials = records.views(study)
     duplicates = sum(1 for t in trials if t.record.duplicate_of is not None)
-    decided = best.decide_best(trials, confirm.load(study))
+    decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
     table = Table(
         title=f"study {study.study_name}"
         + (
@@ -85,7 +86,13 @@ def verification_lines(study: optuna.Study) -> list[str]:
     lines = [
         f"loss check of trial {number} ({check.label}) against {check.reference_label}, "
         f"{check.steps} step(s): {check.verdict.text}"
-        + ("" if number == chosen else " (not the best)")
+        + (
+            " (set aside by --verify-strict: never the best)"
+            if check.set_aside
+            else ""
+            if number == chosen
+            else " (not the best)"
+        )
         for number, check in sorted(kept.items(), key=lambda item: (item[0] != chosen, item[0]))
     ]
     if chosen is not None and chosen not in kept:

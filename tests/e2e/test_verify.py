@@ -6,6 +6,7 @@ batch finer than its reference differs, by its batch statistics."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,45 @@ def test_run_with_verify_checks_the_best_before_its_export(tmp_path: Path) -> No
     assert out.index("loss check of trial 0") < out.index("exported: ")
     summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
     assert "**drifts within the tolerance of bf16**" in summary
+
+
+# fp32 ZeRO-0 at two splits of 1024 samples per rank. The workload mixes the samples of a
+# micro-batch (attention over them, then BatchNorm): it costs the square of the micro-batch,
+# so micro-batch 256 (x4) is the faster, and it trains differently from its reference, 1024.
+MIXING_SPACE = """\
+precision: [fp32]
+zero_stage: [0]
+offload_optimizer: [none]
+offload_param: [none]
+micro_batch_size: [256, 1024]
+gradient_accumulation_steps: [1, 4]
+activation_checkpointing: [false]
+"""
+
+
+def test_verify_strict_exports_the_runner_up_when_the_winner_differs(tmp_path: Path) -> None:
+    (tmp_path / "space.yaml").write_text(MIXING_SPACE)
+    workload = f"{ASSETS / 'batch_mixing_workload.py'}:make"
+    result = run_cli(
+        "run", "--workload", workload, "--gpus", "2", "--space", "space.yaml", "--budget", "5m",
+        "--no-confirm", "--warmup-steps", "1", "--timed-steps", "3", "--max-timed-steps", "3",
+        "--no-early-stop", "--quiet", "--verify-strict", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    # the faster split is checked first, differs and is set aside; its runner-up, the
+    # reference's own configuration, trains the same and is exported
+    split = re.search(r"verifying trial (\d) \(z0 fp32 mb256x4\) against z0 fp32 mb1024x1", out)
+    whole = re.search(r"verifying trial (\d) \(z0 fp32 mb1024x1\) against z0 fp32 mb1024x1", out)
+    assert split and whole and split.start() < whole.start(), out
+    differs = f"loss check of trial {split[1]}: differs: step 0, loss "
+    assert differs in out and "likely cause: micro-batch-dependent statistics" in out
+    assert "set aside (--verify-strict): the next best is checked" in out
+    assert f"loss check of trial {whole[1]}: trains the same" in out
+    assert f"best: trial {whole[1]} z0 fp32 mb1024x1" in out
+    summary = (tmp_path / "trials" / "batch-mixing" / "best" / "summary.md").read_text()
+    assert "# autotune: z0 fp32 mb1024x1" in summary
+    aside = f"- Set aside by its loss check (`--verify-strict`): trial {split[1]} (z0 fp32 mb256x4)"
+    assert aside in summary
+    status = run_cli("status", cwd=tmp_path).stdout
+    assert "(set aside by --verify-strict: never the best)" in status
