@@ -1,7 +1,9 @@
-"""``autotune verify`` end to end on real DeepSpeed CPU ranks: a study of gpt-tiny whose
-winner is bf16, its loss check against the fp32 ZeRO-0 reference, and the verdict as
-status, ``--json`` and summary.md show it; a model with BatchNorm whose winner splits the
-batch finer than its reference differs, by its batch statistics."""
+"""``autotune verify`` and ``autotune run --verify`` / ``--verify-strict`` end to end on real
+DeepSpeed CPU ranks: a study of gpt-tiny whose winner is bf16, its loss check against the
+fp32 ZeRO-0 reference, and the verdict as status, ``--json`` and summary.md show it; a model
+with BatchNorm whose winner splits the batch finer than its reference differs, by its batch
+statistics; and a strict run sets a faster winner that differs aside and exports the
+runner-up."""
 
 from __future__ import annotations
 
