@@ -201,6 +201,7 @@ class SearchStopped(Event):
     spent_s: float = 0.0
     total_s: float = 0.0
     reserve_s: float = 0.0
+    verify_s: float = 0.0  # the part of reserve_s held for the loss check (--verify)
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,8 @@ class ConfirmationStarted(Event):
 @dataclass(frozen=True)
 class BudgetUpdated(Event):
     """The study's clock after each result: what is spent, what the search holds back for
-    the confirmation round (``reserve_s``) and for the run's finish (``finish_s``: closing
+    the confirmation round and the loss check (``reserve_s``, of which ``verify_s`` is the
+    loss check's) and for the run's finish (``finish_s``: closing
     workers, deciding, exporting), and what it expects the next probe to take."""
 
     spent_s: float
@@ -219,6 +221,7 @@ class BudgetUpdated(Event):
     reserve_s: float
     probe_estimate_s: float
     finish_s: float = 0.0
+    verify_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,42 @@ class ConfirmationDone(Event):
     rounds: int
     seconds: float
     verdict: str
+
+
+@dataclass(frozen=True)
+class VerificationStarted(Event):
+    """The loss check of ``trial`` starts: its reference and why, and the runs' length."""
+
+    trial: int
+    label: str
+    reference_label: str
+    reason: str
+    steps: int
+    runs: int  # loss-parity runs launched (the reference twice, and the trial)
+
+
+@dataclass(frozen=True)
+class VerificationRunDone(Event):
+    """One loss-parity run of the check ended (``role``: reference, reference repeat,
+    winner)."""
+
+    role: str
+    label: str
+    status: str
+    error: str
+    wall_s: float
+
+
+@dataclass(frozen=True)
+class VerificationDone(Event):
+    """The check's verdict in words (see :mod:`autotune.study.loss_parity`)."""
+
+    trial: int
+    verdict: str
+    max_relative_difference: float
+    tolerance: float
+    seconds: float
+    set_aside: bool = False  # --verify-strict: it differs, the next best is checked
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,72 @@ class ModelInfo(BaseModel):
         )
 
 
+class ParityRun(BaseModel):
+    """A loss-parity run instead of a timed probe (``autotune verify``): train the
+    candidate's engine from a fixed seed for a fixed number of optimizer steps and record
+    each step's loss, as :class:`LossTrace`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(gt=0, description="Optimizer steps to train and record.")
+    seed: int = Field(
+        default=0,
+        description="Seed of python's random, numpy and torch, and of the fp32 weights every "
+        "run of a verification starts from.",
+    )
+    inject_nan_at_step: int | None = Field(
+        default=None,
+        description="Tests only: multiply this step's loss by NaN on every rank (a stand-in "
+        "for an overflow), to check that the comparison finds it.",
+    )
+
+
+class LossTrace(BaseModel):
+    """What a loss-parity run recorded: each optimizer step's loss, gradient norm and
+    skip, and the weights it started from. NaN and inf are kept as computed (JSON
+    ``NaN``/``Infinity``)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+    losses: list[float] = Field(
+        description="Each optimizer step's loss: the mean over the global batch, i.e. over "
+        "every micro-batch of every rank, the average whose gradient DeepSpeed steps with "
+        "(backward divides by the accumulation steps, the all-reduce by the ranks)."
+    )
+    grad_norms: list[float | None] = Field(
+        description="engine.get_global_grad_norm() after each step where DeepSpeed reports "
+        "it (its ZeRO and 16-bit optimizers), None where it does not (fp32 at ZeRO-0)."
+    )
+    skipped: list[bool] = Field(
+        description="Each step: the fp16 loss scaler skipped it (overflow) on some rank."
+    )
+    initial_weights_sha256: str = Field(
+        description="SHA-256 of the seeded fp32 weights the run started from (parameter "
+        "order): two runs with the same digest started from the same weights."
+    )
+    initial_weights_sq_sum: float = Field(
+        description="Sum of squares of those fp32 weights, in float64."
+    )
+    loaded_weights_sq_sum: float = Field(
+        description="The same sum over the weights as the candidate's model held them before "
+        "deepspeed.initialize (gathered at ZeRO-3): it differs from the source's only by the "
+        "rounding to the candidate's dtype, which the rank checks."
+    )
+    batch_statistics: bool = Field(
+        default=False,
+        description="The model has modules that normalise over the batch (BatchNorm): their "
+        "statistics depend on the micro-batch.",
+    )
+    gradient_clipping: float = Field(
+        default=0.0, description="The engine's gradient clipping threshold (0: none)."
+    )
+    dropout_modules: int = Field(
+        default=0,
+        description="Dropout modules switched off for the run (their masks are drawn per "
+        "micro-batch: noise of the same distribution, not a different training).",
+    )
+
+
 class ProbeSpec(BaseModel):
     """One probe: which workload (or script), which DeepSpeed config, how long, under which
     limit."""
@@ -138,6 +204,10 @@ class ProbeSpec(BaseModel):
     fault: Fault = Field(default="none", description="Injected fault, for tests only.")
     script: ScriptRun | None = Field(
         default=None, description="The user's script is the probe (workload names it)."
+    )
+    parity: ParityRun | None = Field(
+        default=None,
+        description="A loss-parity run (autotune verify) instead of warm-up and timed steps.",
     )
 
 
@@ -269,6 +339,9 @@ class RankReport(BaseModel):
         "the timed steps, the engine still alive (CUDA; 0 elsewhere): an offloading engine's "
         "page-locked buffers.",
     )
+    loss_trace: LossTrace | None = Field(
+        default=None, description="A loss-parity run: the losses it recorded (every rank's)."
+    )
 
 
 class ProbeResult(BaseModel):
@@ -344,6 +417,9 @@ class ProbeResult(BaseModel):
         description="The address of a node that left the Ray cluster while it ran one of this "
         "probe's ranks (status error): nothing was measured about the candidate, which may be "
         "probed again on other nodes. Empty otherwise.",
+    )
+    loss_trace: LossTrace | None = Field(
+        default=None, description="A loss-parity run (autotune verify): what it recorded."
     )
 
     @property

@@ -69,6 +69,8 @@ def aggregate(
     if missing or exit_code not in (0, None):
         error = _crash_error(exit_code, missing, errors, log_tail)
         return ProbeResult(status="error", error=error, **common)
+    if spec.parity is not None:  # the ranks agree on every value (all-reduced)
+        return ProbeResult(status="ok", loss_trace=reports[0].loss_trace, **common)
     return _measured(spec, reports, common)
 
 

@@ -102,6 +102,10 @@ Executor = Literal["ray", "local"]
 
 DEFAULT_BUDGET_S = 30 * 60.0  # what a new study gets without --budget
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
+# Optimizer steps of each loss-parity run of `autotune verify`: bf16's tolerance is still
+# under 10% at the tenth (autotune.study.loss_parity), and 10 steps of a tiny model take
+# seconds on CPU ranks.
+DEFAULT_VERIFY_STEPS = 10
 
 # Settings fields whose flag is spelled differently (the flag drops the unit suffix).
 _FLAG_OF_FIELD = {
@@ -213,6 +217,17 @@ class RunSettings(BaseModel):
     )
     early_stop: bool = Field(
         default=True, description="Stop a probe once it is clearly slower than the best so far."
+    )
+    verify: bool = Field(
+        default=False,
+        description="After the search and its confirmation round, check that the best trains "
+        "as its reference does (autotune verify), before the export; its time is held back "
+        "from the search.",
+    )
+    verify_strict: bool = Field(
+        default=False,
+        description="As verify; a best whose loss check differs is set aside and the next best "
+        "is checked instead (the best and up to two runners-up), before the export.",
     )
     shared: bool = Field(
         default=False,

@@ -22,6 +22,7 @@ COMMANDS = [
     ["script_memory_accuracy.py"],
     ["search_efficiency.py", "dump"],
     ["search_efficiency.py", "replay"],
+    ["verify_cost.py"],
     ["vs_deepspeed_autotuner.py"],
 ]
 

@@ -167,6 +167,17 @@ class RunFlags(BaseModel):
         default=not _default("confirm"),
         description="Skip the confirmation round (re-probing the top candidates, interleaved).",
     )
+    verify: bool = Field(
+        default=_default("verify"),
+        description="Before exporting, check that the best trains as its reference does "
+        "(your base config, else fp32 at ZeRO-0): autotune verify, its time held back from "
+        "the search.",
+    )
+    verify_strict: bool = Field(
+        default=_default("verify_strict"),
+        description="As --verify, and a best whose loss check differs is set aside: the next "
+        "best is checked (up to two runners-up) and exported; summary.md says which and why.",
+    )
     no_early_stop: bool = Field(
         default=not _default("early_stop"),
         description="Time every probe in full, even when clearly slower.",
@@ -333,6 +344,8 @@ class RunFlags(BaseModel):
             sampler=self.sampler,
             early_stop=not self.no_early_stop,
             confirm=not self.no_confirm,
+            verify=self.verify,
+            verify_strict=self.verify_strict,
             tf32=self.tf32,
             shared=self.shared,
         )

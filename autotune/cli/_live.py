@@ -69,6 +69,7 @@ class RunState:
     spent_s: float = 0.0
     spent_at: float | None = None  # when spent_s was true; None while the clock is stopped
     reserve_s: float = 0.0
+    verify_s: float = 0.0  # of reserve_s, what is held for the loss check
     probe_estimate_s: float = 0.0
     finish_s: float = 0.0
     done: int = 0
@@ -119,6 +120,7 @@ class RunState:
     def _(self, event: events.BudgetUpdated) -> None:
         self.total_s = event.total_s
         self.reserve_s = event.reserve_s
+        self.verify_s = event.verify_s
         self.probe_estimate_s = event.probe_estimate_s
         self.finish_s = event.finish_s
         self.spent_s = event.spent_s
@@ -191,6 +193,14 @@ class RunState:
             self.best = Leader(first.trial, first.label, first.estimate, first.half_width, basis)
 
     @apply.register
+    def _(self, event: events.VerificationStarted) -> None:
+        self.phase = f"checking the loss of trial {event.trial}"
+
+    @apply.register
+    def _(self, event: events.VerificationDone) -> None:
+        self.phase = f"loss check: {event.verdict}"
+
+    @apply.register
     def _(self, event: events.RunFinished) -> None:
         self.spent_s = self.spent_now_s
         self.spent_at = None
@@ -255,7 +265,8 @@ def _budget(state: RunState) -> RenderableType:
         held = [
             f"{format_duration(seconds)} kept for {what}"
             for seconds, what in (
-                (state.reserve_s, "the confirmation round"),
+                (state.reserve_s - state.verify_s, "the confirmation round"),
+                (state.verify_s, "the loss check"),
                 (state.finish_s, "the finish"),
             )
             if seconds >= 1

@@ -180,9 +180,17 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
     if event.kind == "budget":
         used = f"{format_duration(event.spent_s)} of the study's {format_duration(event.total_s)}"
         if event.reserve_s >= 1:
+            kept = [
+                what
+                for seconds, what in (
+                    (event.reserve_s - event.verify_s, "the confirmation round"),
+                    (event.verify_s, "the loss check"),
+                )
+                if seconds >= 1
+            ]
             used = (
-                f"search {used}, the last {format_duration(event.reserve_s)} kept for the "
-                "confirmation round"
+                f"search {used}, the last {format_duration(event.reserve_s)} kept for "
+                + " and ".join(kept or ["the confirmation round"])
             )
         text = f"budget spent ({used})"
         if continue_command:
@@ -207,3 +215,33 @@ def _(event: events.ConfirmationStarted) -> str:
 @line.register
 def _(event: events.ConfirmationDone) -> str:
     return f"confirmation ({event.rounds} round(s), {event.seconds:.0f} s): {event.verdict}"
+
+
+@line.register
+def _(event: events.VerificationStarted) -> str:
+    return (
+        f"verifying trial {event.trial} ({event.label}) against {event.reference_label}: "
+        f"{event.reason}; {event.runs} run(s) of {event.steps} step(s) from one seed"
+    )
+
+
+@line.register
+def _(event: events.VerificationRunDone) -> str:
+    text = f"  {event.role} {event.label}: {event.status} in {event.wall_s:.0f} s"
+    return text + (f" ({event.error})" if event.error else "")
+
+
+@line.register
+def _(event: events.VerificationDone) -> str:
+    return (
+        f"loss check of trial {event.trial}: {event.verdict} (largest difference "
+        f"{relative_text(event.max_relative_difference)} against a tolerance of "
+        f"{relative_text(event.tolerance)} there; {event.seconds:.0f} s)"
+        + ("; set aside (--verify-strict): the next best is checked" if event.set_aside else "")
+    )
+
+
+def relative_text(value: float) -> str:
+    """A relative difference as a percentage with two significant digits ("inf" for a
+    loss that is not finite)."""
+    return f"{100 * value:.2g}%" if value != float("inf") else "inf"

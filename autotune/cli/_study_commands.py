@@ -1,10 +1,11 @@
 """The commands that look at a study or a space: ``status``, ``space``, ``plan``,
-``export``, ``dashboard``, ``report``; and what ``run`` writes for people after a run.
+``export``, ``verify``, ``dashboard``, ``report``; and what ``run`` writes for people after a
+run.
 
-Each of ``status``, ``space``, ``plan`` and ``export`` prints text by default and one JSON
-document with ``--json`` (:mod:`autotune.views._json_documents`). :mod:`autotune.cli` registers
-these
-functions as its commands; heavy libraries are imported inside them.
+Each of ``status``, ``space``, ``plan``, ``export`` and ``verify`` prints text by default
+and one JSON document with ``--json`` (:mod:`autotune.views._json_documents`).
+:mod:`autotune.cli` registers these functions as its commands; heavy libraries are imported
+inside them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from autotune.cli._flags import parse_global_batch
 from autotune.errors import AutotuneError
-from autotune.settings import DEFAULT_STORAGE, parse_size
+from autotune.settings import DEFAULT_STORAGE, DEFAULT_VERIFY_STEPS, parse_size
 
 if TYPE_CHECKING:
     from autotune.study import Best
@@ -202,9 +203,43 @@ def status(
         _print_json(document)
         return
     loaded = load_existing_study(storage, study)
-    from autotune.views import trials_table
+    from autotune.views import trials_table, verification_lines
 
     console.print(trials_table(loaded))
+    for text in verification_lines(loaded):
+        console.print(text)
+
+
+def verify(
+    study: StudyOption = None,
+    trial: Annotated[
+        int | None, typer.Option(help="Trial number (default: the best feasible).")
+    ] = None,
+    steps: Annotated[
+        int, typer.Option(min=1, help="Optimizer steps each run trains.")
+    ] = DEFAULT_VERIFY_STEPS,
+    storage: StorageOption = DEFAULT_STORAGE,
+    as_json: JsonOption = False,
+) -> None:
+    """Train the best (or a chosen) trial and its reference (your base config, else fp32
+    at ZeRO-0) from one seed on one global batch, compare their losses step by step, and
+    keep the verdict in the study."""
+    from autotune.cli._render import line
+    from autotune.run.verify import verify as check
+    from autotune.study import load_existing_study
+
+    def show(event: object) -> None:
+        text = line(event)  # type: ignore[arg-type]
+        if text is not None:
+            console.print(text)
+
+    with _stdout_to_stderr(as_json):
+        loaded = load_existing_study(storage, study)
+        checked = check(loaded, trial=trial, steps=steps, emit=show)
+    if as_json:
+        from autotune.views import verification_document
+
+        _print_json(verification_document(loaded.study_name, checked))
 
 
 def dashboard(
@@ -257,6 +292,7 @@ COMMANDS = {
     "plan": plan,
     "export": export,
     "status": status,
+    "verify": verify,
     "dashboard": dashboard,
     "report": report,
 }

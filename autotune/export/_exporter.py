@@ -67,9 +67,10 @@ def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Be
     """The trial to export (the best by :func:`autotune.study.best.decide_best` unless ``number``
     names one) and the best, which the summary describes."""
     from autotune.study import confirmation as confirm
+    from autotune.study import verification as checks
 
     trials = records.views(study)
-    decided = best.decide_best(trials, confirm.load(study))
+    decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
     if number is None:
         if decided is None:
             raise ExportError(

@@ -2,14 +2,16 @@
 
 Both are rendered from the trial records and the one decision of the best
 (:mod:`autotune.study.best`): the chosen configuration, why (the confirmed estimate when the
-confirmation round decided it), the runners-up in the same ranking, what the search did, and
-what the user must do in their own code. Text from the storage (study names, labels) is
+confirmation round decided it), the trials the loss check set aside, the runners-up in the
+same ranking, the loss check, what the search did, and what the user must do in their own
+code. Text from the storage (study names, labels) is
 quoted or escaped before it reaches the shell script.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from autotune.export._numerics import numerics_actions
@@ -170,12 +172,16 @@ def _setting_rows(candidate: Candidate) -> list[str]:
 
 
 def standings(
-    trials: list[TrialView], verdict: Confirmation | None, decided: Best | None
+    trials: list[TrialView],
+    verdict: Confirmation | None,
+    decided: Best | None,
+    set_aside: Collection[int] = (),
 ) -> list[tuple[TrialView, float, str]]:
     """Every feasible trial once, best first, each with the estimate it is ranked by: the
     confirmed contenders in the verdict's order, each by the median of its probes, then the
-    rest by their single measurement; the decided best leads."""
-    ranked = records.ranked_feasible(trials)
+    rest by their single measurement; the decided best leads. A trial ``set_aside`` by its
+    loss check (``run --verify-strict``) is not among them."""
+    ranked = [t for t in records.ranked_feasible(trials) if t.number not in set_aside]
     by_number = {t.number: t for t in ranked}
     rows: list[tuple[TrialView, float, str]] = []
     confirmed = decided is not None and decided.confirmed and verdict is not None
@@ -240,13 +246,15 @@ def render_summary(
 ) -> str:
     from autotune.study import confirmation as confirm
     from autotune.study import screened_keys
+    from autotune.study import verification as checks
 
     candidate = trial.candidate
     record = trial.record
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    rows = standings(trials, verdict, decided)
+    aside = checks.set_aside(study)
+    rows = standings(trials, verdict, decided, aside)
     limit = config.vram_limit_bytes
     memory_kind = "device memory" if config.accelerator == "cuda" else "tracked tensor memory"
     lines = [
@@ -263,6 +271,7 @@ def render_summary(
         "## Why",
         "",
         *_why(trial, decided, len(rows), verdict),
+        *_set_aside_lines(study, trials, aside),
         f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
@@ -271,6 +280,7 @@ def render_summary(
     lines.append(f"- {runner_up_distance(rows, verdict)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
+    lines += ["", *_loss_check_lines(study, trial.number)]
     others = [row for row in rows if row[0].number != trial.number]
     if others:
         lines += ["", *_runner_up_lines(rows[0][1], others)]
@@ -283,6 +293,66 @@ def render_summary(
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]
     lines += ["", "## Files", "", *_file_lines(config), ""]
     return "\n".join(lines)
+
+
+def _set_aside_lines(
+    study: optuna.Study, trials: list[TrialView], aside: Collection[int]
+) -> list[str]:
+    """A line per trial ``run --verify-strict`` set aside: what it measured and why."""
+    from autotune.study import verification as checks
+
+    lines = []
+    for number in sorted(aside):
+        check = checks.load(study, number)
+        if check is None or not trials[number].feasible:
+            continue
+        lines.append(
+            f"- Set aside by its loss check (`--verify-strict`): trial {number} "
+            f"({check.label}), {float(trials[number].value or 0.0):.1f} samples/s in its "
+            f"search probe, {check.verdict.text}."
+        )
+    return lines
+
+
+def _loss_check_lines(study: optuna.Study, number: int) -> list[str]:
+    """The trial's loss check against its reference (``autotune verify``), step by step."""
+    from autotune.study import verification as checks
+
+    check = checks.load(study, number)
+    lines = ["## Loss check", ""]
+    if check is None:
+        return [
+            *lines,
+            f"Not run. `autotune verify --study {_printable(study.study_name)} --trial "
+            f"{number}` trains this configuration and a reference (your base config, else "
+            "fp32 at ZeRO-0) from one seed on one global batch and compares their losses "
+            "step by step.",
+        ]
+    verdict = check.verdict
+    lines.append(
+        f"This configuration and its reference, {check.reference_label} "
+        f"({check.reference_reason}), trained from seed {check.seed} on one global batch for "
+        f"{check.steps} optimizer step(s): **{verdict.text}**."
+    )
+    by_role = {run.role: run for run in check.runs}
+    reference, winner = by_role.get("reference"), by_role.get("winner")
+    if reference is None or winner is None or reference.trace is None or winner.trace is None:
+        return lines
+    lines += [
+        "",
+        f"Tolerance: 8·u·√(step+1) of the coarser precision ({verdict.precision}, u its unit "
+        "roundoff), each step's loss the mean over the global batch.",
+        "",
+        "| step | reference loss | this configuration's loss | relative difference |",
+        "| --- | --- | --- | --- |",
+    ]
+    from autotune.study.loss_parity import relative_difference
+
+    pairs = zip(reference.trace.losses, winner.trace.losses, strict=False)
+    for step, (ref, won) in enumerate(pairs):
+        difference = relative_difference(won, ref)
+        lines.append(f"| {step} | {ref:.6g} | {won:.6g} | {100 * difference:.2g}% |")
+    return lines
 
 
 def _file_lines(config: StudyConfig) -> list[str]:

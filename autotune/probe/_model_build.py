@@ -1,4 +1,5 @@
-"""How a probe rank builds the workload's model: as production builds it for the candidate.
+"""How a probe rank builds the workload's model, as production builds it for the candidate,
+and its batches, in the engine's dtype.
 
 Where the backend builds it sharded (DeepSpeed's ZeRO-3, under ``deepspeed.zero.Init``) each
 parameter is partitioned (and cast to the config's dtype) as its module is constructed, so
@@ -72,6 +73,30 @@ def _build_info(model: Any, zero_init: bool) -> BuildInfo:
         param_bytes=sum(storages.values()),
         model_param_count=sum(int(p.ds_numel if partitioned else p.numel()) for p in params),
     )
+
+
+def make_batch(workload: Any, micro_batch_size: int, device: Any, precision: str) -> Any:
+    """The workload's batch with its inputs in the engine's dtype: a ``make_batch`` that
+    takes ``dtype`` is told it (and decides); another has its floating-point tensors cast
+    (an fp32 input to a bf16 model fails: "mat1 and mat2 must have the same dtype")."""
+    import inspect
+
+    dtype = _target_dtype(precision)
+    if "dtype" in inspect.signature(workload.make_batch).parameters:
+        return workload.make_batch(micro_batch_size, device, dtype=dtype)
+    return _cast_floating(workload.make_batch(micro_batch_size, device), dtype)
+
+
+def _cast_floating(batch: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return {key: _cast_floating(value, dtype) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_cast_floating(value, dtype) for value in batch)
+    return batch
 
 
 @contextlib.contextmanager

@@ -84,6 +84,21 @@ def quiet_libraries() -> None:
         ds_logger.setLevel(logging.WARNING)
 
 
+def start_candidate(spec: ProbeSpec, report: RankReport, device: Any) -> None:
+    """What every candidate of a built-in rank starts with: quiet libraries, the process
+    group, its numeric settings, and the versions and threads its report states."""
+    import torch
+
+    from autotune.backends import DEFAULT_BACKEND, get_backend
+
+    quiet_libraries()
+    get_backend(DEFAULT_BACKEND).start_process_group()
+    # Explicit for every candidate: production's setting, never the previous candidate's.
+    torch.set_float32_matmul_precision(spec.float32_matmul_precision)
+    report.versions = versions(device)
+    report.threads = torch.get_num_threads()
+
+
 def device_of(spec: ProbeSpec) -> Any:
     import torch
 

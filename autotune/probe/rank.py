@@ -36,17 +36,17 @@ from typing import Any
 from autotune.probe import _cuda_memory as cuda_memory
 from autotune.probe import _engine_state as engine_state
 from autotune.probe import _rank_memory as rank_memory
-from autotune.probe._model_build import _target_dtype, build_model
+from autotune.probe._model_build import build_model, make_batch
+from autotune.probe._parity import run_parity
 from autotune.probe._rank_memory import classify_failure, dismantle, leak_tolerance_bytes
 from autotune.probe._rank_process import (
     device_of,
     leave_now,
     leave_process_group,
-    quiet_libraries,
     record_host_memory,
     record_peaks,
+    start_candidate,
     start_host_peak,
-    versions,
     write_report,
 )
 from autotune.probe._timed_steps import PROGRESS_FILE, reporting, time_steps, timed_step, warm_up
@@ -88,6 +88,9 @@ def run_rank(
     caller's collection frees it."""
     from autotune.backends import DEFAULT_BACKEND, get_backend
 
+    if spec.parity is not None:
+        run_parity(spec, report, device)
+        return
     backend = get_backend(DEFAULT_BACKEND)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -142,30 +145,6 @@ def _record_engine_state(report: RankReport, engine: Any) -> None:
     report.offloaded_pinned_bytes, report.offloaded_pageable_bytes = pinned, pageable
 
 
-def make_batch(workload: Any, micro_batch_size: int, device: Any, precision: str) -> Any:
-    """The workload's batch with its inputs in the engine's dtype: a ``make_batch`` that
-    takes ``dtype`` is told it (and decides); another has its floating-point tensors cast
-    (an fp32 input to a bf16 model fails: "mat1 and mat2 must have the same dtype")."""
-    import inspect
-
-    dtype = _target_dtype(precision)
-    if "dtype" in inspect.signature(workload.make_batch).parameters:
-        return workload.make_batch(micro_batch_size, device, dtype=dtype)
-    return _cast_floating(workload.make_batch(micro_batch_size, device), dtype)
-
-
-def _cast_floating(batch: Any, dtype: Any) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() else batch
-    if isinstance(batch, dict):
-        return {key: _cast_floating(value, dtype) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_cast_floating(value, dtype) for value in batch)
-    return batch
-
-
 def _set_up(
     spec: ProbeSpec, report: RankReport, device: Any
 ) -> tuple[Any, cuda_memory.CudaMemoryLimit | None]:
@@ -174,14 +153,7 @@ def _set_up(
     outside the allocator measured at the start)."""
     import torch
 
-    from autotune.backends import DEFAULT_BACKEND, get_backend
-
-    quiet_libraries()
-    get_backend(DEFAULT_BACKEND).start_process_group()
-    # Explicit for every candidate: production's setting, never the previous candidate's.
-    torch.set_float32_matmul_precision(spec.float32_matmul_precision)
-    report.versions = versions(device)
-    report.threads = torch.get_num_threads()
+    start_candidate(spec, report, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         cuda = cuda_memory.CudaMemoryLimit(spec, device)

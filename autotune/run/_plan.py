@@ -147,6 +147,17 @@ def _check_batch_flags(settings: RunSettings) -> None:
             "--global-batch auto needs --max-global-batch N, the largest global batch "
             "your training may use"
         )
+    flag = "--verify-strict" if settings.verify_strict else "--verify" if settings.verify else ""
+    if flag and settings.script is not None:
+        raise SettingsError(
+            f"{flag}: the loss check runs built-in and file workloads only for now, not a "
+            f"--script; leave {flag} out"
+        )
+    if flag and settings.ray_address is not None:
+        raise SettingsError(
+            f"{flag}: the loss check runs on this machine, not on the Ray cluster; leave "
+            f"{flag} out and run autotune verify on a node with the devices"
+        )
 
 
 def _run_hardware(settings: RunSettings, hardware: Hardware | None) -> Hardware:
@@ -367,19 +378,28 @@ def derived_probe_timeout_s(
     fp16: bool = False,
 ) -> float:
     """The default ``--probe-timeout``: start-up plus every probe step at a pessimistic
-    rate, times 4 for offload and recomputation. Training costs ~6 FLOPs per parameter and
-    token (Kaplan et al. 2020, "Scaling Laws for Neural Language Models", sec. 2.1)."""
-    from autotune.memory import model_facts
-
-    params = model_facts(workload, 0).params
-    flops_per_rank_step = 6 * params * workload.tokens_per_sample * global_batch / ranks
-    rate = _RATE_FLOP_S[hardware.accelerator]
-    if hardware.accelerator == "cpu":
-        rate *= hardware.threads_per_rank(ranks)
+    rate (:func:`steps_timeout_s`)."""
     steps = settings.warmup_steps + settings.timed_steps
     if fp16:  # steps the loss scaler skips are run again, in warm-up and in timing
         from autotune.timing import MAX_SKIPPED_STEPS
 
         steps += 2 * MAX_SKIPPED_STEPS
+    threads = hardware.threads_per_rank(ranks) if hardware.accelerator == "cpu" else 1
+    return steps_timeout_s(workload, hardware.accelerator, threads, global_batch, ranks, steps)
+
+
+def steps_timeout_s(
+    workload: Workload, accelerator: str, threads: int, global_batch: int, ranks: int, steps: int
+) -> float:
+    """Start-up plus ``steps`` optimizer steps at a pessimistic rate, times 4 for offload
+    and recomputation. Training costs ~6 FLOPs per parameter and token (Kaplan et al. 2020,
+    "Scaling Laws for Neural Language Models", sec. 2.1)."""
+    from autotune.memory import model_facts
+
+    params = model_facts(workload, 0).params
+    flops_per_rank_step = 6 * params * workload.tokens_per_sample * global_batch / ranks
+    rate = _RATE_FLOP_S[accelerator]
+    if accelerator == "cpu":
+        rate *= threads
     build_s = params / 1e8  # random init of the weights, ~1 s per 100M parameters
     return round(PROBE_START_S + build_s + 4 * steps * flops_per_rank_step / rate)

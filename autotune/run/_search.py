@@ -11,8 +11,9 @@ told to Optuna as soon as it arrives, so the sampler always sees the freshest da
   sampler, and three steps under a passing load can stop the stage's best far below its
   rate. Later probes stop early once clearly slower than the best so far less
   :data:`EARLY_STOP_MARGIN` (never under ``--sampler grid``).
-- The search stops when what is left of the budget, less the confirmation round's reserve
-  (:class:`~autotune.run.budget.ReservePolicy`), no longer holds the next probe's estimate.
+- The search stops when what is left of the budget, less the reserve of the confirmation
+  round and of the loss check (``--verify``; :class:`~autotune.run.budget.ReservePolicy`),
+  no longer holds the next probe's estimate.
 - With ``--shared`` other drivers work on the study too: before probing, a trial claims its
   candidate (:meth:`Search._claim`), so none is probed twice.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune import events
-from autotune.run.budget import probe_estimate_s
+from autotune.run.budget import longest_probe_s, probe_estimate_s, slowest_step_s
 from autotune.study import (
     TrialRecord,
     TrialView,
@@ -32,6 +33,7 @@ from autotune.study import (
     ranked_feasible,
     records,
     retryable,
+    verification,
 )
 from autotune.study import confirmation as confirm
 
@@ -92,6 +94,10 @@ class Search:
         self._rng = random.Random(plan.settings.seed)
         self.estimate_s = 0.0
         self.reserve_s = 0.0
+        self.verify_s = 0.0  # the part of reserve_s held for the loss check
+        self._checked_s = max(  # the study's loss checks so far (run --verify's reserve)
+            (check.seconds for check in verification.load_all(self.study).values()), default=0.0
+        )
 
     def load(self, trials: list[TrialView]) -> None:
         """Take what the study measured before this run (the screen learns it elsewhere).
@@ -272,7 +278,13 @@ class Search:
         self.estimate_s = probe_estimate_s(trials)
         ranked = ranked_feasible(trials)
         covered = self.policy is None or self.policy.covered(History.of(trials))
-        self.reserve_s = self.reserve.reserve_s(
+        self.verify_s = self.reserve.verify_reserve_s(
+            feasible=len(ranked),
+            launch_s=longest_probe_s(trials),
+            step_s=slowest_step_s(trials),
+            checked_s=self._checked_s,
+        )
+        self.reserve_s = self.verify_s + self.reserve.reserve_s(
             feasible=len(ranked),
             stages_covered=covered,
             contenders=len(confirm.contenders(ranked)),
@@ -287,6 +299,7 @@ class Search:
                 self.reserve_s,
                 self.estimate_s,
                 finish_s=self.clock.finish_s,
+                verify_s=self.verify_s,
             )
         )
 
@@ -310,6 +323,7 @@ class Search:
                 spent_s=self.clock.spent_s,
                 total_s=self.clock.total_s,
                 reserve_s=min(self.reserve_s, max(left_s, 0.0)),
+                verify_s=min(self.verify_s, max(left_s, 0.0)),
             )
         if not self._unseen():
             return events.SearchStopped("exhausted")

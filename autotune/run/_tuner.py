@@ -31,6 +31,7 @@ from autotune import events
 from autotune.errors import ExecutorError
 from autotune.memory import Limits, MemoryScreen
 from autotune.run.budget import BudgetClock, ReservePolicy, probe_estimate_s, read_budget
+from autotune.settings import DEFAULT_VERIFY_STEPS
 from autotune.study import best, records
 
 if TYPE_CHECKING:
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
     from autotune.run._search import Search
     from autotune.run.sampler import CandidatePolicy
     from autotune.study import Best, Confirmation, TrialRecord, TrialView
+    from autotune.study.verification import Verification
+
+
+# Loss checks of --verify-strict at most: the best and up to two runners-up.
+STRICT_CHECKS = 3
 
 
 @dataclass
@@ -61,6 +67,7 @@ class RunSummary:
     best_record: TrialRecord | None = None
     export_dir: str | None = None
     confirmation: Confirmation | None = None  # the round's verdict, None without a round
+    verification: Verification | None = None  # the best's loss check (--verify)
     interrupted: list[int] = field(default_factory=list)
 
 
@@ -124,7 +131,10 @@ class Tuner:
             base_config=plan.config.base_config,
             use_model=settings.prune,
         )
-        self.reserve = ReservePolicy(enabled=settings.confirm)
+        checks = settings.verify or settings.verify_strict
+        self.reserve = ReservePolicy(
+            enabled=settings.confirm, verify_steps=DEFAULT_VERIFY_STEPS if checks else 0
+        )
 
     def run(self) -> RunSummary:
         from autotune.run._driver_session import DriverSession
@@ -253,8 +263,40 @@ class Tuner:
             summary.pruned = search.counts.pruned
             summary.duplicates = search.counts.duplicates
         self._record_interrupted(session, stopped, summary)
+        settings = self.plan.settings
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
+        elif (settings.verify or settings.verify_strict) and summary.stop.kind != "lock_lost":
+            summary.verification = self._verify(session)
+            search.clock.probing_done()  # the check was held back from the search, not the finish
+
+    def _verify(self, session: DriverSession) -> Verification | None:
+        """The loss check of the best (``--verify``), after the search's workers are closed
+        and before the export, whose summary.md shows it. With ``--verify-strict`` a best
+        whose check differs is set aside and the next best is checked, up to
+        :data:`STRICT_CHECKS` checks (the last best checked may then differ too, and the one
+        after it is exported unchecked: summary.md names every trial set aside)."""
+        from autotune.run.verify import verify
+        from autotune.study import confirmation as confirm
+        from autotune.study import verification as checks
+
+        study, strict = session.study, self.plan.settings.verify_strict
+        check = None
+        for _ in range(STRICT_CHECKS if strict else 1):
+            trials = records.views(study)
+            decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
+            if decided is None or session.stopping:
+                break
+            check = verify(
+                study,
+                trial=decided.trial,
+                steps=DEFAULT_VERIFY_STEPS,
+                emit=self.emit,
+                strict=strict,
+            )
+            if not check.set_aside:
+                break
+        return check
 
     @staticmethod
     def _record_interrupted(
@@ -271,9 +313,10 @@ class Tuner:
         """Decide the best (one rule for every output), store it, export it."""
         from autotune.export import export
         from autotune.study import confirmation as confirm
+        from autotune.study import verification as checks
 
         trials = records.views(study)
-        summary.best = best.decide_best(trials, confirm.load(study))
+        summary.best = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
         best.store(study, summary.best)
         if summary.best is None:
             return

@@ -10,7 +10,8 @@ tuner's own rules (counting probes instead of seconds) instead of a copy of them
 - :func:`probe_estimate_s`: the median wall time of the study's probes; a probe that paid
   its process group's start (a cold launch, or a warm worker's first probe) is left out
   once a warm one exists, or one cold start makes the next probe look too long to fit.
-- :class:`ReservePolicy`: when the round's time is held back, and how much.
+- :class:`ReservePolicy`: when the round's time is held back, and how much; and the loss
+  check's (``run --verify``).
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ class ReservePolicy:
 
     enabled: bool = True
     fallback_probe_s: float = 20.0
+    verify_steps: int = 0  # optimizer steps of each run of the loss check; 0: no check
 
     def reserve_s(
         self,
@@ -191,3 +193,33 @@ class ReservePolicy:
             return 0.0
         per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
         return confirm.reserve_s(per_probe_s, contenders, budget_s)
+
+    def verify_reserve_s(
+        self, *, feasible: int, launch_s: float, step_s: float, checked_s: float = 0.0
+    ) -> float:
+        """The loss check's time (``run --verify``), once there is a best to check: one
+        launch (``launch_s``, the longest probe so far: the check's launch is cold) and
+        :data:`VERIFY_RUNS` runs of its steps at ``step_s``, the slowest feasible
+        configuration's step (the reference may be a configuration the search never
+        measured); at least what a check of the study took before (``checked_s``), which
+        also holds the check's own set-up (the reference's memory prediction, the ops)."""
+        if not self.verify_steps or feasible < 1:
+            return 0.0
+        estimate_s = (launch_s or self.fallback_probe_s) + VERIFY_RUNS * self.verify_steps * step_s
+        return max(estimate_s, checked_s)
+
+
+# Runs of a loss check: the reference twice and the trial (autotune.run.verify).
+VERIFY_RUNS = 3
+
+
+def slowest_step_s(trials: Iterable[TrialView]) -> float:
+    """The longest median step time of the feasible trials (0 when there is none)."""
+    return max((t.record.step_time_s for t in trials if t.feasible), default=0.0)
+
+
+def longest_probe_s(trials: Iterable[TrialView]) -> float:
+    """The longest wall time of the study's probes (0 when there is none)."""
+    return max(
+        (t.record.probe_wall_s for t in trials if t.record.probe_wall_s is not None), default=0.0
+    )

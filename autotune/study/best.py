@@ -8,6 +8,7 @@ confirmation round's winner when there is one, else the fastest feasible trial.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,17 +37,35 @@ class Best(BaseModel):
     reason: str = Field(description="One line: why this trial.")
 
 
-def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best | None:
+def decide_best(
+    trials: list[TrialView],
+    verdict: Confirmation | None,
+    set_aside: Collection[int] = (),
+) -> Best | None:
     """The confirmation round's winner when there is one; else the fastest feasible trial.
 
     A trial measured after the round was decided that beats the winner's confirmed estimate
     outright (above its 95% interval) takes its place: a continued study's search found
     something faster, and the next round will confirm it. A single probe the round ranked
     below the winner never does, however fast it once measured. A winner that is not feasible
-    now leaves its place to the next contender in the round's order that is."""
-    ranked = ranked_feasible(trials)
+    now leaves its place to the next contender in the round's order that is. A trial
+    ``set_aside`` (``run --verify-strict``: its loss check differs,
+    :func:`autotune.study.verification.set_aside`) is never the best."""
+    aside = frozenset(set_aside)
+    every = ranked_feasible(trials)
+    ranked = [t for t in every if t.number not in aside]
     if not ranked:
         return None
+    decided = _decided(ranked, verdict, aside)
+    passed = [n for n in sorted(aside) if n in {t.number for t in every}]
+    if passed:
+        numbers = ", ".join(str(n) for n in passed)
+        decided.reason += f"; set aside by the loss check (it differs): trial(s) {numbers}"
+    return decided
+
+
+def _decided(ranked: list[TrialView], verdict: Confirmation | None, aside: frozenset[int]) -> Best:
+    """:func:`decide_best` over the trials left (``ranked``, none set aside)."""
     fastest = f"fastest of {len(ranked)} feasible configuration(s) measured"
     if verdict is None or verdict.winner is None or not verdict.contenders:
         return _unconfirmed(ranked[0], fastest)
@@ -69,7 +88,9 @@ def decide_best(trials: list[TrialView], verdict: Confirmation | None) -> Best |
         f"confirmed on the median of its search probe and {reprobes} interleaved re-probe(s), "
         f"among {len(verdict.contenders)} contenders"
     )
-    if leader.trial != verdict.winner:
+    if leader.trial != verdict.winner and verdict.winner in aside:
+        reason += f"; the round's winner, trial {verdict.winner}, trains differently"
+    elif leader.trial != verdict.winner:
         reason += f"; the round's winner, trial {verdict.winner}, is not feasible now"
     elif verdict.steadier_over is not None:
         reason += ", the steadier within noise of the fastest"
@@ -103,6 +124,7 @@ def store(study: optuna.Study, decided: Best | None) -> None:
 def of_study(study: optuna.Study) -> Best | None:
     """The best of ``study`` by :func:`decide_best` (computed, never read back stale)."""
     from autotune.study import confirmation as confirm
+    from autotune.study import verification
     from autotune.study.records import views
 
-    return decide_best(views(study), confirm.load(study))
+    return decide_best(views(study), confirm.load(study), verification.set_aside(study))

@@ -9,6 +9,7 @@ from autotune.views._json_documents import (
     plan_document,
     space_document,
     status_document,
+    verification_document,
 )
 from autotune.views._status_table import (
     plan_candidates,
@@ -16,6 +17,7 @@ from autotune.views._status_table import (
     space_facts,
     space_report,
     trials_table,
+    verification_lines,
 )
 
 __all__ = [
@@ -33,5 +35,7 @@ __all__ = [
     "space_report",
     "status_document",
     "trials_table",
+    "verification_document",
+    "verification_lines",
     "write_report",
 ]

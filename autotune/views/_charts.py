@@ -24,6 +24,8 @@ LIMIT_COLOR = "#9c27b0"
 BEST_LINE_COLOR = "#ff7f0e"
 INTERVAL_COLOR = "#17becf"
 IMPORTANCE_COLOR = "#2ca02c"
+REFERENCE_LOSS_COLOR = "#555555"
+CHOSEN_LOSS_COLOR = BEST_LINE_COLOR
 KIND_COLOR = {
     FEASIBLE: FEASIBLE_COLOR,
     STOPPED: STOPPED_COLOR,
@@ -198,6 +200,42 @@ def confirmation(data: ReportData) -> str:
             )
         )
     return svg.chart(axes, parts, chart_id="chart-confirmation", title="confirmation round")
+
+
+def loss_curves(data: ReportData) -> str:
+    """The chosen trial's loss and its reference's, step by step (``autotune verify``); a
+    loss that is not finite is a cross on the top edge."""
+    import math
+
+    check = data.verification
+    runs = {run.role: run for run in check.runs} if check is not None else {}
+    curves = [
+        (runs[role], color)
+        for role, color in (("reference", REFERENCE_LOSS_COLOR), ("winner", CHOSEN_LOSS_COLOR))
+        if role in runs and runs[role].trace is not None
+    ]
+    if len(curves) < 2:
+        return ""
+    finite = [v for run, _ in curves for v in run.trace.losses if math.isfinite(v)]  # type: ignore[union-attr]
+    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    pad = (high - low) * 0.1 or abs(high) * 0.01 or 1.0
+    steps = max(len(run.trace.losses) for run, _ in curves)  # type: ignore[union-attr]
+    axes = svg.Axes(0, max(steps - 1, 1), low - pad, high + pad, width=560, height=300)
+    parts = axes.frame("optimizer step", "loss (mean over the global batch)")
+    for run, color in curves:
+        losses = run.trace.losses  # type: ignore[union-attr]
+        points = [(axes.x(s), axes.y(v)) for s, v in enumerate(losses) if math.isfinite(v)]
+        css = f"loss-{run.role}"
+        parts.append(svg.polyline(points, color, css=css, width=2))
+        for step, value in enumerate(losses):
+            tip = f"{run.role} {run.label}, step {step}: loss {value:.6g}"
+            if math.isfinite(value):
+                parts.append(svg.dot(axes.x(step), axes.y(value), color, tip=tip, css=css, r=3))
+            else:
+                parts.append(svg.cross(axes.x(step), axes.top + 6, color, tip=tip, css=css))
+    names = [(color, f"{run.role} {run.label}") for run, color in curves]
+    parts += svg.legend(names, axes.left + 8, axes.top + 12)
+    return svg.chart(axes, parts, chart_id="chart-loss", title="loss check")
 
 
 def prediction(data: ReportData) -> str:

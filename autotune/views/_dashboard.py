@@ -135,6 +135,13 @@ def study_note(data: ReportData, optuna_best: int | None) -> str:
                 "highest single measurement; autotune's choice rests on the confirmation "
                 "round below (repeated, interleaved probes).",
             ]
+    check = data.verification
+    if check is not None:
+        lines += [
+            "",
+            f"**Loss check** against {check.reference_label} ({check.steps} steps from one "
+            f"seed, autotune verify): {check.verdict.text}.",
+        ]
     verdict = data.verdict
     if verdict is not None and verdict.contenders:
         lines += ["", "## Confirmation round", ""]

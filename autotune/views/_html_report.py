@@ -124,6 +124,22 @@ def _importance_section(data: ReportData) -> str:
     return f"<h2>Which knobs mattered</h2>{chart}<p class='caption'>{caption}</p>"
 
 
+def _loss_check_section(data: ReportData) -> list[str]:
+    """The chosen trial's loss check against its reference (``autotune verify``)."""
+    check = data.verification
+    if check is None:
+        return []
+    return [
+        "<h2>Loss check</h2>",
+        f"<p id='loss-verdict'><b>{escape(check.verdict.text)}</b></p>",
+        charts.loss_curves(data),
+        f"<p class='caption'>The chosen configuration and its reference, "
+        f"{escape(check.reference_label)} ({escape(check.reference_reason)}), trained from "
+        f"seed {check.seed} on one global batch for {check.steps} optimizer step(s); the "
+        "tolerance is 8·u·√(step+1) of the coarser precision's unit roundoff u.</p>",
+    ]
+
+
 def render(data: ReportData) -> str:
     """The whole page."""
     limit = format_bytes(data.limit_bytes)
@@ -155,6 +171,7 @@ def render(data: ReportData) -> str:
             "<p class='caption'>The contenders were probed again, interleaved; each dot is one "
             "probe, the bar the 95% interval of its estimate, the tick the estimate.</p>",
         ]
+    sections += _loss_check_section(data)
     if prediction:
         sections += [
             "<h2>Predicted against measured memory</h2>",

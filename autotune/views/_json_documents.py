@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from autotune.candidate import Candidate
     from autotune.export import Exported
     from autotune.study import Best, TrialView
+    from autotune.study.verification import Verification
     from autotune.views._status_table import Planned, SpaceFacts
 
 VERSION = 1
@@ -72,11 +73,12 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
     from autotune.run import read_budget
     from autotune.study import best, records, screened_keys, study_config
     from autotune.study import confirmation as confirm
+    from autotune.study import verification as checks
 
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(trials, verdict)
+    decided = best.decide_best(trials, verdict, checks.set_aside(study))
     config = study_config(study)
     known = {t.record.candidate_key for t in evaluated}
     return {
@@ -86,6 +88,10 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
         "budget": read_budget(study).model_dump(),
         "best": None if decided is None else decided.model_dump(),
         "confirmation": None if verdict is None else verdict.model_dump(mode="json"),
+        "verification": {
+            str(number): verification_entry(check)
+            for number, check in sorted(checks.load_all(study).items())
+        },
         "counts": {
             "trials": len(trials),
             "evaluated": len(evaluated),
@@ -95,6 +101,29 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
         },
         "trials": [trial_entry(t, decided) for t in evaluated],
     }
+
+
+def verification_entry(check: Verification) -> dict[str, Any]:
+    """A trial's loss check; a loss or norm that is not finite is ``null`` (JSON has no NaN:
+    the verdict's text says which it was)."""
+    return _finite(check.model_dump(mode="json"))
+
+
+def verification_document(study_name: str, check: Verification) -> dict[str, Any]:
+    return {**_head("verify"), "study": study_name, **verification_entry(check)}
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is NaN or infinite replaced by None."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def plan_document(planned: Planned) -> dict[str, Any]:

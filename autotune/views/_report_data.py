@@ -3,7 +3,8 @@
 Every trial the study evaluated becomes a :class:`Point` (throughput, measured and
 predicted peak per rank, when it ran, how it ended); the best is
 :func:`autotune.study.best.decide_best`'s, the confirmation round's standings are its verdict's,
-and which knobs mattered comes from Optuna's importance evaluators.
+which knobs mattered comes from Optuna's importance evaluators, and the chosen trial's
+loss check from :mod:`autotune.study.verification`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.study import Best, Confirmation, StudyConfig, TrialView
+    from autotune.study.verification import Verification
 
 # How a trial ended, as the plots tell them apart.
 FEASIBLE = "feasible"
@@ -63,6 +65,7 @@ class ReportData:
     distance: str
     actions: list[str]
     ds_config: dict[str, Any] | None
+    verification: Verification | None = None  # the chosen trial's loss check
 
     @property
     def limit_bytes(self) -> int:
@@ -113,11 +116,12 @@ def collect(study: optuna.Study) -> ReportData:
     )
     from autotune.study import best, records, screened_keys, study_config
     from autotune.study import confirmation as confirm
+    from autotune.study import verification as checks
 
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(trials, verdict)
+    decided = best.decide_best(trials, verdict, checks.set_aside(study))
     config = study_config(study)
     starts = [t.frozen.datetime_start for t in evaluated if t.frozen.datetime_start is not None]
     origin = min(starts).timestamp() if starts else None
@@ -135,9 +139,12 @@ def collect(study: optuna.Study) -> ReportData:
         outcomes=dict(sorted(outcome_counts(evaluated).items())),
         duplicates=sum(1 for t in trials if t.record.duplicate_of is not None),
         screened=len(screened_keys(study) - known),
-        distance=runner_up_distance(standings(trials, verdict, decided), verdict),
+        distance=runner_up_distance(
+            standings(trials, verdict, decided, checks.set_aside(study)), verdict
+        ),
         actions=user_actions(chosen, config) if chosen is not None and config else [],
         ds_config=production_config(chosen, config) if chosen is not None and config else None,
+        verification=checks.load(study, chosen.number) if chosen is not None else None,
     )
 
 

@@ -28,12 +28,13 @@ def trials_table(study: optuna.Study) -> Table:
     ``*`` marks the best by :func:`autotune.study.best.decide_best`, as every output does."""
     from autotune.study import best, records
     from autotune.study import confirmation as confirm
+    from autotune.study import verification as checks
 
     config = study_config(study)
     limit = config.vram_limit_bytes if config else None
     trials = records.views(study)
     duplicates = sum(1 for t in trials if t.record.duplicate_of is not None)
-    decided = best.decide_best(trials, confirm.load(study))
+    decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
     table = Table(
         title=f"study {study.study_name}"
         + (
@@ -71,6 +72,36 @@ def trials_table(study: optuna.Study) -> Table:
             _note(trial, decided),
         )
     return table
+
+
+def verification_lines(study: optuna.Study) -> list[str]:
+    """The study's loss checks (``autotune verify``), one line each, the best's first; for
+    a best never checked, how to check it."""
+    from autotune.study import best
+    from autotune.study import verification as checks
+
+    decided = best.of_study(study)
+    chosen = decided.trial if decided is not None else None
+    kept = checks.load_all(study)
+    lines = [
+        f"loss check of trial {number} ({check.label}) against {check.reference_label}, "
+        f"{check.steps} step(s): {check.verdict.text}"
+        + (
+            " (set aside by --verify-strict: never the best)"
+            if check.set_aside
+            else ""
+            if number == chosen
+            else " (not the best)"
+        )
+        for number, check in sorted(kept.items(), key=lambda item: (item[0] != chosen, item[0]))
+    ]
+    if chosen is not None and chosen not in kept:
+        lines.insert(
+            0,
+            f"loss check of the best (trial {chosen}): not run; autotune verify --study "
+            f"{study.study_name} trains it against its reference and compares the losses",
+        )
+    return lines
 
 
 def _add_trial_columns(table: Table) -> None:

@@ -15,6 +15,7 @@ import optuna
 import pytest
 
 from autotune.cli._app import main
+from autotune.study.storage import StudyConfig, store_start
 
 LATIN1 = "precision: [fp32]\n# caf\xe9\n".encode("latin-1")
 
@@ -114,6 +115,9 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--script", "noattr.py", "--script-arg", "batch=--bs"], "--script-arg batch=--bs"),
     (["run", "--script", "noattr.py", "--", "--num_gpus", "2"], "--num_gpus is a launcher flag"),
     (["run", "--workload", "gpt-tiny", "--", "--lr", "1"], "script arguments (--lr 1) without"),
+    (["run", "--script", "noattr.py", "--verify"], "--verify: the loss check runs built-in"),
+    (["run", "--script", "noattr.py", "--verify-strict"], "--verify-strict: the loss check"),
+    ([*RUN, "--verify", "--ray-address", "auto"], "--verify: the loss check runs on this"),
     # studies
     (["run", "--study", "nosuch"], "--study nosuch: no such study in"),
     ([*RUN, "--study", "../x"], "--study: study name '../x' must be"),
@@ -153,6 +157,12 @@ CASES: list[tuple[list[str], str]] = [
     (["export", "-o", "out", "--storage", "sqlite:///x.db", "--study", "s"], "no such study"),
     (["status", "--storage", "sqlite:///bad.db", "--study", "bad"], "its stored settings"),
     (["export", "-o", "out", "--storage", "sqlite:///bad.db", "--study", "bad"], "stored"),
+    (["verify", "--storage", "sqlite:///nowhere/x.db", "--study", "s"], "no such study"),
+    (["verify", "--storage", "sqlite:///bad.db", "--study", "nosuch"], "--study nosuch: no such"),
+    (["verify", "--storage", "sqlite:///bad.db", "--study", "bad"], "its stored settings"),
+    (["verify", "--storage", "sqlite:///bad.db", "--study", "new"], "no feasible measured trial"),
+    (["verify", "--storage", "sqlite:///bad.db", "--study", "new", "--trial", "3"], "--trial 3:"),
+    (["verify", "--storage", "sqlite:///bad.db", "--steps", "0"], "'--steps'"),
     # plan and space
     (["plan", "--workload", "gpt-tiny", "--gpus", "2", "--vram", "2x"], "--vram: cannot read"),
     (["plan", "--workload", "nope", "--gpus", "1", "--vram", "8GiB"], "unknown workload 'nope'"),
@@ -190,6 +200,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(study_name="bad", storage=f"sqlite:///{path}/bad.db")
     study.set_user_attr("autotune_config", {"workload": 3})
+    # an autotune study with no trial yet: nothing to verify
+    new = optuna.create_study(study_name="new", storage=f"sqlite:///{path}/bad.db")
+    store_start(new, StudyConfig(
+        workload="gpt-tiny", space={}, accelerator="cpu", gpus_per_trial=2, global_batch=8,
+        vram_limit_bytes=2**30,
+    ), {})  # fmt: skip
     return path
 
 

@@ -238,3 +238,20 @@ def test_the_reserve_is_timed_by_full_length_probes_for_the_contenders_left() ->
     # before any warm probe, the cold ones are all there is
     only_cold = study_with({"a": [0.2, 0.2, 0.2]}, probe_wall_s=30.0, probe_cold_start=True)
     assert budget.probe_estimate_s(records.views(only_cold)) == 30.0
+
+
+def test_the_loss_check_holds_back_one_launch_and_three_runs_of_its_steps() -> None:
+    """``run --verify``: once a best exists, one cold launch (the longest probe so far) and
+    the reference twice and the best once, each for the check's steps at the slowest
+    feasible step time."""
+    fast = study_with({"a": [0.2, 0.2]}, probe_wall_s=4.0, step_time_s=0.2)
+    slow = study_with({"b": [0.3, 0.3]}, probe_wall_s=9.0, step_time_s=0.3)
+    trials = records.views(fast) + records.views(slow)
+    assert (budget.longest_probe_s(trials), budget.slowest_step_s(trials)) == (9.0, 0.3)
+    policy = budget.ReservePolicy(verify_steps=10)
+    held = policy.verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3)
+    assert held == pytest.approx(9.0 + budget.VERIFY_RUNS * 10 * 0.3)
+    assert policy.verify_reserve_s(feasible=0, launch_s=9.0, step_s=0.3) == 0.0  # no best yet
+    assert budget.ReservePolicy().verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3) == 0.0
+    # at least what an earlier check of the study took (set-up included)
+    assert policy.verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3, checked_s=40.0) == 40.0

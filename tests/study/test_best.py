@@ -93,3 +93,34 @@ def test_a_winner_not_feasible_now_leaves_the_best_to_the_next_contender() -> No
     decided = best.decide_best([_measured(7, 95.0), _measured(8, 97.0)], verdict)
     assert decided is not None and decided.trial == 8 and not decided.confirmed
     assert "no contender of the confirmation round is feasible" in decided.reason
+
+
+def test_a_trial_set_aside_by_its_loss_check_is_never_the_best() -> None:
+    """``run --verify-strict``: the round's winner whose loss check differs leaves the best
+    to the next contender, and the reason says so; unconfirmed, the next fastest."""
+    verdict = _round_of_t3_over_t15()
+    trials = [_measured(3, 100.0), _measured(15, 120.0)]
+    decided = best.decide_best(trials, verdict, set_aside={3})
+    assert decided is not None and decided.trial == 15 and decided.confirmed
+    assert "the round's winner, trial 3, trains differently" in decided.reason
+    assert decided.reason.endswith("set aside by the loss check (it differs): trial(s) 3")
+    decided = best.decide_best([_measured(7, 95.0), _measured(8, 97.0)], None, set_aside={8})
+    assert decided is not None and decided.trial == 7
+    assert best.decide_best([_measured(8, 97.0)], None, set_aside={8}) is None
+    # set aside a trial that is not feasible anyway: nothing to say
+    decided = best.decide_best([_measured(7, 95.0)], None, set_aside={8})
+    assert decided is not None and "set aside" not in decided.reason
+
+
+def test_the_study_remembers_what_strict_checks_set_aside(tmp_path) -> None:
+    import optuna
+
+    from autotune.study import verification as checks
+    from tests.support.verification import check
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db")
+    differs = check(1, [8.3, 8.9, 9.5]).model_copy(update={"set_aside": True})
+    checks.store(study, differs)
+    checks.store(study, check(2, [8.301, 8.19, 8.102]))
+    assert checks.set_aside(study) == {1}

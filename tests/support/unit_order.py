@@ -32,6 +32,7 @@ LONGEST_FIRST = (
     "e2e/faults/test_faults.py",
     "integration/test_cluster.py",
     "integration/test_probe.py",
+    "e2e/test_verify.py",
     "views",
     "benchmarks/test_deepspeed_matrix.py",
     "e2e/faults/test_script_faults.py",
@@ -43,6 +44,7 @@ LONGEST_FIRST = (
     "integration/test_loopback_only.py",
     "backends/test_build_locks.py",
     "integration/test_executor_ray.py",
+    "integration/test_loss_parity.py",
     "integration/test_nvme.py",
 )
 

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import optuna
 
 from autotune.study import best
+from autotune.views import verification_document
 from tests.support.cli import run_cli
+from tests.support.verification import check
 from tests.views.synthetic import NAME
 
 SPACE = """\
@@ -31,8 +34,10 @@ def test_status_json(synthetic: str, tmp_path: Path) -> None:
     document = _json("status", "--storage", synthetic, cwd=tmp_path)
     assert (document["kind"], document["version"]) == ("autotune.status", 1)
     assert set(document) == {
-        "kind", "version", "study", "config", "budget", "best", "confirmation", "counts", "trials",
+        "kind", "version", "study", "config", "budget", "best", "confirmation", "verification",
+        "counts", "trials",
     }  # fmt: skip
+    assert document["verification"] == {}  # no trial of it was verified
     decided = best.of_study(optuna.load_study(study_name=NAME, storage=synthetic))
     assert decided is not None and document["best"] == decided.model_dump()
     assert document["counts"]["evaluated"] == 8 and document["counts"]["duplicates"] == 1
@@ -87,3 +92,13 @@ def test_status_table_stays_readable_in_80_columns(synthetic: str, tmp_path: Pat
     for trial in document["trials"]:
         if trial["samples_per_s"]:
             assert f"{trial['samples_per_s']:.1f}" in result.stdout
+
+
+def test_verify_json_writes_a_loss_that_is_not_finite_as_null() -> None:
+    document = verification_document("s", check(3, [8.3, math.nan, math.nan]))
+    text = json.dumps(document, allow_nan=False)  # strict JSON: NaN would raise
+    parsed = json.loads(text)
+    assert parsed["kind"] == "autotune.verify" and parsed["trial"] == 3
+    assert parsed["runs"][2]["trace"]["losses"] == [8.3, None, None]
+    assert parsed["verdict"]["max_relative_difference"] is None
+    assert parsed["verdict"]["text"].startswith("differs: step 1, the loss is nan")

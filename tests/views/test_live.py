@@ -94,6 +94,27 @@ def test_state_counts_probes_budget_best_and_standings() -> None:
     assert "· done" in screen and "trial 6 z0 fp32 mb2x4: 88.0 ±3.0 samples/s" in screen
 
 
+def test_the_loss_checks_time_and_progress_are_shown() -> None:
+    """``run --verify``: the time held back for the loss check beside the confirmation
+    round's, in the panel and in the search's stop line; the check's phase and verdict."""
+    from autotune.cli._render import line
+
+    now = [1000.0]
+    state = RunState(now=lambda: now[0])
+    state.apply(events.RunStarted("s", 0, 4, 600.0, 0.0, 600.0, 120.0))
+    state.apply(events.BudgetUpdated(100.0, 600.0, 90.0, 9.0, verify_s=30.0))
+    assert "(1m kept for the confirmation round, 30s kept for the loss check)" in _screen(state)
+    stopped = events.SearchStopped("budget", spent_s=510, total_s=600, reserve_s=90, verify_s=30)
+    assert "kept for the confirmation round and the loss check" in str(line(stopped))
+    alone = events.SearchStopped("budget", spent_s=570, total_s=600, reserve_s=30, verify_s=30)
+    assert str(line(alone)).endswith("the last 30s kept for the loss check)")
+    state.apply(stopped)
+    state.apply(events.VerificationStarted(2, "z2 bf16 mb2x2", "z0 fp32 mb4x1", "why", 10, 3))
+    assert "checking the loss of trial 2" in _screen(state)
+    state.apply(events.VerificationDone(2, "drifts within the tolerance of bf16", 1e-3, 0.06, 9))
+    assert "loss check: drifts within the tolerance of bf16" in _screen(state)
+
+
 def test_plain_lines_unless_a_terminal_and_not_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "console", Console(file=io.StringIO(), force_terminal=False))
     with cli._renderer(quiet=False, continued=False, storage="", name="") as emit:

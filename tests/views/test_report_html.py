@@ -3,16 +3,19 @@ back as pixels and as the DOM the browser built (not just "the file exists")."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import optuna
 import pytest
 
-from autotune.study import records
+from autotune.study import best, records
+from autotune.study import verification as checks
 from autotune.views import _charts as charts
 from autotune.views._report_data import collect, importance
 from tests.support.cli import run_cli
+from tests.support.verification import check
 from tests.views.conftest import RealStudy, chromium, dump_dom, pixels_near, screenshot
 from tests.views.synthetic import NAME
 
@@ -96,3 +99,21 @@ def test_run_writes_the_report_beside_the_export(real_study: RealStudy, tmp_path
     png = screenshot(real_study.report.as_uri(), tmp_path / "real.png")
     assert pixels_near(png, charts.CHOSEN_COLOR) > 300
     assert pixels_near(png, charts.LIMIT_COLOR) > 200
+
+
+def test_report_draws_the_chosen_trials_loss_check(synthetic: str, tmp_path: Path) -> None:
+    """Both loss curves of the chosen trial's check (``autotune verify``), a loss that is
+    not finite as a cross; nothing of it before a check."""
+    (tmp_path / "before").mkdir()
+    assert "Loss check" not in _write(synthetic, tmp_path / "before").read_text()
+    study = optuna.load_study(study_name=NAME, storage=synthetic)
+    decided = best.of_study(study)
+    assert decided is not None
+    checks.store(study, check(decided.trial, [8.3, 8.21, math.nan]))
+    page = _write(synthetic, tmp_path).read_text()
+    assert "<h2>Loss check</h2>" in page and 'id="chart-loss"' in page
+    assert "<b>differs: step 2, the loss is nan" in page
+    reference = re.findall(r'<(\w+) class="loss-reference"', page)
+    winner = re.findall(r'<(\w+) class="loss-winner"', page)
+    assert reference.count("polyline") == 1 and reference.count("circle") == 3
+    assert winner.count("circle") == 2 and len(winner) == 4  # the NaN: a cross, not a dot

@@ -152,3 +152,29 @@ def test_a_probe_over_host_ram_is_infeasible_and_says_why_in_every_view(syntheti
     # the fastest probe of the study, but never ranked among the feasible
     ranked = records.ranked_feasible(records.views(study))
     assert ranked and over.number not in [t.number for t in ranked]
+
+
+def test_summary_and_study_note_say_the_chosen_trials_loss_check(
+    synthetic: str, tmp_path: Path
+) -> None:
+    """summary.md says how to check the chosen trial until it is checked, then the verdict
+    with the losses step by step; optuna-dashboard's study note says the verdict."""
+    from autotune.study import verification as checks
+    from autotune.views._dashboard import study_note
+    from autotune.views._report_data import collect
+    from tests.support.verification import check
+
+    study = optuna.load_study(study_name=NAME, storage=synthetic)
+    decided = best.of_study(study)
+    assert decided is not None
+    before = Path(export(study, tmp_path / "before").summary).read_text()
+    assert f"Not run. `autotune verify --study {NAME} --trial {decided.trial}`" in before
+    assert "Loss check" not in study_note(collect(study), None)
+    checks.store(study, check(decided.trial, [8.302, 8.19, 8.105]))
+    summary = Path(export(study, tmp_path / "after").summary).read_text()
+    assert "**drifts within the tolerance of bf16**" in summary
+    assert "| 1 | 8.2 | 8.19 | 0.12% |" in summary
+    assert (
+        "**Loss check** against z0 fp32 mb4x1 (3 steps from one seed, autotune verify): "
+        "drifts within the tolerance of bf16." in study_note(collect(study), None)
+    )

@@ -32,6 +32,7 @@ class DeepSpeedBackend:
     render_config = staticmethod(_ds_config.render_ds_config)
     sharded_build = staticmethod(_engine.sharded_build)
     initialize_engine = staticmethod(_engine.initialize_engine)
+    whole_parameters = staticmethod(_engine.whole_parameters)
     model_states = staticmethod(_model_states.zero_model_states)
     transient_phases = staticmethod(_zero_phases.transient_phases)
     validate_config = staticmethod(_validate.validate_ds_config)

@@ -33,3 +33,16 @@ def initialize_engine(model: Any, config: dict[str, Any]) -> Any:
         config=config,
     )
     return engine
+
+
+def whole_parameters(model: Any) -> contextlib.AbstractContextManager[Any]:
+    """A context under which every parameter of ``model`` is whole: at ZeRO-3 (a model
+    built under ``zero.Init``) gathered from its partitions, what rank 0 writes to them
+    partitioned again on exit (``deepspeed.zero.GatheredParameters`` with
+    ``modifier_rank=0``); a model built whole as it is."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)

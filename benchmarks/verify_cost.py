@@ -1,0 +1,111 @@
+"""What the loss check (``autotune verify``) costs against a study's budget, and what it says
+of the configurations a study measured.
+
+For each workload, runs a real study (``autotune run``) on 2 CPU ranks in a scratch folder,
+then ``autotune verify --json`` of its best and of up to ``--others`` more feasible trials
+(the fastest of each other precision, ZeRO stage and batch split first), and prints one
+Markdown table per workload: each verified trial, its reference, the verdict, the largest
+relative loss difference against its tolerance, and the check's seconds, the best's as a
+share of the budget the study spent.
+
+Reproduce:  python benchmarks/verify_cost.py                      # gpt-tiny and dit-tiny
+            python benchmarks/verify_cost.py --workload gpt-tiny --budget 3m --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workload", action="append", help="repeatable; default gpt-tiny, dit-tiny"
+    )
+    parser.add_argument("--budget", default="2m", help="each study's budget")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps of each check")
+    parser.add_argument("--others", type=int, default=4, help="feasible trials besides the best")
+    args = parser.parse_args()
+    for workload in args.workload or ["gpt-tiny", "dit-tiny"]:
+        with tempfile.TemporaryDirectory(prefix="verify-cost-") as folder:
+            rows, spent_s = _study(Path(folder), workload, args)
+        print(f"\n### {workload}: study budget {args.budget}, {spent_s:.0f} s spent\n")
+        print("| trial | configuration | reference | verdict | largest difference (tolerance) "
+              "| check s | share of the study's time |")  # fmt: skip
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for row in rows:
+            print(row)
+    return 0
+
+
+def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"autotune {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def _study(folder: Path, workload: str, args: argparse.Namespace) -> tuple[list[str], float]:
+    """Run the study, verify its best and some other feasible trials; table rows."""
+    run = ["run", "--workload", workload, "--gpus", "2", "--budget", args.budget, "--quiet"]
+    _cli(folder, *run)
+    status = json.loads(_cli(folder, "status", "--json").stdout)
+    spent_s = float(status["budget"]["spent_s"])
+    chosen = _chosen_trials(status, args.others)
+    rows = []
+    for number in chosen:
+        check = json.loads(
+            _cli(
+                folder, "verify", "--trial", str(number), "--steps", str(args.steps), "--json"
+            ).stdout
+        )
+        rows.append(_row(check, status, spent_s))
+    return rows, spent_s
+
+
+def _chosen_trials(status: dict[str, Any], others: int) -> list[int]:
+    """The best, then the fastest feasible trial of each other (precision, stage, split)."""
+    best = status["best"]["trial"]
+    feasible = sorted(
+        (t for t in status["trials"] if t["feasible"] and t["number"] != best),
+        key=lambda t: -(t["samples_per_s"] or 0.0),
+    )
+    seen: set[tuple[Any, ...]] = set()
+    chosen = [best]
+    for trial in feasible:
+        c = trial["candidate"]
+        kind = (c["precision"], c["zero_stage"], c["micro_batch_size"], c["offload_optimizer"])
+        if kind not in seen and len(chosen) <= others:
+            seen.add(kind)
+            chosen.append(trial["number"])
+    return chosen
+
+
+def _row(check: dict[str, Any], status: dict[str, Any], spent_s: float) -> str:
+    verdict = check["verdict"]
+    difference = verdict["max_relative_difference"]
+    shown = "inf" if difference is None else f"{100 * difference:.2g}%"
+    tolerance = f"{100 * verdict['tolerance_at_max']:.2g}%"
+    best = check["trial"] == status["best"]["trial"]
+    share = f"{100 * check['seconds'] / spent_s:.0f}%" if best and spent_s else ""
+    name = f"{check['trial']}{' (best)' if best else ''}"
+    return (
+        f"| {name} | {check['label']} | {check['reference_label']} | {verdict['text']} | "
+        f"{shown} ({tolerance}) | {check['seconds']:.0f} | {share} |"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
