@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from autotune.probe._rank_memory import agreed_max
 from autotune.protocol import OverheadMethod, ProbeSpec, RankReport
 
 T = TypeVar("T")
@@ -206,15 +207,3 @@ def process_used_bytes(device: Any) -> int | None:
     if not used or any(figure is None for figure in used):
         return None
     return int(sum(used))
-
-
-def agreed_max(value: int, device: Any) -> int:
-    """The largest ``value`` over the process group's ranks (``value`` without a group)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return value
-    agreed = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    return int(agreed.item())

@@ -114,16 +114,20 @@ def leaked_bytes(device: Any) -> int:
     """Bytes held now beyond what this process held at its first candidate, the largest over
     the ranks (all ranks must agree whether to go on: a rank that left would hang its peers
     in the next collective)."""
+    held = held_bytes(device)
+    return agreed_max(max(0, held - _FIRST_HELD.setdefault(device.type, held)), device)
+
+
+def agreed_max(value: int, device: Any) -> int:
+    """The largest ``value`` over the process group's ranks (``value`` without a group)."""
     import torch
     import torch.distributed as dist
 
-    held = held_bytes(device)
-    leaked = max(0, held - _FIRST_HELD.setdefault(device.type, held))
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        agreed = torch.tensor([leaked], dtype=torch.int64, device=device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        leaked = int(agreed.item())
-    return leaked
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return value
+    agreed = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return int(agreed.item())
 
 
 def pinned_host_bytes(device: Any) -> int:
