@@ -285,7 +285,14 @@ class VerificationDone(Event):
     max_relative_difference: float
     tolerance: float
     seconds: float
-    set_aside: bool = False  # --verify-strict: it differs, the next best is checked
+    set_aside: bool = False  # --verify strict: it differs, the next best is checked
+
+
+@dataclass(frozen=True)
+class VerificationInterrupted(Event):
+    """The check of ``trial`` was stopped (Ctrl-C) before its runs ended: nothing stored."""
+
+    trial: int
 
 
 @dataclass(frozen=True)

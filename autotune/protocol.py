@@ -131,15 +131,17 @@ class LossTrace(BaseModel):
         "(backward divides by the accumulation steps, the all-reduce by the ranks)."
     )
     grad_norms: list[float | None] = Field(
-        description="engine.get_global_grad_norm() after each step where DeepSpeed reports "
-        "it (its ZeRO and 16-bit optimizers), None where it does not (fp32 at ZeRO-0)."
+        description="Each step's gradient norm before clipping: engine.get_global_grad_norm() "
+        "where DeepSpeed reports it (its ZeRO and 16-bit optimizers), else the module's "
+        "gradients as the step found them (fp32 at ZeRO-0); None where neither has one."
     )
     skipped: list[bool] = Field(
         description="Each step: the fp16 loss scaler skipped it (overflow) on some rank."
     )
     initial_weights_sha256: str = Field(
-        description="SHA-256 of the seeded fp32 weights the run started from (parameter "
-        "order): two runs with the same digest started from the same weights."
+        description="SHA-256 of the fp32 weights the run started from (name order): the "
+        "seeded build of a built-in workload, or the model a script handed to "
+        "deepspeed.initialize; two runs with the same digest started from the same weights."
     )
     initial_weights_sq_sum: float = Field(
         description="Sum of squares of those fp32 weights, in float64."
@@ -161,6 +163,14 @@ class LossTrace(BaseModel):
         default=0,
         description="Dropout modules switched off for the run (their masks are drawn per "
         "micro-batch: noise of the same distribution, not a different training).",
+    )
+    sample_digests: list[str] | None = Field(
+        default=None,
+        description="A script's run: each optimizer step's SHA-256 over the sorted hashes of "
+        "the samples every rank's micro-batches held (their integer inputs: token ids, "
+        "labels), so two runs are seen to train on the same samples whatever their split; "
+        "None where the inputs hold no integer tensor, or for a built-in workload (whose "
+        "samples the run makes itself).",
     )
 
 

@@ -8,8 +8,13 @@ Markdown table per workload: each verified trial, its reference, the verdict, th
 relative loss difference against its tolerance, and the check's seconds, the best's as a
 share of the budget the study spent.
 
-Reproduce:  python benchmarks/verify_cost.py                      # gpt-tiny and dit-tiny
+A workload ``script:W`` is a ``--script`` study of ``benchmarks/ds_autotuner_train.py
+--workload W`` (the unmodified script DeepSpeed's autotuner runs) with an fp32 config of its
+own, ``SCRIPT_CONFIG``: the check then runs the script itself, one launch per run.
+
+Reproduce:  python benchmarks/verify_cost.py                      # gpt-tiny, dit-tiny, script
             python benchmarks/verify_cost.py --workload gpt-tiny --budget 3m --steps 10
+            python benchmarks/verify_cost.py --workload script:gpt-tiny
 """
 
 from __future__ import annotations
@@ -22,17 +27,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
+# The user's config of a script study: fp32 ZeRO-0, the rank's batch in one micro-batch.
+SCRIPT_CONFIG = {
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 8,
+    "optimizer": {"type": "Adam", "params": {"lr": 1e-4}},
+    "steps_per_print": 1000000,
+}
+DEFAULT_WORKLOADS = ["gpt-tiny", "dit-tiny", "script:gpt-tiny"]
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--workload", action="append", help="repeatable; default gpt-tiny, dit-tiny"
+        "--workload",
+        action="append",
+        help=f"repeatable; script:W for a script study; default {', '.join(DEFAULT_WORKLOADS)}",
     )
     parser.add_argument("--budget", default="2m", help="each study's budget")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps of each check")
     parser.add_argument("--others", type=int, default=4, help="feasible trials besides the best")
     args = parser.parse_args()
-    for workload in args.workload or ["gpt-tiny", "dit-tiny"]:
+    for workload in args.workload or DEFAULT_WORKLOADS:
         with tempfile.TemporaryDirectory(prefix="verify-cost-") as folder:
             rows, spent_s = _study(Path(folder), workload, args)
         print(f"\n### {workload}: study budget {args.budget}, {spent_s:.0f} s spent\n")
@@ -59,7 +76,15 @@ def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def _study(folder: Path, workload: str, args: argparse.Namespace) -> tuple[list[str], float]:
     """Run the study, verify its best and some other feasible trials; table rows."""
-    run = ["run", "--workload", workload, "--gpus", "2", "--budget", args.budget, "--quiet"]
+    run = ["run", "--gpus", "2", "--budget", args.budget, "--quiet"]
+    if workload.startswith("script:"):
+        (folder / "ds_config.json").write_text(json.dumps(SCRIPT_CONFIG))
+        script = str(HERE / "ds_autotuner_train.py")
+        run += ["--script", script, "--executor", "local", "--"]
+        run += ["--workload", workload.removeprefix("script:")]
+        run += ["--deepspeed_config", "ds_config.json"]
+    else:
+        run += ["--workload", workload]
     _cli(folder, *run)
     status = json.loads(_cli(folder, "status", "--json").stdout)
     spent_s = float(status["budget"]["spent_s"])

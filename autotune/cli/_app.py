@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 from rich.console import Console
@@ -151,7 +151,15 @@ def _run_parameters() -> list[inspect.Parameter]:
         else:
             shown = "" if field.default is None else f" [default: {field.default}]"
             kind = {int: int, int | None: int, float: float}.get(field.annotation, str)
-            option = typer.Option(flag, help=f"{field.description}{shown}", hidden=hidden)
+            # a value that may be left out (--verify, --verify strict): cli._flags
+            # .with_optional_values joins it to the flag before parsing
+            metavar = None
+            if "optional_value" in extra:
+                others = [v for v in get_args(field.annotation) if v != extra["optional_value"]]
+                metavar = "[" + "|".join(others) + "]"
+            option = typer.Option(
+                flag, help=f"{field.description}{shown}", hidden=hidden, metavar=metavar
+            )
             annotation = Annotated[kind | None, option]
         parameters.append(
             inspect.Parameter(
@@ -285,7 +293,9 @@ for _name, _command in study_commands.COMMANDS.items():
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: one line per error, exit code 2; tracebacks only with --debug."""
-    args = sys.argv[1:] if argv is None else argv
+    from autotune.cli._flags import with_optional_values
+
+    args = with_optional_values(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     # A parent that runs Ray (a notebook, a test harness) hands us SIGCHLD ignored; we start
     # and wait for subprocesses, so take the default back (see restore_child_signals).

@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from autotune.cli._stored_flags import HOST_KEY, PER_RUN, inherited
 from autotune.errors import SettingsError
@@ -167,16 +167,18 @@ class RunFlags(BaseModel):
         default=not _default("confirm"),
         description="Skip the confirmation round (re-probing the top candidates, interleaved).",
     )
-    verify: bool = Field(
-        default=_default("verify"),
+    verify: Literal["off", "on", "strict"] = Field(
+        default="strict" if _default("verify_strict") else "on" if _default("verify") else "off",
         description="Before exporting, check that the best trains as its reference does "
-        "(your base config, else fp32 at ZeRO-0): autotune verify, its time held back from "
-        "the search.",
+        "(your base config, else fp32 at ZeRO-0; autotune verify), its time held back from "
+        "the search: --verify alone, or --verify strict to set aside a best whose check "
+        "differs and export the next best checked (up to two runners-up).",
+        json_schema_extra={"optional_value": "on"},
     )
     verify_strict: bool = Field(
-        default=_default("verify_strict"),
-        description="As --verify, and a best whose loss check differs is set aside: the next "
-        "best is checked (up to two runners-up) and exported; summary.md says which and why.",
+        default=False,
+        description="The same as --verify strict.",
+        json_schema_extra={"hidden": True},
     )
     no_early_stop: bool = Field(
         default=not _default("early_stop"),
@@ -210,6 +212,12 @@ class RunFlags(BaseModel):
         description="Testing only: make every probe fail this way.",
         json_schema_extra={"hidden": True},
     )
+
+    @field_validator("verify", mode="before")
+    @classmethod
+    def _verify_switch(cls, value: Any) -> Any:
+        """A project file's ``verify: true`` (and a study stored when --verify was a switch)."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @classmethod
     def resolve(cls, given: dict[str, Any], stored: dict[str, Any]) -> RunFlags:
@@ -344,11 +352,43 @@ class RunFlags(BaseModel):
             sampler=self.sampler,
             early_stop=not self.no_early_stop,
             confirm=not self.no_confirm,
-            verify=self.verify,
-            verify_strict=self.verify_strict,
+            verify=self.verify != "off" or self.verify_strict,
+            verify_strict=self.verify == "strict" or self.verify_strict,
             tf32=self.tf32,
             shared=self.shared,
         )
+
+
+def with_optional_values(args: list[str]) -> list[str]:
+    """``args`` with each flag whose value may be left out (``json_schema_extra``'s
+    ``optional_value``: ``--verify`` or ``--verify strict``) joined to its value, which the
+    command-line parser needs: ``--verify strict`` is ``--verify=strict``, a bare
+    ``--verify`` is ``--verify=on``. The script's arguments after ``--`` are left alone."""
+    from typing import get_args
+
+    optional = {}
+    for name, field in RunFlags.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "optional_value" in extra:
+            optional["--" + name.replace("_", "-")] = (
+                extra["optional_value"],
+                get_args(field.annotation),
+            )
+    out: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            return out + args[index:]
+        if arg in optional:
+            value, choices = optional[arg]
+            given = args[index + 1] if index + 1 < len(args) else None
+            if given in choices:
+                value, index = given, index + 1
+            arg = f"{arg}={value}"
+        out.append(arg)
+        index += 1
+    return out
 
 
 MAX_BUDGET_S = 30 * 24 * 3600  # a month: past it, a typo (99999h), not a plan

@@ -201,6 +201,10 @@ class RunState:
         self.phase = f"loss check: {event.verdict}"
 
     @apply.register
+    def _(self, event: events.VerificationInterrupted) -> None:
+        self.phase = "loss check interrupted: nothing recorded"
+
+    @apply.register
     def _(self, event: events.RunFinished) -> None:
         self.spent_s = self.spent_now_s
         self.spent_at = None

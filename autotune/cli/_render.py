@@ -233,12 +233,21 @@ def _(event: events.VerificationRunDone) -> str:
 
 @line.register
 def _(event: events.VerificationDone) -> str:
-    return (
-        f"loss check of trial {event.trial}: {event.verdict} (largest difference "
-        f"{relative_text(event.max_relative_difference)} against a tolerance of "
-        f"{relative_text(event.tolerance)} there; {event.seconds:.0f} s)"
-        + ("; set aside (--verify-strict): the next best is checked" if event.set_aside else "")
+    compared = (  # "cannot judge" compared nothing
+        f"largest difference {relative_text(event.max_relative_difference)} against a "
+        f"tolerance of {relative_text(event.tolerance)} there; "
+        if event.tolerance > 0
+        else ""
     )
+    return (
+        f"loss check of trial {event.trial}: {event.verdict} ({compared}{event.seconds:.0f} s)"
+        + ("; set aside (--verify strict): the next best is checked" if event.set_aside else "")
+    )
+
+
+@line.register
+def _(event: events.VerificationInterrupted) -> str:
+    return f"loss check of trial {event.trial} interrupted: nothing recorded"
 
 
 def relative_text(value: float) -> str:

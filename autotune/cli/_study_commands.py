@@ -11,7 +11,9 @@ inside them.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -210,6 +212,24 @@ def status(
         console.print(text)
 
 
+@contextmanager
+def _first_interrupt_sets(event: threading.Event) -> Iterator[None]:
+    """The first Ctrl-C sets ``event`` (the work stops in order and says so); the second
+    raises KeyboardInterrupt at once."""
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if event.is_set():
+            raise KeyboardInterrupt
+        event.set()
+        print("stopping (Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def verify(
     study: StudyOption = None,
     trial: Annotated[
@@ -233,9 +253,10 @@ def verify(
         if text is not None:
             console.print(text)
 
-    with _stdout_to_stderr(as_json):
+    cancel = threading.Event()
+    with _stdout_to_stderr(as_json), _first_interrupt_sets(cancel):
         loaded = load_existing_study(storage, study)
-        checked = check(loaded, trial=trial, steps=steps, emit=show)
+        checked = check(loaded, trial=trial, steps=steps, emit=show, cancel=cancel)
     if as_json:
         from autotune.views import verification_document
 

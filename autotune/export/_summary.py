@@ -180,7 +180,7 @@ def standings(
     """Every feasible trial once, best first, each with the estimate it is ranked by: the
     confirmed contenders in the verdict's order, each by the median of its probes, then the
     rest by their single measurement; the decided best leads. A trial ``set_aside`` by its
-    loss check (``run --verify-strict``) is not among them."""
+    loss check (``run --verify strict``) is not among them."""
     ranked = [t for t in records.ranked_feasible(trials) if t.number not in set_aside]
     by_number = {t.number: t for t in ranked}
     rows: list[tuple[TrialView, float, str]] = []
@@ -298,7 +298,7 @@ def render_summary(
 def _set_aside_lines(
     study: optuna.Study, trials: list[TrialView], aside: Collection[int]
 ) -> list[str]:
-    """A line per trial ``run --verify-strict`` set aside: what it measured and why."""
+    """A line per trial ``run --verify strict`` set aside: what it measured and why."""
     from autotune.study import verification as checks
 
     lines = []
@@ -307,7 +307,7 @@ def _set_aside_lines(
         if check is None or not trials[number].feasible:
             continue
         lines.append(
-            f"- Set aside by its loss check (`--verify-strict`): trial {number} "
+            f"- Set aside by its loss check (`--verify strict`): trial {number} "
             f"({check.label}), {float(trials[number].value or 0.0):.1f} samples/s in its "
             f"search probe, {check.verdict.text}."
         )

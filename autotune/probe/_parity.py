@@ -55,8 +55,8 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
         workload.enable_activation_checkpointing(model)
     with backend.whole_parameters(model):
         model.load_state_dict(source)
-        loaded_sq_sum = _sq_sum(dict(model.named_parameters()))
-    source_sq_sum = _sq_sum({name: source[name] for name, _ in model.named_parameters()})
+        loaded_sq_sum = sq_sum(dict(model.named_parameters()))
+    source_sq_sum = sq_sum({name: source[name] for name, _ in model.named_parameters()})
     _check_loaded(source_sq_sum, loaded_sq_sum, candidate.precision)
     dropouts = switch_off_dropout(model)
     model.train()
@@ -65,17 +65,17 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     seed_everything(parity.seed)
     losses, norms, skipped = [], [], []
     for step in range(parity.steps):
-        loss, was_skipped = _train_step(
+        loss, was_skipped, norm = _train_step(
             engine, workload, batches, step == parity.inject_nan_at_step
         )
         losses.append(loss)
         skipped.append(was_skipped)
-        norms.append(_grad_norm(engine))
+        norms.append(norm)
     report.loss_trace = LossTrace(
         losses=losses,
         grad_norms=norms,
         skipped=skipped,
-        initial_weights_sha256=_digest(source),
+        initial_weights_sha256=weights_digest(source),
         initial_weights_sq_sum=source_sq_sum,
         loaded_weights_sq_sum=loaded_sq_sum,
         batch_statistics=any(
@@ -174,40 +174,67 @@ def _to(batch: Any, device: Any) -> Any:
 
 def _train_step(
     engine: Any, workload: Any, batches: list[Any], inject_nan: bool
-) -> tuple[float, bool]:
+) -> tuple[float, bool, float | None]:
     """One optimizer step over this rank's micro-batches: the loss averaged over every
-    micro-batch of every rank, and whether the fp16 loss scaler skipped the step on any
-    rank."""
-    import torch
-    import torch.distributed as dist
-
+    micro-batch of every rank, whether the fp16 loss scaler skipped the step on any rank,
+    and the step's gradient norm (:func:`grad_norm`)."""
     skipped_before = int(getattr(engine, "skipped_steps", 0))
     total = 0.0
+    own_norm = None
     for batch in batches:
         loss = workload.loss(engine, batch)
         if inject_nan:
             loss = loss * float("nan")
         total += float(loss.detach().float().item())
         engine.backward(loss)
+        if engine.is_gradient_accumulation_boundary():
+            own_norm = module_grad_norm(engine.module)
         engine.step()
     skipped = int(getattr(engine, "skipped_steps", 0)) > skipped_before
-    agreed = torch.tensor([total / len(batches), float(skipped)], dtype=torch.float64)
+    loss, skipped = mean_over_ranks(total / len(batches), skipped, engine.device)
+    return loss, skipped, grad_norm(engine, own_norm)
+
+
+def mean_over_ranks(loss: float, skipped: bool, device: Any) -> tuple[float, bool]:
+    """``loss`` averaged over the ranks, and whether any rank's loss scaler skipped."""
+    import torch
+    import torch.distributed as dist
+
+    agreed = torch.tensor([loss, float(skipped)], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        agreed = agreed.to(engine.device)
+        agreed = agreed.to(device)
         dist.all_reduce(agreed, op=dist.ReduceOp.SUM)
         agreed = agreed.cpu()
         agreed[0] /= dist.get_world_size()
     return float(agreed[0]), bool(agreed[1] > 0)
 
 
-def _grad_norm(engine: Any) -> float | None:
+def grad_norm(engine: Any, own_norm: float | None) -> float | None:
+    """The step's gradient norm before clipping: DeepSpeed's where it reports one (its ZeRO
+    and 16-bit optimizers), else ``own_norm``, the module's gradients as the step found
+    them (:func:`module_grad_norm`; fp32 at ZeRO-0, whose backward all-reduces them at the
+    accumulation boundary)."""
     norm = engine.get_global_grad_norm()
     if norm is None:
-        return None
+        return own_norm
     return float(norm.item() if hasattr(norm, "item") else norm)
 
 
-def _sq_sum(tensors: dict[str, Any]) -> float:
+def module_grad_norm(module: Any) -> float | None:
+    """The L2 norm of ``module``'s gradients, in float64 (None: it holds none, as at ZeRO-1
+    and above, whose optimizer holds them)."""
+    import torch
+
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    total = torch.zeros((), dtype=torch.float64)
+    for grad in grads:
+        total += grad.detach().to(device="cpu", dtype=torch.float64).pow(2).sum()
+    return float(total.sqrt())
+
+
+def sq_sum(tensors: dict[str, Any]) -> float:
     """Sum of squares of the floating-point tensors, in float64, each storage once."""
     import torch
 
@@ -239,7 +266,7 @@ def _check_loaded(source_sq_sum: float, loaded_sq_sum: float, precision: str) ->
         )
 
 
-def _digest(weights: dict[str, Any]) -> str:
+def weights_digest(weights: dict[str, Any]) -> str:
     """SHA-256 of the weights' fp32 bytes, in name order."""
     import torch
 

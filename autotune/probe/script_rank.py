@@ -25,6 +25,10 @@ candidate's arguments. When the script calls ``deepspeed.initialize``:
 Once the probe has its steps, the rank writes its :class:`~autotune.protocol.RankReport`,
 meets its peers at a barrier, destroys the process group and exits 0 (no need to finish an
 epoch). A script that raises, exits or ends too soon gets a report saying so.
+
+A loss-parity run (``ProbeSpec.parity``, for ``autotune verify``) records each optimizer
+step's loss and samples instead of timing it, and ends after its steps
+(:mod:`autotune.probe._script_parity`).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from autotune.probe._rank_process import (
     versions,
     write_report,
 )
+from autotune.probe._script_parity import ScriptParity
 from autotune.protocol import ModelInfo, ProbeSpec, RankReport
 
 INITIALIZED_MARKER = "initialized-rank-{rank}"  # written when the script reaches initialize
@@ -83,6 +88,12 @@ class ScriptProbe:
         self.last_s = 0.0
         self.first_forward = True
         self._forward_start: int | None = None
+        # a loss-parity run (autotune verify) records losses instead of timing steps
+        self.parity = (
+            ScriptParity(spec.parity, spec.candidate.micro_batch_size)
+            if spec.parity is not None
+            else None
+        )
 
     # -- deepspeed.initialize ---------------------------------------------------------------
     def install(self) -> None:
@@ -107,6 +118,10 @@ class ScriptProbe:
         Path(self.spec_path.parent, INITIALIZED_MARKER.format(rank=self.rank)).touch()
         if model is not None:
             self.report.model = ModelInfo.of(model)
+            if self.parity is not None:
+                from autotune.backends import DEFAULT_BACKEND, get_backend
+
+                self.parity.model_handed_over(model, get_backend(DEFAULT_BACKEND))
         self._start_tracking(model)
         engine, *rest = original(**arguments)
         self.report.init_s = time.perf_counter() - self.started
@@ -190,12 +205,16 @@ class ScriptProbe:
             if not engine.is_gradient_accumulation_boundary():
                 return original_step(*args, **kwargs)
             skipped_before = int(getattr(engine, "skipped_steps", 0))
+            if self.parity is not None:
+                self.parity.before_step(engine)
             result = original_step(*args, **kwargs)
             skipped = int(getattr(engine, "skipped_steps", 0)) > skipped_before
             self._optimizer_step_done(skipped)
             return result
 
         engine.step = step
+        if self.parity is not None:
+            self.parity.attach(engine)
         module = getattr(engine, "module", None)
         if module is not None and hasattr(module, "register_forward_hook"):
             module.register_forward_pre_hook(self._before_forward, with_kwargs=True)
@@ -205,6 +224,8 @@ class ScriptProbe:
         if self.first_forward:
             self.first_forward = False
             self._check_batch(args, kwargs)
+        if self.parity is not None:
+            self.parity.forward_inputs(args, kwargs)
         self._forward_start = self._held_bytes()
 
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
@@ -244,11 +265,16 @@ class ScriptProbe:
             )
 
     def _optimizer_step_done(self, skipped: bool) -> None:
-        elapsed, skipped = self._agreed(time.perf_counter() - self.last_s, skipped)
-        spec, report = self.spec, self.report
         if self.cuda is not None and not self.steps_seen():
             # DeepSpeed's groups and ZeRO's collectives have connected in the first step
             self.cuda.update()
+        if self.parity is not None:
+            if self.parity.step_done(self.engine, skipped):
+                self.report.loss_trace = self.parity.trace()
+                self.finish()
+            return
+        elapsed, skipped = self._agreed(time.perf_counter() - self.last_s, skipped)
+        spec, report = self.spec, self.report
         if not self.timing:
             report.warmup_step_times_s.append(elapsed)
             self.warmup_skipped.append(skipped)
@@ -295,10 +321,14 @@ class ScriptProbe:
         return float(agreed[0].item()), bool(agreed[1].item() > 0)
 
     def steps_seen(self) -> int:
+        if self.parity is not None:
+            return len(self.parity.losses)
         return len(self.report.warmup_step_times_s) + len(self.report.step_times_s)
 
     def steps_needed(self) -> int:
         """Optimizer steps the probe needs at least, as far as it knows now."""
+        if self.parity is not None:
+            return self.parity.parity.steps
         warmup = len(self.report.warmup_step_times_s) if self.timing else None
         if warmup is None:
             warmup = max(self.spec.warmup_steps, 2)
@@ -356,14 +386,19 @@ class ScriptProbe:
                 else f"{name} exited with code {code} before calling deepspeed.initialize"
                 + (" (argparse's code: it refused its arguments)" if code == 2 else "")
             )
-        elif code == 0 and len(self.report.step_times_s) >= self.spec.timed_steps:
+        elif (
+            code == 0
+            and self.parity is None
+            and len(self.report.step_times_s) >= self.spec.timed_steps
+        ):
             self.finish()  # a short script, but the probe has its timed steps
         else:
             self.report.status = "error"
             seen, needed = self.steps_seen(), self.steps_needed()
+            fewer = "--steps" if self.parity is not None else "--warmup-steps/--timed-steps"
             self.report.error = (
                 f"the script stopped after {seen} optimizer steps; the probe needs {needed}: "
-                "give it more data (or more steps), or fewer --warmup-steps/--timed-steps"
+                f"give it more data (or more steps), or fewer {fewer}"
                 if code == 0
                 else f"{name} exited with code {code} after {seen} optimizer steps"
             )
@@ -401,6 +436,8 @@ def run(spec_path: Path, started: float) -> None:
         probe.report.versions = versions(probe.device)
         probe.report.threads = torch.get_num_threads()
         probe.install()
+        if probe.parity is not None:
+            probe.parity.seed()
         sys.argv = [script.path, *script.argv]
         sys.path.insert(0, str(Path(script.path).parent))
         runpy.run_path(script.path, run_name="__main__")

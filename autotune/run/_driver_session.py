@@ -76,6 +76,7 @@ class DriverSession:
     ) -> None:
         self.plan = plan
         self.stopping = False
+        self.stop_requested = threading.Event()  # set with stopping, for waits to poll
         self._on_second_interrupt = on_second_interrupt
         self._sampler = sampler
         self._run_flags = run_flags
@@ -195,6 +196,7 @@ class DriverSession:
                 self._on_second_interrupt()
             raise KeyboardInterrupt
         self.stopping = True
+        self.stop_requested.set()
         self._emit(events.InterruptRequested())
 
     @contextmanager

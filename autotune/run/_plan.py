@@ -147,12 +147,7 @@ def _check_batch_flags(settings: RunSettings) -> None:
             "--global-batch auto needs --max-global-batch N, the largest global batch "
             "your training may use"
         )
-    flag = "--verify-strict" if settings.verify_strict else "--verify" if settings.verify else ""
-    if flag and settings.script is not None:
-        raise SettingsError(
-            f"{flag}: the loss check runs built-in and file workloads only for now, not a "
-            f"--script; leave {flag} out"
-        )
+    flag = "--verify strict" if settings.verify_strict else "--verify" if settings.verify else ""
     if flag and settings.ray_address is not None:
         raise SettingsError(
             f"{flag}: the loss check runs on this machine, not on the Ray cluster; leave "

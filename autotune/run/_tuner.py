@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING, Any
 from autotune import events
 from autotune.errors import ExecutorError
 from autotune.memory import Limits, MemoryScreen
-from autotune.run.budget import BudgetClock, ReservePolicy, probe_estimate_s, read_budget
+from autotune.run.budget import (
+    VERIFY_RUNS,
+    BudgetClock,
+    ReservePolicy,
+    probe_estimate_s,
+    read_budget,
+)
 from autotune.settings import DEFAULT_VERIFY_STEPS
 from autotune.study import best, records
 
@@ -47,7 +53,7 @@ if TYPE_CHECKING:
     from autotune.study.verification import Verification
 
 
-# Loss checks of --verify-strict at most: the best and up to two runners-up.
+# Loss checks of --verify strict at most: the best and up to two runners-up.
 STRICT_CHECKS = 3
 
 
@@ -133,7 +139,9 @@ class Tuner:
         )
         checks = settings.verify or settings.verify_strict
         self.reserve = ReservePolicy(
-            enabled=settings.confirm, verify_steps=DEFAULT_VERIFY_STEPS if checks else 0
+            enabled=settings.confirm,
+            verify_steps=DEFAULT_VERIFY_STEPS if checks else 0,
+            verify_launches=VERIFY_RUNS if settings.script is not None else 1,
         )
 
     def run(self) -> RunSummary:
@@ -272,11 +280,11 @@ class Tuner:
 
     def _verify(self, session: DriverSession) -> Verification | None:
         """The loss check of the best (``--verify``), after the search's workers are closed
-        and before the export, whose summary.md shows it. With ``--verify-strict`` a best
+        and before the export, whose summary.md shows it. With ``--verify strict`` a best
         whose check differs is set aside and the next best is checked, up to
         :data:`STRICT_CHECKS` checks (the last best checked may then differ too, and the one
         after it is exported unchecked: summary.md names every trial set aside)."""
-        from autotune.run.verify import verify
+        from autotune.run.verify import VerificationInterrupted, verify
         from autotune.study import confirmation as confirm
         from autotune.study import verification as checks
 
@@ -287,13 +295,17 @@ class Tuner:
             decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
             if decided is None or session.stopping:
                 break
-            check = verify(
-                study,
-                trial=decided.trial,
-                steps=DEFAULT_VERIFY_STEPS,
-                emit=self.emit,
-                strict=strict,
-            )
+            try:
+                check = verify(
+                    study,
+                    trial=decided.trial,
+                    steps=DEFAULT_VERIFY_STEPS,
+                    emit=self.emit,
+                    strict=strict,
+                    cancel=session.stop_requested,
+                )
+            except VerificationInterrupted:  # the first Ctrl-C: export what was decided
+                return None
             if not check.set_aside:
                 break
         return check

@@ -178,6 +178,7 @@ class ReservePolicy:
     enabled: bool = True
     fallback_probe_s: float = 20.0
     verify_steps: int = 0  # optimizer steps of each run of the loss check; 0: no check
+    verify_launches: int = 1  # launches of the check: one, or one per run for a script
 
     def reserve_s(
         self,
@@ -197,15 +198,17 @@ class ReservePolicy:
     def verify_reserve_s(
         self, *, feasible: int, launch_s: float, step_s: float, checked_s: float = 0.0
     ) -> float:
-        """The loss check's time (``run --verify``), once there is a best to check: one
-        launch (``launch_s``, the longest probe so far: the check's launch is cold) and
+        """The loss check's time (``run --verify``), once there is a best to check: its
+        launches (``launch_s`` each, the longest probe so far: the check's launch is cold;
+        a script's runs launch one by one, each paying the script's start) and
         :data:`VERIFY_RUNS` runs of its steps at ``step_s``, the slowest feasible
         configuration's step (the reference may be a configuration the search never
         measured); at least what a check of the study took before (``checked_s``), which
         also holds the check's own set-up (the reference's memory prediction, the ops)."""
         if not self.verify_steps or feasible < 1:
             return 0.0
-        estimate_s = (launch_s or self.fallback_probe_s) + VERIFY_RUNS * self.verify_steps * step_s
+        launches_s = self.verify_launches * (launch_s or self.fallback_probe_s)
+        estimate_s = launches_s + VERIFY_RUNS * self.verify_steps * step_s
         return max(estimate_s, checked_s)
 
 

@@ -12,16 +12,24 @@ without it, a difference could be the reference's own noise. For a built-in work
 CPU ranks both runs are bitwise equal; on GPUs, kernels with atomics are not, and the
 repeat shows by how much. A trial whose configuration is its reference's reuses the
 repeat as its own run.
+
+A script study's runs are the user's script itself (``autotune.probe.script_rank`` with
+the parity run, :mod:`autotune.probe._script_parity`), one launch each: its reference is
+rule 1 with the config the script names on its command line, where it names one.
+
+A ``cancel`` event set (the first Ctrl-C) stops the runs; nothing is stored and
+:class:`VerificationInterrupted` is raised.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune import events
-from autotune.errors import SettingsError
+from autotune.errors import AutotuneError, SettingsError
 from autotune.run._reference import Reference, choose_reference
 from autotune.settings import DEFAULT_VERIFY_STEPS
 from autotune.study import best, records, study_config
@@ -34,11 +42,17 @@ if TYPE_CHECKING:
     from autotune.candidate import Candidate
     from autotune.execution import ProbeJob
     from autotune.hardware import Hardware
-    from autotune.protocol import ProbeResult
+    from autotune.protocol import ProbeResult, ScriptRun
     from autotune.study import StudyConfig, TrialView
 
 SEED = 0
 MEMORY_MARGIN = 0.05  # the share of the limit a reference must leave free, as the search's
+
+
+class VerificationInterrupted(AutotuneError):
+    """The check was stopped (Ctrl-C) before its runs ended: nothing was stored."""
+
+    exit_code = 130
 
 
 def verify(
@@ -48,19 +62,20 @@ def verify(
     steps: int = DEFAULT_VERIFY_STEPS,
     emit: events.Emit = events.ignore,
     strict: bool = False,
+    cancel: threading.Event | None = None,
 ) -> checks.Verification:
     """Check trial ``trial`` (the best by default) against its reference; store and return
-    the check. ``strict`` (``run --verify-strict``): a trial whose check differs is set
-    aside, never the best (a later check without it takes that back)."""
+    the check. ``strict`` (``run --verify strict``): a trial whose check differs is set
+    aside, never the best (a later check without it takes that back). ``cancel`` set:
+    the runs are stopped and :class:`VerificationInterrupted` raised, nothing stored."""
     started = time.monotonic()
     config = _checked_config(study, steps)
     trials = records.views(study)
     chosen = _chosen_trial(study, trials, trial)
     from autotune.hardware import detect
-    from autotune.workloads import get_workload
 
     hardware = detect()
-    workload = get_workload(config.workload)
+    workload = _workload(config, chosen.candidate)
     reference = choose_reference(
         chosen.candidate, config.base_config, _fits(workload, config, trials, hardware)
     )
@@ -80,7 +95,13 @@ def verify(
     folder = Path(chosen.record.trial_dir).parent / f"verify-{chosen.number:04d}"
     jobs = _jobs(config, chosen, reference, roles, folder, steps, hardware, workload)
     _ensure_ops(hardware, jobs, emit)
-    runs = _launch(roles, jobs, emit)
+    runs = _launch(roles, jobs, emit, cancel)
+    if cancel is not None and cancel.is_set():
+        emit(events.VerificationInterrupted(chosen.number))
+        raise VerificationInterrupted(
+            f"the loss check of trial {chosen.number} was interrupted: nothing recorded; run "
+            f"autotune verify --study {study.study_name} --trial {chosen.number} to check it"
+        )
     return _record(study, chosen, reference, runs, steps, strict, started, emit)
 
 
@@ -128,22 +149,39 @@ def _checked_config(study: optuna.Study, steps: int) -> StudyConfig:
     config = study_config(study)
     if config is None:
         raise SettingsError(f"study {study.study_name!r} was not made by autotune run")
-    if config.script is not None:
-        raise SettingsError(
-            f"study {study.study_name!r} tunes a script: autotune verify checks built-in and "
-            "file workloads only for now"
-        )
     if steps < 1:
         raise SettingsError(f"--steps {steps}: give at least 1 optimizer step")
     return config
 
 
-def _launch(roles: list[str], jobs: list[ProbeJob], emit: events.Emit) -> list[checks.VerifiedRun]:
-    """Every run in one launch, reference first; a trial that is its own reference takes
-    the repeat as its run."""
+def _workload(config: StudyConfig, chosen: Candidate) -> Any:
+    """The study's workload, or its script where a workload is expected."""
+    if config.script is not None:
+        from autotune.run._script_plan import ScriptWorkload
+
+        return ScriptWorkload(config.script, chosen.train_batch_size)
+    from autotune.workloads import get_workload
+
+    return get_workload(config.workload)
+
+
+def _launch(
+    roles: list[str], jobs: list[ProbeJob], emit: events.Emit, cancel: threading.Event | None
+) -> list[checks.VerifiedRun]:
+    """Every run in one launch (a script's: one launch each), reference first; a trial
+    that is its own reference takes the repeat as its run."""
     from autotune.execution import launch_probes
 
-    results = launch_probes(jobs)
+    if jobs[0].spec.script is None:
+        results = launch_probes(jobs, cancel=cancel)
+    else:
+        results = []
+        for job in jobs:
+            if cancel is not None and cancel.is_set():
+                break
+            results += launch_probes([job], cancel=cancel)
+    if cancel is not None and cancel.is_set():
+        return []
     runs = [_run(role, job, result) for role, job, result in zip(roles, jobs, results, strict=True)]
     for run in runs:
         emit(events.VerificationRunDone(run.role, run.label, run.status, run.error, run.wall_s))
@@ -217,16 +255,21 @@ def _jobs(
     from autotune.execution import ProbeJob
     from autotune.protocol import ParityRun, ProbeSpec
     from autotune.run._dispatch import workload_folders
-    from autotune.run._plan import steps_timeout_s
 
     backend = get_backend(DEFAULT_BACKEND)
     fallback = backend.uses_fallback_optimizer(chosen.record.ds_config or {})
     jobs = []
     for role in roles:
         candidate = chosen.candidate if role == "winner" else reference.candidate
+        trial_dir = folder / role.replace(" ", "-")
         ds_config = backend.render_config(candidate, config.base_config, nvme_path=config.nvme_path)
         if fallback:
             ds_config = backend.with_fallback_optimizer(ds_config)
+        script, cwd = None, str(Path.cwd())
+        if config.script is not None:
+            ds_config = backend.config_for_script(ds_config, config.script)
+            script = _script_run(config, candidate, trial_dir, fallback)
+            cwd = config.script.cwd
         spec = ProbeSpec(
             workload=config.workload,
             candidate=candidate,
@@ -236,26 +279,56 @@ def _jobs(
             device_memory_bytes=hardware.device_memory_bytes,
             float32_matmul_precision=config.float32_matmul_precision,  # type: ignore[arg-type]
             parity=ParityRun(steps=steps, seed=SEED),
+            script=script,
         )
         jobs.append(
             ProbeJob(
                 spec=spec,
-                trial_dir=str(folder / role.replace(" ", "-")),
+                trial_dir=str(trial_dir),
                 world_size=candidate.data_parallel_size,
-                timeout_s=steps_timeout_s(
-                    workload,
-                    config.accelerator,
-                    config.threads_per_rank,
-                    candidate.train_batch_size,
-                    candidate.data_parallel_size,
-                    steps,
-                ),
+                timeout_s=_timeout_s(config, workload, candidate, steps),
                 threads_per_rank=config.threads_per_rank,
-                cwd=str(Path.cwd()),
-                python_path=workload_folders(config.workload),
+                cwd=cwd,
+                python_path=[] if script is not None else workload_folders(config.workload),
             )
         )
     return jobs
+
+
+def _script_run(
+    config: StudyConfig, candidate: Candidate, trial_dir: Path, torch_adam: bool
+) -> ScriptRun:
+    """The study's script with ``candidate``'s arguments, its config in ``trial_dir``."""
+    from autotune.protocol import ScriptRun
+
+    assert config.script is not None
+    return ScriptRun(
+        path=config.script.path,
+        argv=config.script.argv(
+            candidate, str(trial_dir / "ds_config.json"), cpu=config.accelerator == "cpu"
+        ),
+        nvme_path=config.nvme_path,
+        torch_adam=torch_adam,
+    )
+
+
+def _timeout_s(config: StudyConfig, workload: Any, candidate: Candidate, steps: int) -> float:
+    """A run's hard limit: a script's as its probes' (its start and steps are its own), a
+    workload's from its size (:func:`~autotune.run._plan.steps_timeout_s`)."""
+    if config.script is not None:
+        from autotune.run._script_plan import SCRIPT_PROBE_TIMEOUT_S
+
+        return SCRIPT_PROBE_TIMEOUT_S
+    from autotune.run._plan import steps_timeout_s
+
+    return steps_timeout_s(
+        workload,
+        config.accelerator,
+        config.threads_per_rank,
+        candidate.train_batch_size,
+        candidate.data_parallel_size,
+        steps,
+    )
 
 
 def _ensure_ops(hardware: Hardware, jobs: list[ProbeJob], emit: events.Emit) -> None:

@@ -49,7 +49,7 @@ def decide_best(
     something faster, and the next round will confirm it. A single probe the round ranked
     below the winner never does, however fast it once measured. A winner that is not feasible
     now leaves its place to the next contender in the round's order that is. A trial
-    ``set_aside`` (``run --verify-strict``: its loss check differs,
+    ``set_aside`` (``run --verify strict``: its loss check differs,
     :func:`autotune.study.verification.set_aside`) is never the best."""
     aside = frozenset(set_aside)
     every = ranked_feasible(trials)

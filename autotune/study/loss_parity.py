@@ -22,8 +22,10 @@ steps, far below what a real difference in training moves.
 **Verdicts** (:data:`Verdict`, in this order):
 
 - "cannot judge": the reference's loss is not finite, the runs started from different
-  weights, or two runs of the reference itself disagree beyond the reference precision's
-  tolerance (its data order or initialisation is not reproducible);
+  weights, two runs of the reference itself disagree beyond the reference precision's
+  tolerance (its data order or initialisation is not reproducible), or a script's runs
+  trained on other samples in some step (``LossTrace.sample_digests``: the repeat's, a data
+  order that is not reproducible; the winner's, one that depends on the batch split);
 - "differs": the first step where the winner's loss is NaN or inf, the fp16 loss scaler
   skipped it (overflow), or its loss or gradient norm (where both runs report one) is off
   the reference's by more than the coarser precision's tolerance, with the likely cause;
@@ -182,11 +184,28 @@ def _cannot_judge(
         return verdict(
             infinite, f"the reference's loss is {ref.losses[infinite]} at step {infinite}"
         )
-    others = [winner] + ([repeat] if repeat is not None else [])
-    if any(o.trace.initial_weights_sha256 != ref.initial_weights_sha256 for o in others):
-        return verdict(None, "the runs did not start from the same initial weights")
+    if repeat is not None and repeat.trace.initial_weights_sha256 != ref.initial_weights_sha256:
+        return verdict(
+            None,
+            "two runs of the reference started from different initial weights: its "
+            "initialisation is not reproducible (seeded from the clock?)",
+        )
+    if winner.trace.initial_weights_sha256 != ref.initial_weights_sha256:
+        return verdict(
+            None,
+            "the runs did not start from the same initial weights (a model built otherwise "
+            "for the winner's configuration, e.g. under zero.Init at ZeRO-3?)",
+        )
     if repeat is None:
-        return None
+        return _other_samples(ref, winner.trace, verdict)
+    step = _first_other_samples(ref, repeat.trace)
+    if step is not None:
+        return verdict(
+            step,
+            f"two runs of the reference trained on other samples at step {step}: the "
+            "script's data order is not reproducible (a sampler or loader workers seeded from "
+            "the clock?)",
+        )
     own = reference.candidate.precision
     for step, (first, second) in enumerate(zip(ref.losses, repeat.trace.losses, strict=False)):
         difference = relative_difference(second, first)
@@ -198,7 +217,28 @@ def _cannot_judge(
                 f"{_percent(tolerance(own, step))}): its data order or initialisation is not "
                 "reproducible",
             )
-    return None
+    return _other_samples(ref, winner.trace, verdict)
+
+
+def _other_samples(reference: LossTrace, winner: LossTrace, verdict: Any) -> ParityVerdict | None:
+    """ "cannot judge" where the winner trained on other samples than the reference."""
+    step = _first_other_samples(reference, winner)
+    if step is None:
+        return None
+    return verdict(
+        step,
+        f"the winner trained on other samples than the reference at step {step}: the "
+        "script's data order depends on the micro-batch or accumulation; draw it from a seed "
+        "alone (e.g. a sampler over samples, batched after)",
+    )
+
+
+def _first_other_samples(reference: LossTrace, other: LossTrace) -> int | None:
+    """The first step whose samples differ, where both runs recorded them (a script's)."""
+    if reference.sample_digests is None or other.sample_digests is None:
+        return None
+    pairs = zip(reference.sample_digests, other.sample_digests, strict=False)
+    return next((step for step, (a, b) in enumerate(pairs) if a != b), None)
 
 
 def _difference_at(reference: ComparedRun, winner: ComparedRun, step: int, precision: str) -> str:

@@ -55,7 +55,7 @@ class Verification(BaseModel):
     seconds: float = Field(default=0.0, description="Wall time of the whole check.")
     set_aside: bool = Field(
         default=False,
-        description="run --verify-strict set the trial aside (its check differs): it is never "
+        description="run --verify strict set the trial aside (its check differs): it is never "
         "the best, until a later check of it says otherwise.",
     )
 
@@ -81,7 +81,7 @@ def load_all(study: optuna.Study) -> dict[int, Verification]:
 
 
 def set_aside(study: optuna.Study) -> frozenset[int]:
-    """The trials ``run --verify-strict`` set aside: never the best."""
+    """The trials ``run --verify strict`` set aside: never the best."""
     return frozenset(number for number, check in load_all(study).items() if check.set_aside)
 
 

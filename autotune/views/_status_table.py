@@ -87,7 +87,7 @@ def verification_lines(study: optuna.Study) -> list[str]:
         f"loss check of trial {number} ({check.label}) against {check.reference_label}, "
         f"{check.steps} step(s): {check.verdict.text}"
         + (
-            " (set aside by --verify-strict: never the best)"
+            " (set aside by --verify strict: never the best)"
             if check.set_aside
             else ""
             if number == chosen

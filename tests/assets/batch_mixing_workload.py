@@ -2,7 +2,7 @@
 micro-batch, then BatchNorm. Its training depends on the micro-batch, and its cost grows
 with the square of the micro-batch, so that splitting the global batch finer is faster: the
 fastest configuration trains differently from its reference, for the tests of
-``autotune run --verify-strict``."""
+``autotune run --verify strict``."""
 
 from __future__ import annotations
 

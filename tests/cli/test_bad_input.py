@@ -115,9 +115,10 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--script", "noattr.py", "--script-arg", "batch=--bs"], "--script-arg batch=--bs"),
     (["run", "--script", "noattr.py", "--", "--num_gpus", "2"], "--num_gpus is a launcher flag"),
     (["run", "--workload", "gpt-tiny", "--", "--lr", "1"], "script arguments (--lr 1) without"),
-    (["run", "--script", "noattr.py", "--verify"], "--verify: the loss check runs built-in"),
-    (["run", "--script", "noattr.py", "--verify-strict"], "--verify-strict: the loss check"),
     ([*RUN, "--verify", "--ray-address", "auto"], "--verify: the loss check runs on this"),
+    ([*RUN, "--verify", "strict", "--ray-address", "auto"], "--verify strict: the loss check"),
+    ([*RUN, "--verify=sometimes"], "--verify: input should be 'off', 'on' or 'strict', got"),
+    ([*RUN, "--verify-strict", "--ray-address", "auto"], "--verify strict: the loss check"),
     # studies
     (["run", "--study", "nosuch"], "--study nosuch: no such study in"),
     ([*RUN, "--study", "../x"], "--study: study name '../x' must be"),

@@ -134,3 +134,39 @@ def test_every_flag_left_out_resolves_to_the_settings_default():
         assert getattr(resolved, name) == field.get_default(call_default_factory=True), name
         checked += 1
     assert checked >= 25
+
+
+AFTER = ["--", "--verify", "strict"]  # the script's own arguments after `--` are its own
+
+
+@pytest.mark.parametrize(
+    ("argv", "joined"),
+    [
+        (["run", "--verify"], ["run", "--verify=on"]),
+        (["--verify", "strict", "--budget", "1h"], ["--verify=strict", "--budget", "1h"]),
+        (["--verify", "--budget", "1h"], ["--verify=on", "--budget", "1h"]),
+        (["run", "--verify", "off"], ["run", "--verify=off"]),
+        (["run", "--script", "t.py", *AFTER], ["run", "--script", "t.py", *AFTER]),
+    ],
+)
+def test_verify_takes_an_optional_value(argv: list[str], joined: list[str]) -> None:
+    from autotune.cli._flags import with_optional_values
+
+    assert with_optional_values(argv) == joined
+
+
+def test_verify_strict_sets_both_settings_and_a_stored_switch_still_reads() -> None:
+    """``--verify strict`` is the strict check; a study stored when ``--verify`` was a
+    switch (``verify: true``, ``verify_strict: true``) continues as it was started."""
+    from autotune.cli._flags import RunFlags
+
+    def settings(**flags: object) -> tuple[bool, bool]:
+        resolved = RunFlags.resolve({"workload": "gpt-tiny"}, flags).settings()
+        return resolved.verify, resolved.verify_strict
+
+    assert settings() == (False, False)
+    assert settings(verify="on") == (True, False)
+    assert settings(verify="strict") == (True, True)
+    assert settings(verify=True) == (True, False)
+    assert settings(verify=True, verify_strict=True) == (True, True)
+    assert settings(verify=False) == (False, False)

@@ -1,4 +1,4 @@
-"""``autotune verify`` and ``autotune run --verify`` / ``--verify-strict`` end to end on real
+"""``autotune verify`` and ``autotune run --verify`` / ``--verify strict`` end to end on real
 DeepSpeed CPU ranks: a study of gpt-tiny whose winner is bf16, its loss check against the
 fp32 ZeRO-0 reference, and the verdict as status, ``--json`` and summary.md show it; a model
 with BatchNorm whose winner splits the batch finer than its reference differs, by its batch
@@ -36,12 +36,27 @@ RUN = [
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The study, its best checked by ``run --verify``; the run's output."""
     path = tmp_path_factory.mktemp("verify")
     (path / "space.yaml").write_text(SPACE)
-    result = run_cli(*RUN, cwd=path)
+    result = run_cli(*RUN, "--verify", "--quiet", cwd=path)
     assert result.returncode == 0, result.stdout + result.stderr
-    return path
+    return path, result.stdout
+
+
+@pytest.fixture(scope="module")
+def workdir(study: tuple[Path, str]) -> Path:
+    return study[0]
+
+
+def test_run_with_verify_checks_the_best_before_its_export(study: tuple[Path, str]) -> None:
+    path, out = study
+    assert "verifying trial 0 (z2 bf16 mb2x2) against z0 fp32 mb4x1" in out
+    assert "loss check of trial 0: drifts within the tolerance of bf16" in out
+    assert out.index("loss check of trial 0") < out.index("exported: ")
+    summary = (path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+    assert "**drifts within the tolerance of bf16**" in summary
 
 
 def test_verify_checks_the_bf16_winner_against_fp32_zero0(workdir: Path) -> None:
@@ -107,18 +122,6 @@ def test_batch_statistics_at_a_smaller_micro_batch_differ(tmp_path: Path) -> Non
     ), result.stdout
 
 
-def test_run_with_verify_checks_the_best_before_its_export(tmp_path: Path) -> None:
-    (tmp_path / "space.yaml").write_text(SPACE)
-    result = run_cli(*RUN, "--verify", "--quiet", cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    out = result.stdout
-    assert "verifying trial 0 (z2 bf16 mb2x2) against z0 fp32 mb4x1" in out
-    assert "loss check of trial 0: drifts within the tolerance of bf16" in out
-    assert out.index("loss check of trial 0") < out.index("exported: ")
-    summary = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
-    assert "**drifts within the tolerance of bf16**" in summary
-
-
 # fp32 ZeRO-0 at two splits of 1024 samples per rank. The workload mixes the samples of a
 # micro-batch (attention over them, then BatchNorm): it costs the square of the micro-batch,
 # so micro-batch 256 (x4) is the faster, and it trains differently from its reference, 1024.
@@ -139,7 +142,7 @@ def test_verify_strict_exports_the_runner_up_when_the_winner_differs(tmp_path: P
     result = run_cli(
         "run", "--workload", workload, "--gpus", "2", "--space", "space.yaml", "--budget", "5m",
         "--no-confirm", "--warmup-steps", "1", "--timed-steps", "3", "--max-timed-steps", "3",
-        "--no-early-stop", "--quiet", "--verify-strict", cwd=tmp_path,
+        "--no-early-stop", "--quiet", "--verify", "strict", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -150,12 +153,12 @@ def test_verify_strict_exports_the_runner_up_when_the_winner_differs(tmp_path: P
     assert split and whole and split.start() < whole.start(), out
     differs = f"loss check of trial {split[1]}: differs: step 0, loss "
     assert differs in out and "likely cause: micro-batch-dependent statistics" in out
-    assert "set aside (--verify-strict): the next best is checked" in out
+    assert "set aside (--verify strict): the next best is checked" in out
     assert f"loss check of trial {whole[1]}: trains the same" in out
     assert f"best: trial {whole[1]} z0 fp32 mb1024x1" in out
     summary = (tmp_path / "trials" / "batch-mixing" / "best" / "summary.md").read_text()
     assert "# autotune: z0 fp32 mb1024x1" in summary
-    aside = f"- Set aside by its loss check (`--verify-strict`): trial {split[1]} (z0 fp32 mb256x4)"
+    aside = f"- Set aside by its loss check (`--verify strict`): trial {split[1]} (z0 fp32 mb256x4)"
     assert aside in summary
     status = run_cli("status", cwd=tmp_path).stdout
-    assert "(set aside by --verify-strict: never the best)" in status
+    assert "(set aside by --verify strict: never the best)" in status

@@ -94,9 +94,10 @@ def test_every_run_starts_from_the_same_seeded_weights(results: dict[str, ProbeR
     assert results["reference"].loss_trace is not None
     losses = results["reference"].loss_trace.losses
     assert len(losses) == STEPS and losses[-1] < losses[0]  # it learns the batch
-    # DeepSpeed reports a gradient norm at ZeRO-2, none at fp32 ZeRO-0
-    assert reference.grad_norms == [None] * STEPS
-    assert all(norm is not None and norm > 0 for norm in bf16.grad_norms)
+    # the gradient norm: DeepSpeed's at ZeRO-2 and 3, the module's own at fp32 ZeRO-0
+    # (DeepSpeed reports none there); the same norm, bar fp32's rounding
+    assert all(norm is not None and norm > 0 for t in traces for norm in t.grad_norms)
+    assert zero3.grad_norms == pytest.approx(reference.grad_norms, rel=tolerance("fp32", STEPS))
 
 
 def test_fp32_at_another_stage_and_split_trains_the_same(results: dict[str, ProbeResult]) -> None:

@@ -255,3 +255,8 @@ def test_the_loss_check_holds_back_one_launch_and_three_runs_of_its_steps() -> N
     assert budget.ReservePolicy().verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3) == 0.0
     # at least what an earlier check of the study took (set-up included)
     assert policy.verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3, checked_s=40.0) == 40.0
+    # a script's runs launch one by one, each paying the script's start
+    script = budget.ReservePolicy(verify_steps=10, verify_launches=budget.VERIFY_RUNS)
+    assert script.verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3) == pytest.approx(
+        budget.VERIFY_RUNS * (9.0 + 10 * 0.3)
+    )

@@ -96,7 +96,7 @@ def test_a_winner_not_feasible_now_leaves_the_best_to_the_next_contender() -> No
 
 
 def test_a_trial_set_aside_by_its_loss_check_is_never_the_best() -> None:
-    """``run --verify-strict``: the round's winner whose loss check differs leaves the best
+    """``run --verify strict``: the round's winner whose loss check differs leaves the best
     to the next contender, and the reason says so; unconfirmed, the next fastest."""
     verdict = _round_of_t3_over_t15()
     trials = [_measured(3, 100.0), _measured(15, 120.0)]

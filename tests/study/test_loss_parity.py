@@ -34,6 +34,7 @@ def run(
     weights: str = "w0",
     batch_statistics: bool = False,
     clipping: float = 0.0,
+    samples: list[str] | None = None,
 ) -> ComparedRun:
     return ComparedRun(
         candidate=candidate,
@@ -46,6 +47,7 @@ def run(
             loaded_weights_sq_sum=1.0,
             batch_statistics=batch_statistics,
             gradient_clipping=clipping,
+            sample_digests=samples,
         ),
     )
 
@@ -203,4 +205,35 @@ def test_a_reference_that_is_not_finite_or_other_weights_cannot_judge() -> None:
     assert verdict.verdict == "cannot judge" and verdict.step == 1
     assert "the reference's loss is inf at step 1" in verdict.text
     verdict = compare(run(REFERENCE_LOSSES), run(REFERENCE_LOSSES, weights="w1"))
-    assert verdict.text == "cannot judge: the runs did not start from the same initial weights"
+    assert verdict.text.startswith(
+        "cannot judge: the runs did not start from the same initial weights"
+    )
+    verdict = compare(
+        run(REFERENCE_LOSSES), run(REFERENCE_LOSSES), repeat=run(REFERENCE_LOSSES, weights="w1")
+    )
+    assert verdict.text.startswith("cannot judge: two runs of the reference started from")
+    assert "initialisation is not reproducible" in verdict.text
+
+
+def test_a_script_whose_runs_trained_on_other_samples_cannot_judge() -> None:
+    """A script's sample digests: the repeat's differ, a data order that is not
+    reproducible; the winner's, one that depends on the split; runs without digests (a
+    built-in workload, inputs with no integer tensor) are compared on their losses."""
+    digests = [f"d{step}" for step in range(len(REFERENCE_LOSSES))]
+    shuffled = [*digests[:2], "other", *digests[3:]]
+    reference = run(REFERENCE_LOSSES, samples=digests)
+    verdict = compare(reference, run(REFERENCE_LOSSES, samples=digests),
+                      repeat=run(REFERENCE_LOSSES, samples=shuffled))  # fmt: skip
+    assert verdict.verdict == "cannot judge" and verdict.step == 2
+    assert "two runs of the reference trained on other samples at step 2" in verdict.text
+    assert "not reproducible" in verdict.text
+    split = winner(micro_batch_size=2, gradient_accumulation_steps=2)
+    verdict = compare(reference, run(REFERENCE_LOSSES, candidate=split, samples=shuffled),
+                      repeat=run(REFERENCE_LOSSES, samples=digests))  # fmt: skip
+    assert verdict.verdict == "cannot judge" and verdict.step == 2
+    assert "the winner trained on other samples than the reference at step 2" in verdict.text
+    assert "depends on the micro-batch or accumulation" in verdict.text
+    unrecorded = compare(reference, run(REFERENCE_LOSSES, candidate=split, samples=None))
+    assert unrecorded.verdict == "trains the same"
+    same = compare(reference, run(REFERENCE_LOSSES, candidate=split, samples=digests))
+    assert same.verdict == "trains the same"

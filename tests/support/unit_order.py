@@ -34,6 +34,7 @@ LONGEST_FIRST = (
     "integration/test_probe.py",
     "e2e/test_verify.py",
     "views",
+    "e2e/test_verify_script.py",
     "benchmarks/test_deepspeed_matrix.py",
     "e2e/faults/test_script_faults.py",
     "e2e/test_models_cli.py",
