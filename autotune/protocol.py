@@ -46,6 +46,11 @@ HOST_PEAK_WORDS: dict[str, str] = {
 NODE_ENV = "AUTOTUNE_NODE"
 
 
+# A script probe's rank 0 writes the config the script passed to deepspeed.initialize (as a
+# dict, before the candidate's keys are laid over it) into the trial folder under this name.
+SCRIPT_CONFIG_FILE = "script_ds_config.json"
+
+
 class ScriptRun(BaseModel):
     """A user's own training script as the probe (``python -m autotune.probe.script_rank``): it
     runs unedited with these arguments, and the config it hands to ``deepspeed.initialize``

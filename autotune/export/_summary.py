@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.candidate import Candidate
+    from autotune.protocol import LossTrace
     from autotune.study import Best, Confirmation, StudyConfig, TrialRecord, TrialView
 
 RUNNERS_UP = 5
@@ -342,6 +343,7 @@ def _loss_check_lines(study: optuna.Study, number: int) -> list[str]:
         "",
         f"Tolerance: 8·u·√(step+1) of the coarser precision ({verdict.precision}, u its unit "
         "roundoff), each step's loss the mean over the global batch.",
+        *_script_check_lines(study, reference.trace),
         "",
         "| step | reference loss | this configuration's loss | relative difference |",
         "| --- | --- | --- | --- |",
@@ -353,6 +355,30 @@ def _loss_check_lines(study: optuna.Study, number: int) -> list[str]:
         difference = relative_difference(won, ref)
         lines.append(f"| {step} | {ref:.6g} | {won:.6g} | {100 * difference:.2g}% |")
     return lines
+
+
+def _script_check_lines(study: optuna.Study, trace: LossTrace) -> list[str]:
+    """What a script's check held equal and what it could not (none for a built-in
+    workload, whose runs make their weights and samples themselves)."""
+    from autotune.study import study_config
+
+    config = study_config(study)
+    if config is None or config.script is None:
+        return []
+    samples = (
+        "each step's samples were the same in every run (digests of the micro-batches' "
+        "integer inputs over every rank)"
+        if trace.sample_digests is not None
+        else "the samples could not be compared (the inputs hold no integer tensor): the "
+        "reference's repeat alone says its data order is reproducible"
+    )
+    return [
+        "",
+        "Your script ran as it is: autotune seeded python, numpy and torch before it and "
+        "switched its torch.nn dropout off; what the script seeds itself and functional "
+        "dropout in its code are its own. The runs started from the same weights, and "
+        f"{samples}.",
+    ]
 
 
 def _file_lines(config: StudyConfig) -> list[str]:

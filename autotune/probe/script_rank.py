@@ -60,7 +60,7 @@ from autotune.probe._rank_process import (
     write_report,
 )
 from autotune.probe._script_parity import ScriptParity
-from autotune.protocol import ModelInfo, ProbeSpec, RankReport
+from autotune.protocol import SCRIPT_CONFIG_FILE, ModelInfo, ProbeSpec, RankReport
 
 INITIALIZED_MARKER = "initialized-rank-{rank}"  # written when the script reaches initialize
 
@@ -159,6 +159,7 @@ class ScriptProbe:
             config = backend.with_fallback_optimizer(config)
         if self.rank == 0:
             _write_json(self.spec_path.parent / "engine_config.json", config)
+            _write_json(self.spec_path.parent / SCRIPT_CONFIG_FILE, base)
         return config
 
     def start_cuda_memory(self) -> None:

@@ -3,7 +3,8 @@ user would train with without autotune, at the winner's global batch and ranks.
 
 The rule, first that applies:
 
-1. **The user's base config** (``--base-config``), as DeepSpeed reads it: the precision,
+1. **The user's base config** (``--base-config``; a script's: the config file it names, else
+   the config it passes to ``deepspeed.initialize``), as DeepSpeed reads it: the precision,
    ZeRO stage, offload and batch split it sets, DeepSpeed's defaults for what it leaves
    out (fp32, ZeRO-0, no offload; with neither a micro-batch nor an accumulation, the
    rank's whole share of the global batch in one micro-batch). It is the user's own
@@ -43,15 +44,17 @@ def choose_reference(
     winner: Candidate,
     base_config: dict[str, Any] | None,
     fits: Callable[[Candidate], bool],
+    base_source: str = "your base config",
 ) -> Reference:
     """The reference for ``winner`` by the rule of the module docstring; ``fits`` is the
-    memory model's word on a candidate."""
+    memory model's word on a candidate, ``base_source`` names where ``base_config`` came
+    from."""
     if base_config is not None:
         candidate = from_base_config(winner, base_config)
         return Reference(
             candidate=candidate,
             rule="base config",
-            reason=f"your base config as DeepSpeed reads it ({candidate.label})",
+            reason=f"{base_source} as DeepSpeed reads it ({candidate.label})",
         )
     per_rank = winner.train_batch_size // winner.data_parallel_size
     for micro in sorted(_divisors(per_rank), reverse=True):

@@ -76,8 +76,9 @@ def verify(
 
     hardware = detect()
     workload = _workload(config, chosen.candidate)
+    base, base_source = _base_config(config, chosen)
     reference = choose_reference(
-        chosen.candidate, config.base_config, _fits(workload, config, trials, hardware)
+        chosen.candidate, base, _fits(workload, config, trials, hardware), base_source
     )
     roles = ["reference", "reference repeat"]
     if reference.candidate != chosen.candidate:
@@ -152,6 +153,23 @@ def _checked_config(study: optuna.Study, steps: int) -> StudyConfig:
     if steps < 1:
         raise SettingsError(f"--steps {steps}: give at least 1 optimizer step")
     return config
+
+
+def _base_config(config: StudyConfig, chosen: TrialView) -> tuple[dict[str, Any] | None, str]:
+    """The user's base config and where it came from: ``--base-config`` (for a script, the
+    config file it names), else the config a script built in code, as its probe's rank 0
+    wrote it down (:data:`~autotune.protocol.SCRIPT_CONFIG_FILE`)."""
+    if config.base_config is not None or config.script is None:
+        return config.base_config, "your base config"
+    import json
+
+    from autotune.protocol import SCRIPT_CONFIG_FILE
+
+    try:
+        passed = json.loads((Path(chosen.record.trial_dir) / SCRIPT_CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None, ""
+    return passed, f"the config {config.script.name} passes to deepspeed.initialize"
 
 
 def _workload(config: StudyConfig, chosen: Candidate) -> Any:

@@ -82,6 +82,8 @@ def test_a_loss_averaged_per_micro_batch_differs_at_accumulation(study: tuple[Pa
     assert out.index("loss check of trial 0") < out.index("exported: ")
     summary = (folder / "trials" / "train" / "best" / "summary.md").read_text()
     assert "**differs: step 0" in summary
+    assert "Your script ran as it is: autotune seeded python, numpy and torch" in summary
+    assert "each step's samples were the same in every run" in summary
     document = json.loads(run_cli("status", "--json", cwd=folder).stdout)
     runs = document["verification"]["0"]["runs"]
     reference, repeat, winner = (run["trace"] for run in runs)

@@ -11,6 +11,7 @@ happened, and the study goes on (or ends) without hanging.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -97,10 +98,22 @@ def test_a_script_that_stops_early_says_how_many_steps_the_probe_needs(tmp_path:
 
 
 def test_a_script_that_initializes_torch_distributed_itself_works(tmp_path: Path) -> None:
+    """... and its loss check takes the config the script builds in code as its reference
+    (rank 0 of its probe wrote it down); its float inputs leave the samples uncompared."""
     code, output = _run(tmp_path, "own_init")
     assert code == 0, output
     assert "samples/s" in _probe_line(output)
     assert (tmp_path / "trials" / "tiny_script" / "best" / "launch.sh").exists()
+    check = run_cli("verify", "--steps", "2", "--json", cwd=tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert (
+        "against z0 fp32 mb4x1: the config tiny_script.py passes to deepspeed.initialize as "
+        "DeepSpeed reads it (z0 fp32 mb4x1)"
+    ) in check.stderr
+    document = json.loads(check.stdout)
+    assert document["reference_rule"] == "base config"
+    assert all(run["trace"]["sample_digests"] is None for run in document["runs"])
+    assert document["verdict"]["verdict"] != "cannot judge", document["verdict"]["text"]
 
 
 def test_nccl_on_cpu_ranks_is_one_line(tmp_path: Path) -> None:
