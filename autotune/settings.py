@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 from autotune.errors import SettingsError
 from autotune.script_config import ScriptConfig
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
-_DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[hms])+$")
-_SECONDS_PER_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
+_SECONDS_PER_UNIT = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 
 # Binary (IEC) and decimal (SI) units; a bare number is bytes.
 _SIZE_UNITS = {
@@ -36,18 +36,19 @@ _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
 
 
 def parse_duration(text: str, *, flag: str = "--budget") -> float:
-    """``"90s"``, ``"30m"``, ``"2h"``, ``"1h30m"`` -> seconds (units in h, m, s order)."""
+    """``"90s"``, ``"30m"``, ``"2h"``, ``"1h30m"``, ``"3d"`` -> seconds (units in d, h, m,
+    s order)."""
     value = text.strip().lower()
     if not _DURATION_FULL.match(value):
         raise SettingsError(
-            f"{flag}: cannot read duration {text!r}; use a number with a unit h, m or s, "
-            "e.g. 90s, 30m, 2h or 1h30m"
+            f"{flag}: cannot read duration {text!r}; use a number with a unit d, h, m or s, "
+            "e.g. 90s, 30m, 2h, 1h30m or 3d"
         )
     parts = _DURATION_PART.findall(value)
     units = [unit for _, unit in parts]
-    if units != sorted(set(units), key="hms".index):
+    if units != sorted(set(units), key="dhms".index):
         raise SettingsError(
-            f"{flag}: duration {text!r} repeats or misorders its units; write hours, then "
+            f"{flag}: duration {text!r} repeats or misorders its units; write days, hours, "
             "minutes, then seconds, e.g. 1h30m"
         )
     seconds = sum(float(number) * _SECONDS_PER_UNIT[unit] for number, unit in parts)

@@ -24,6 +24,7 @@ COMMANDS = [
     ["search_efficiency.py", "replay"],
     ["verify_cost.py"],
     ["vs_deepspeed_autotuner.py"],
+    ["world_size_prediction.py"],
 ]
 
 

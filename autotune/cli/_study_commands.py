@@ -114,42 +114,121 @@ def space(
         console.print(space_report(facts))
 
 
-def plan(
-    workload: Annotated[str, typer.Option(help="Built-in workload or path/to/file.py:fn.")],
-    gpus: Annotated[int, typer.Option(min=1, help="GPUs of the target machine.")],
-    vram: Annotated[str, typer.Option(help="Memory of each target GPU, e.g. 80GiB.")],
-    global_batch: Annotated[
-        int | None,
-        typer.Option(min=1, help="Samples per optimizer step (default: the workload's)."),
-    ] = None,
-    host_ram: Annotated[
-        str, typer.Option(help="Host RAM of a node, e.g. 1TiB, or 'auto' (this machine's).")
-    ] = "auto",
-    space: Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")] = (
-        "default"
+GpusOption = Annotated[
+    str,
+    typer.Option(
+        help="GPUs of the target machine; with --study also a range (1-8) or a list (8,16,64) "
+        "of world sizes to predict."
     ),
-    memory_margin: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="Count as fitting below the limit minus this share of it.",
-        ),
-    ] = 0.05,
+]
+ObjectiveOption = Annotated[str, typer.Option(help="With --study: throughput, cost or deadline.")]
+PriceOption = Annotated[
+    float | None, typer.Option(help="With --study: USD for one GPU for an hour.")
+]
+TokensOption = Annotated[
+    str | None, typer.Option(help="With --study: tokens of the training run, e.g. 10B.")
+]
+SamplesOption = Annotated[
+    str | None, typer.Option(help="With --study: samples of the training run, e.g. 5M.")
+]
+DeadlineOption = Annotated[
+    str | None, typer.Option(help="With --study: wall time the run may take, e.g. 3d.")
+]
+PerNodeOption = Annotated[int, typer.Option(min=1, help="With --study: GPUs per node.")]
+BatchOption = Annotated[
+    int | None, typer.Option(min=1, help="Samples per optimizer step (default: the workload's).")
+]
+HostRamOption = Annotated[
+    str, typer.Option(help="Host RAM of a node, e.g. 1TiB, or 'auto' (this machine's).")
+]
+SpaceOption = Annotated[str, typer.Option(help="Search space: a YAML path or a built-in name.")]
+MarginOption = Annotated[
+    float,
+    typer.Option(min=0.0, max=1.0, help="Count as fitting below the limit minus this share of it."),
+]
+
+
+def plan(
+    workload: Annotated[
+        str | None, typer.Option(help="Built-in workload or path/to/file.py:fn.")
+    ] = None,
+    gpus: GpusOption = "1",
+    vram: Annotated[
+        str | None,
+        typer.Option(help="Memory of each target GPU, e.g. 80GiB (with --study: its limit)."),
+    ] = None,
+    study: StudyOption = None,
+    storage: StorageOption = DEFAULT_STORAGE,
+    global_batch: BatchOption = None,
+    host_ram: HostRamOption = "auto",
+    space: SpaceOption = "default",
+    memory_margin: MarginOption = 0.05,
+    objective: ObjectiveOption = "throughput",
+    gpu_hour_price: PriceOption = None,
+    train_tokens: TokensOption = None,
+    train_samples: SamplesOption = None,
+    deadline: DeadlineOption = None,
+    gpus_per_node: PerNodeOption = 8,
     all_rows: Annotated[bool, typer.Option("--all", help="List every candidate.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """What fits, without a GPU: predicted memory of every valid candidate on a target."""
+    """What fits, without a GPU: predicted memory of every valid candidate on a target
+    (--workload); or, with --study, what the study's configurations would do on other
+    numbers of GPUs, from its fitted cost model (and their time and cost to train)."""
+    if study is None and workload is None:
+        raise AutotuneError(
+            "plan: give --workload W (the memory of its candidates on a target) or --study S "
+            "(a study's configurations at other numbers of GPUs)"
+        )
+    if study is None:
+        assert workload is not None
+        _memory_plan(
+            workload, gpus, vram, global_batch, host_ram, space, memory_margin, all_rows, as_json
+        )
+        return
+    _forecast_plan(
+        study=study,
+        storage=storage,
+        gpus=gpus,
+        vram=vram,
+        global_batch=global_batch,
+        goal_flags={
+            "objective": objective,
+            "gpu_hour_price": gpu_hour_price,
+            "train_tokens": train_tokens,
+            "train_samples": train_samples,
+            "deadline": deadline,
+        },
+        gpus_per_node=gpus_per_node,
+        all_rows=all_rows,
+        as_json=as_json,
+    )
+
+
+def _memory_plan(
+    workload: str,
+    gpus: str,
+    vram: str | None,
+    global_batch: int | None,
+    host_ram: str,
+    space: str,
+    memory_margin: float,
+    all_rows: bool,
+    as_json: bool,
+) -> None:
+    """``autotune plan --workload W``: every valid candidate's memory on the target."""
     from autotune.views import plan_candidates, plan_report
 
     if memory_margin >= 1.0:
         raise AutotuneError(
             f"'--memory-margin' {memory_margin:g}: give a share of the limit below 1, e.g. 0.05"
         )
+    if vram is None:
+        raise AutotuneError("--vram: give the memory of each target GPU, e.g. 80GiB")
     with _stdout_to_stderr(as_json):
         planned = plan_candidates(
             workload,
-            gpus=gpus,
+            gpus=_one_count(gpus),
             vram_bytes=parse_size(vram, flag="--vram"),
             global_batch=global_batch,
             host_ram_bytes=None if host_ram == "auto" else parse_size(host_ram, flag="--host-ram"),
@@ -162,6 +241,70 @@ def plan(
         _print_json(plan_document(planned))  # every candidate: --all is for the table
     else:
         console.print(plan_report(planned, limit_rows=None if all_rows else 40))
+
+
+def _one_count(gpus: str) -> int:
+    from autotune.run.training_goal import parse_world_sizes
+
+    sizes = parse_world_sizes(gpus)
+    if len(sizes) != 1:
+        raise AutotuneError(
+            f"--gpus {gpus}: a memory plan of a workload takes one number of GPUs; a range or "
+            "a list is for autotune plan --study S"
+        )
+    return sizes[0]
+
+
+def _forecast_plan(
+    *,
+    study: str | None,
+    storage: str,
+    gpus: str,
+    vram: str | None,
+    global_batch: int | None,
+    goal_flags: dict[str, object],
+    gpus_per_node: int,
+    all_rows: bool,
+    as_json: bool,
+) -> None:
+    """``autotune plan --study S --gpus N``: the study's configurations at N GPUs."""
+    from autotune.run.forecast import forecast
+    from autotune.run.training_goal import TrainingGoal, parse_count, parse_world_sizes
+    from autotune.settings import parse_duration
+    from autotune.study import load_existing_study
+
+    def count(flag: str) -> float | None:
+        text = goal_flags[flag.removeprefix("--").replace("-", "_")]
+        return None if text is None else parse_count(str(text), flag=flag)
+
+    deadline = goal_flags["deadline"]
+    goal = TrainingGoal.of(
+        str(goal_flags["objective"]),
+        gpu_hour_price_usd=goal_flags["gpu_hour_price"],  # type: ignore[arg-type]
+        train_tokens=count("--train-tokens"),
+        train_samples=count("--train-samples"),
+        deadline_s=None if deadline is None else parse_duration(str(deadline), flag="--deadline"),
+    )
+    sizes = parse_world_sizes(gpus)
+    limit = None if vram is None else parse_size(vram, flag="--vram")
+    with _stdout_to_stderr(as_json):
+        loaded = load_existing_study(storage, study)
+        predicted = forecast(
+            loaded,
+            world_sizes=sizes,
+            goal=goal,
+            gpus_per_node=gpus_per_node,
+            global_batch=global_batch,
+            vram_limit_bytes=limit,
+        )
+    if as_json:
+        from autotune.views import forecast_document
+
+        _print_json(forecast_document(predicted))
+    else:
+        from autotune.views import forecast_report
+
+        console.print(forecast_report(predicted, limit_rows=None if all_rows else 40))
 
 
 def export(

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from autotune.study import StudyConfig, TrialView
 
 SEED = 0
-MEMORY_MARGIN = 0.05  # the share of the limit a reference must leave free, as the search's
 
 
 class VerificationInterrupted(AutotuneError):
@@ -236,21 +235,15 @@ def _chosen_trial(study: optuna.Study, trials: list[TrialView], number: int | No
 
 def _fits(workload: Any, config: StudyConfig, trials: list[TrialView], hardware: Hardware) -> Any:
     """The memory model's word on a candidate, with what the study's probes taught it."""
-    from autotune.memory import Limits, MemoryScreen
+    from autotune.run._study_screen import study_memory_screen
 
-    screen = MemoryScreen(
+    screen = study_memory_screen(
         workload,
-        Limits(
-            accelerator=config.accelerator,
-            vram_limit_bytes=config.vram_limit_bytes,
-            margin=MEMORY_MARGIN,
-            host_ram_bytes=hardware.host_memory_bytes,
-            ranks_per_node=config.gpus_per_trial,
-        ),
-        base_config=config.base_config,
+        config,
+        trials,
+        host_ram_bytes=hardware.host_memory_bytes,
+        ranks_per_node=config.gpus_per_trial,
     )
-    for trial in records.evaluations(trials):
-        screen.learn(trial)
 
     def fits(candidate: Candidate) -> bool:
         return screen.verdict(candidate).fits

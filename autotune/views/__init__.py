@@ -2,10 +2,12 @@
 and figure in optuna-dashboard, and the `--json` documents."""
 
 from autotune.views._dashboard import LOOPBACK, annotate, serve
+from autotune.views._forecast_table import forecast_report
 from autotune.views._html_report import REPORT_NAME, write_report
 from autotune.views._json_documents import (
     dumps,
     export_document,
+    forecast_document,
     plan_document,
     space_document,
     status_document,
@@ -26,6 +28,8 @@ __all__ = [
     "annotate",
     "dumps",
     "export_document",
+    "forecast_document",
+    "forecast_report",
     "plan_candidates",
     "plan_document",
     "plan_report",

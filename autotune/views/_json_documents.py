@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from autotune.candidate import Candidate
     from autotune.export import Exported
+    from autotune.run.forecast import Forecast
     from autotune.study import Best, TrialView
     from autotune.study.verification import Verification
     from autotune.views._status_table import Planned, SpaceFacts
@@ -124,6 +125,43 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(item) for item in value]
     return value
+
+
+def forecast_document(forecast: Forecast) -> dict[str, Any]:
+    """``autotune plan --study S --gpus N --json``: every row, predicted or measured."""
+    return {
+        **_head("forecast"),
+        "study": forecast.study,
+        "goal": forecast.goal.model_dump(mode="json"),
+        "world_sizes": forecast.world_sizes,
+        "probed_world_sizes": forecast.probed_world_sizes,
+        "global_batch": forecast.global_batch,
+        "gpus_per_node": forecast.gpus_per_node,
+        "observations": forecast.observations,
+        "choice": forecast.choice,
+        "notes": forecast.notes,
+        "rows": [
+            {
+                "trial": row.trial,
+                "label": row.candidate.label,
+                "candidate": _candidate(row.candidate),
+                "gpus": row.gpus,
+                "nodes": row.nodes,
+                "samples_per_s": row.samples_per_s,
+                "samples_per_s_kind": "measured" if row.measured_samples_per_s else "predicted",
+                "predicted_samples_per_s": row.predicted_samples_per_s,
+                "measured_samples_per_s": row.measured_samples_per_s,
+                "measured_error": row.error,
+                "fits": row.fits,
+                "why_not": row.why_not or None,
+                "time_to_train_s": row.time_to_train_s,
+                "cost_usd": row.cost_usd,
+                "cost_basis": row.cost_basis or None,
+                "finishes": row.finishes,
+            }
+            for row in forecast.rows
+        ],
+    }
 
 
 def plan_document(planned: Planned) -> dict[str, Any]:

@@ -1,0 +1,71 @@
+"""``autotune plan --study S --gpus N``: the study's configurations at other world sizes
+(:class:`~autotune.run.forecast.Forecast`), as a table and the choice."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from autotune.settings import format_duration
+
+if TYPE_CHECKING:
+    from autotune.run.forecast import Forecast, ForecastRow
+
+
+def forecast_report(forecast: Forecast, *, limit_rows: int | None) -> Group:
+    """The header (what the model was fitted on), one row per configuration and world
+    size (predicted unless measured), and the objective's choice."""
+    goal = forecast.goal
+    probed = ", ".join(str(n) for n in forecast.probed_world_sizes)
+    header = [
+        Text(
+            f"study {forecast.study}: its cost model fitted on {forecast.observations} measured "
+            f"probe(s) at {probed} rank(s), predicting "
+            f"{', '.join(str(n) for n in forecast.world_sizes)} GPU(s) "
+            f"({forecast.gpus_per_node} per node); objective {goal.objective}"
+        )
+    ]
+    header += [Text(f"note: {note}") for note in forecast.notes]
+    table = Table(title="by the objective, fitting first; samples/s measured (m) or predicted (p)")
+    columns = ["GPUs", "configuration", "samples/s", "per GPU", "measured error", "fits"]
+    if any(r.time_to_train_s is not None for r in forecast.rows):
+        columns.append("time to train")
+    if any(r.cost_usd is not None for r in forecast.rows):
+        basis = "run" if any(r.cost_basis == "run" for r in forecast.rows) else "1M samples"
+        columns.append(f"cost (USD, {basis})")
+    if goal.deadline_s is not None:
+        columns.append("finishes")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("configuration", "fits") else "right")
+    rows = forecast.rows if limit_rows is None else forecast.rows[:limit_rows]
+    for row in rows:
+        table.add_row(*_cells(row, columns))
+    footer = []
+    if limit_rows is not None and len(forecast.rows) > limit_rows:
+        more = len(forecast.rows) - limit_rows
+        footer.append(Text(f"... {more} more (use --all to list every one)"))
+    footer.append(Text(forecast.choice))
+    return Group(*header, table, *footer)
+
+
+def _cells(row: ForecastRow, columns: list[str]) -> list[str]:
+    kind = "m" if row.measured_samples_per_s else "p"
+    cells = [
+        str(row.gpus),
+        f"{row.candidate.label} (trial {row.trial})",
+        f"{row.samples_per_s:.1f} {kind}",
+        f"{row.samples_per_s / row.gpus:.1f}",
+        "" if row.error is None else f"{100 * row.error:+.0f}%",
+        "yes" if row.fits else f"no ({row.why_not})",
+    ]
+    if "time to train" in columns:
+        seconds = row.time_to_train_s
+        cells.append("" if seconds is None else format_duration(seconds))
+    if any(c.startswith("cost") for c in columns):
+        cells.append("" if row.cost_usd is None else f"{row.cost_usd:,.2f}")
+    if "finishes" in columns:
+        cells.append({True: "yes", False: "no", None: ""}[row.finishes])
+    return cells

@@ -1,0 +1,105 @@
+"""How well a study's fitted cost model predicts a world size it never probed
+(``autotune plan --study S --gpus N``): a study at the smaller world size, a study of the
+same space and global batch at the larger, and each configuration both measured compared:
+the smaller study's prediction against the larger study's measurement.
+
+Prints one Markdown table (configuration, predicted samples/s, measured, error) and the
+median and worst absolute error, beside the in-sample error of the larger study's own fit.
+
+Reproduce:  python benchmarks/world_size_prediction.py                   # gpt-tiny, 1 -> 2
+            python benchmarks/world_size_prediction.py --budget 3m --workload dit-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SPACE = """\
+precision: [fp32]
+zero_stage: [0, 1, 2]
+offload_optimizer: [none]
+offload_param: [none]
+micro_batch_size: [2, 4, 8]
+gradient_accumulation_steps: [1, 2, 4]
+activation_checkpointing: [false]
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="gpt-tiny")
+    parser.add_argument("--budget", default="2m", help="each study's budget")
+    parser.add_argument("--small", type=int, default=1, help="world size probed")
+    parser.add_argument("--large", type=int, default=2, help="world size predicted")
+    parser.add_argument("--global-batch", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="world-size-") as scratch:
+        folder = Path(scratch)
+        (folder / "space.yaml").write_text(SPACE)
+        for ranks in (args.small, args.large):
+            _cli(
+                folder, "run", "--workload", args.workload, "--gpus", str(ranks),
+                "--study", f"w{ranks}", "--space", "space.yaml", "--global-batch",
+                str(args.global_batch), "--budget", args.budget, "--no-confirm", "--quiet",
+            )  # fmt: skip
+        predicted = _forecast(folder, f"w{args.small}", args.large)
+        in_sample = _forecast(folder, f"w{args.large}", args.large)
+    print(
+        f"\n### {args.workload}: predicted at {args.large} rank(s) from a study at "
+        f"{args.small}, against a study at {args.large} (global batch {args.global_batch}, "
+        f"--budget {args.budget} each)\n"
+    )
+    print("| configuration | predicted samples/s | measured samples/s | error | in-sample error |")
+    print("| --- | --- | --- | --- | --- |")
+    errors, own = [], []
+    for key, row in in_sample.items():
+        measured = row["measured_samples_per_s"]
+        if key not in predicted or not measured:
+            continue
+        guess = predicted[key]["predicted_samples_per_s"]
+        error = guess / measured - 1
+        errors.append(abs(error))
+        own.append(abs(row["measured_error"]))
+        print(
+            f"| {row['label']} | {guess:.1f} | {measured:.1f} | {100 * error:+.0f}% | "
+            f"{100 * row['measured_error']:+.0f}% |"
+        )
+    if errors:
+        print(
+            f"\n{len(errors)} configuration(s) measured at both: median absolute error "
+            f"{100 * statistics.median(errors):.0f}% (worst {100 * max(errors):.0f}%); the "
+            f"larger study's own fit, {100 * statistics.median(own):.0f}% "
+            f"(worst {100 * max(own):.0f}%)"
+        )
+    return 0
+
+
+def _forecast(folder: Path, study: str, gpus: int) -> dict[str, Any]:
+    """The study's rows at ``gpus`` ranks, by candidate."""
+    done = _cli(folder, "plan", "--study", study, "--gpus", str(gpus), "--all", "--json")
+    rows = json.loads(done.stdout)["rows"]
+    return {json.dumps(r["candidate"], sort_keys=True): r for r in rows}
+
+
+def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune.cli", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"autotune {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
