@@ -133,6 +133,11 @@ class RunSettings(BaseModel):
     gpus_per_trial: PositiveInt | None = Field(
         default=None, description="Devices one probe uses; default all of gpus (production size)."
     )
+    world_sizes: tuple[PositiveInt, ...] = Field(
+        default=(),
+        description="World sizes searched (--gpus 1-8 or 2,4,8): the ranks of a probe are a "
+        "dimension of the study, gpus their largest; empty: one world size.",
+    )
     vram_limit_bytes: PositiveInt | None = Field(
         default=None, description="Peak memory one rank may reach; None means the device's memory."
     )

@@ -216,7 +216,7 @@ def _print_plan(plan: Plan) -> None:
     batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
     console.print(
         f"workload {plan.workload.describe()}; global batch {batch}, "
-        f"{plan.config.gpus_per_trial} rank(s) per probe, memory limit "
+        f"{plan.config.ranks_text} rank(s) per probe, memory limit "
         f"{format_bytes(plan.config.vram_limit_bytes)} per rank"
     )
     for note in plan.notes:

@@ -68,8 +68,11 @@ class RunFlags(BaseModel):
     space: str = Field(
         default=_default("space"), description="Search space: a YAML path or a built-in name."
     )
-    gpus: int = Field(
-        default=1, gt=0, description="Devices the study may use (CPU ranks without GPUs)."
+    gpus: str = Field(
+        default="1",
+        description="Devices the study may use (CPU ranks without GPUs), every probe's world "
+        "size; a range (1-8) or a list (2,4,8) makes the world size a searched dimension, each "
+        "at the same global batch.",
     )
     gpus_per_trial: int | None = Field(
         default=None, gt=0, description="Devices one probe uses (default: all of --gpus)."
@@ -213,6 +216,12 @@ class RunFlags(BaseModel):
         json_schema_extra={"hidden": True},
     )
 
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_text(cls, value: Any) -> Any:
+        """A project file's ``gpus: 4`` (and a study stored when --gpus was a number)."""
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
     @field_validator("verify", mode="before")
     @classmethod
     def _verify_switch(cls, value: Any) -> Any:
@@ -232,8 +241,25 @@ class RunFlags(BaseModel):
         flags.check()
         return flags
 
+    def world_sizes(self) -> tuple[int, ...]:
+        """--gpus as world sizes: one, or the searched ones."""
+        from autotune.run.training_goal import parse_world_sizes
+
+        return parse_world_sizes(self.gpus)
+
     def check(self) -> None:
         """What a field's type cannot say: units, and flags that must agree."""
+        searched = len(self.world_sizes()) > 1
+        if searched and self.gpus_per_trial is not None:
+            raise SettingsError(
+                f"--gpus {self.gpus} with --gpus-per-trial {self.gpus_per_trial}: a searched "
+                "world size is each probe's own; leave --gpus-per-trial out"
+            )
+        if searched and self.ray_address is not None:
+            raise SettingsError(
+                f"--gpus {self.gpus} with --ray-address: the world size is searched on one "
+                "machine only for now; give one number of GPUs on a cluster"
+            )
         if self.budget is not None and parse_duration(self.budget) > MAX_BUDGET_S:
             raise SettingsError(
                 f"--budget {self.budget}: more than {MAX_BUDGET_S // 3600} hours "
@@ -324,8 +350,9 @@ class RunFlags(BaseModel):
             script=script,
             retry_failed=self.retry_failed,
             space=self.space,
-            gpus=self.gpus,
+            gpus=max(self.world_sizes()),
             gpus_per_trial=self.gpus_per_trial,
+            world_sizes=self.world_sizes() if len(self.world_sizes()) > 1 else (),
             vram_limit_bytes=_size_or_auto(self.vram, "--vram"),
             global_batch=parse_global_batch(self.global_batch),
             max_global_batch=self.max_global_batch,

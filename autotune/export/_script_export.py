@@ -61,7 +61,7 @@ def render_script_launch(study_name: str, trial: TrialView, config: StudyConfig)
         cwd=script.cwd,
         shell_args=_shell_args(production_args(script, trial.candidate, cpu)),
         passes_config=script.config_flag is not None,
-        ranks=config.gpus_per_trial,
+        ranks=trial.candidate.data_parallel_size,  # the world size it was chosen for
         accelerator=config.accelerator,
         threads_per_rank=config.threads_per_rank,
         env=production_env(config),

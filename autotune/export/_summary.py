@@ -50,7 +50,7 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
     origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
     return get_backend(DEFAULT_BACKEND).launch_script(
         origin,
-        config.gpus_per_trial,
+        trial.candidate.data_parallel_size,  # the world size it was chosen for
         config.accelerator,
         config.threads_per_rank,
         production_env(config),
@@ -150,7 +150,14 @@ def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> lis
     return actions
 
 
-def _setting_rows(candidate: Candidate) -> list[str]:
+def _searched(config: StudyConfig) -> str:
+    """ " (chosen among world sizes 1, 2, 4)" for a study that searched them."""
+    if not config.world_sizes:
+        return ""
+    return f" (chosen among world sizes {', '.join(map(str, config.world_sizes))})"
+
+
+def _setting_rows(candidate: Candidate, *, searched: bool = False) -> list[str]:
     ratio = (
         f" (ratio {candidate.offload_optimizer_ratio:g})"
         if candidate.offload_optimizer_ratio < 1
@@ -166,6 +173,7 @@ def _setting_rows(candidate: Candidate) -> list[str]:
         f"| parameter offload | {candidate.offload_param} |",
         f"| micro-batch per rank | {candidate.micro_batch_size} |",
         f"| gradient accumulation | {candidate.gradient_accumulation_steps} |",
+        *([f"| data-parallel ranks (GPUs) | {candidate.data_parallel_size} |"] if searched else []),
         f"| global batch | {candidate.train_batch_size} |",
         f"| activation checkpointing | {'on' if candidate.activation_checkpointing else 'off'} |",
         f"| fine ZeRO knobs | {knobs} |",
@@ -262,12 +270,13 @@ def render_summary(
         f"# autotune: {candidate.label}",
         "",
         f"Study `{study.study_name}`, trial {trial.number}: workload `{config.workload}` on "
-        f"{config.gpus_per_trial} {'GPU' if config.accelerator == 'cuda' else 'CPU rank'}(s), "
+        f"{candidate.data_parallel_size} "
+        f"{'GPU' if config.accelerator == 'cuda' else 'CPU rank'}(s){_searched(config)}, "
         f"memory limit {format_bytes(limit)} per rank.",
         "",
         "## Chosen configuration",
         "",
-        *_setting_rows(candidate),
+        *_setting_rows(candidate, searched=bool(config.world_sizes)),
         "",
         "## Why",
         "",
@@ -292,7 +301,7 @@ def render_summary(
     lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
     lines += ["", "## What you must do", ""]
     lines += [f"- {action}" for action in _actions(candidate, trial, config)]
-    lines += ["", "## Files", "", *_file_lines(config), ""]
+    lines += ["", "## Files", "", *_file_lines(config, candidate.data_parallel_size), ""]
     return "\n".join(lines)
 
 
@@ -381,11 +390,11 @@ def _script_check_lines(study: optuna.Study, trace: LossTrace) -> list[str]:
     ]
 
 
-def _file_lines(config: StudyConfig) -> list[str]:
+def _file_lines(config: StudyConfig, ranks: int) -> list[str]:
     from autotune.backends import DEFAULT_BACKEND, get_backend
 
     name = _printable(config.script.name) if config.script is not None else None
-    return get_backend(DEFAULT_BACKEND).config_usage_lines(config.gpus_per_trial, name)
+    return get_backend(DEFAULT_BACKEND).config_usage_lines(ranks, name)
 
 
 def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:

@@ -60,6 +60,7 @@ def bind_space(
     global_batch: int | None,
     max_global_batch: int | None,
     nvme_path: str | None,
+    world_sizes: tuple[int, ...] = (),
 ) -> BoundSpace:
     """Bind a space, asking the backend what it supports only where the space needs it."""
     from autotune.backends import DEFAULT_BACKEND, get_backend
@@ -76,6 +77,7 @@ def bind_space(
         nvme_path=nvme_path,
         nvme_unavailable=nvme_unavailable,
         partial_offload_supported=backend.partial_offload_supported(),
+        world_sizes=world_sizes,
     )
 
 
@@ -112,6 +114,7 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         global_batch=inputs.global_batch,
         max_global_batch=settings.max_global_batch,
         nvme_path=nvme_path,
+        world_sizes=settings.world_sizes,
     )
     notes = [*inputs.notes, *bound.notes]
     if inputs.base is not None and settings.script is None:
@@ -203,6 +206,7 @@ def _study_config(
         space=inputs.space.model_dump(mode="json"),
         accelerator=hardware.accelerator,
         gpus_per_trial=per_trial,
+        world_sizes=list(settings.world_sizes),
         global_batch=inputs.global_batch,
         max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
         vram_limit_bytes=vram_limit_bytes,
@@ -223,7 +227,7 @@ def _size_workload_probes(
         inputs.workload,
         hardware,
         inputs.global_batch or settings.max_global_batch or 1,
-        per_trial,
+        min(settings.world_sizes or (per_trial,)),  # the most work per rank
         settings,
         fp16="fp16" in bound.precisions,
     )

@@ -161,11 +161,15 @@ class SpaceSpec(BaseModel):
         nvme_path: str | None = None,
         nvme_unavailable: str | None = None,
         partial_offload_supported: bool = True,
+        world_sizes: tuple[int, ...] = (),
     ) -> BoundSpace:
         """Keep what this machine, batch and disk allow; raise SpaceError if nothing is left.
 
         ``global_batch=None`` is ``--global-batch auto``: accumulation becomes a dimension
         and micro x accumulation x ranks may be anything up to ``max_global_batch``.
+        ``world_sizes`` (``--gpus 1-8``): the ranks of a probe become a dimension, each
+        size with the micro-batches its share of the global batch allows; a size that
+        allows none is dropped with a note.
         """
         notes: list[str] = []
         precisions = keep_precisions(list(self.precision), hardware, notes)
@@ -183,14 +187,10 @@ class SpaceSpec(BaseModel):
                 "offload_optimizer_ratio < 1 dropped: this DeepSpeed has no partial offload"
             )
             ratios = [1.0]
-        micro_batches = keep_micro_batches(
-            list(self.micro_batch_size),
-            list(self.gradient_accumulation_steps),
-            data_parallel_size=data_parallel_size,
-            global_batch=global_batch,
-            max_global_batch=max_global_batch,
-            notes=notes,
+        by_world = self._micro_batches_by_world(
+            world_sizes or (data_parallel_size,), global_batch, max_global_batch, notes
         )
+        micro_batches = sorted({m for sizes in by_world.values() for m in sizes})
         zero_stages = keep_stages(list(self.zero_stage), offload_optimizer, offload_param)
         return BoundSpace(
             spec=self,
@@ -200,12 +200,48 @@ class SpaceSpec(BaseModel):
             offload_optimizer_ratios=tuple(sorted(ratios)),
             offload_param=tuple(offload_param),
             micro_batch_sizes=tuple(micro_batches),
-            data_parallel_size=data_parallel_size,
+            data_parallel_size=max(by_world) if world_sizes else data_parallel_size,
+            micro_batch_sizes_by_world=by_world if world_sizes else {},
             global_batch=global_batch,
             max_global_batch=max_global_batch,
             nvme_path=nvme_path,
             notes=tuple(notes),
         )
+
+    def _micro_batches_by_world(
+        self,
+        sizes: tuple[int, ...],
+        global_batch: int | None,
+        max_global_batch: int | None,
+        notes: list[str],
+    ) -> dict[int, tuple[int, ...]]:
+        """The micro-batches each world size allows (a single size: its error is the
+        space's; one of several: dropped with a note)."""
+        by_world: dict[int, tuple[int, ...]] = {}
+        for size in sizes:
+            found: list[str] = []
+            try:
+                kept = keep_micro_batches(
+                    list(self.micro_batch_size),
+                    list(self.gradient_accumulation_steps),
+                    data_parallel_size=size,
+                    global_batch=global_batch,
+                    max_global_batch=max_global_batch,
+                    notes=found,
+                )
+            except SpaceError as exc:
+                if len(sizes) == 1:
+                    raise
+                notes.append(f"{size} rank(s) dropped from the world sizes: {exc}")
+                continue
+            by_world[size] = tuple(kept)
+            notes += [f"{n} (at {size} ranks)" if len(sizes) > 1 else n for n in found]
+        if not by_world:
+            raise SpaceError(
+                f"no world size of {', '.join(map(str, sizes))} takes a micro_batch_size of "
+                f"{list(self.micro_batch_size)}; change --global-batch or the space"
+            )
+        return by_world
 
 
 class BoundSpace(BaseModel):
@@ -220,15 +256,30 @@ class BoundSpace(BaseModel):
     offload_optimizer_ratios: tuple[float, ...] = Field(description="Partial offload ratios.")
     offload_param: tuple[str, ...] = Field(description="Parameter offload targets kept.")
     micro_batch_sizes: tuple[PositiveInt, ...] = Field(description="Micro-batches kept.")
-    data_parallel_size: PositiveInt = Field(description="Ranks of one probe.")
+    data_parallel_size: PositiveInt = Field(
+        description="Ranks of one probe (the largest world size where they are searched)."
+    )
+    micro_batch_sizes_by_world: dict[int, tuple[PositiveInt, ...]] = Field(
+        default_factory=dict,
+        description="Searched world sizes (--gpus 1-8) and the micro-batches each allows; "
+        "empty: one world size, data_parallel_size.",
+    )
     global_batch: PositiveInt | None = Field(description="Samples per step; None: auto.")
     max_global_batch: PositiveInt | None = Field(default=None, description="Cap in auto mode.")
     nvme_path: str | None = Field(default=None, description="Folder for NVMe offload.")
     notes: tuple[str, ...] = Field(default=(), description="What binding dropped, and why.")
 
-    def _accumulations(self, micro_batch_size: int) -> list[int]:
+    @property
+    def world_sizes(self) -> tuple[int, ...]:
+        """The world sizes a candidate may take: the searched ones, else the one."""
+        return tuple(self.micro_batch_sizes_by_world) or (self.data_parallel_size,)
+
+    def _micro_batches_at(self, ranks: int) -> tuple[int, ...]:
+        return self.micro_batch_sizes_by_world.get(ranks, self.micro_batch_sizes)
+
+    def _accumulations(self, micro_batch_size: int, ranks: int) -> list[int]:
         assert self.max_global_batch is not None
-        limit = self.max_global_batch // (micro_batch_size * self.data_parallel_size)
+        limit = self.max_global_batch // (micro_batch_size * ranks)
         return [a for a in sorted(self.spec.gradient_accumulation_steps) if a <= limit]
 
     def _optimizer_targets(self, stage: int) -> tuple[str, ...]:
@@ -242,6 +293,26 @@ class BoundSpace(BaseModel):
                 for param in (self.offload_param if stage == 3 else ("none",))
             )
         )
+
+    def _decide_split(self, choose: Chooser) -> tuple[int, int, int]:
+        """The world size, micro-batch and accumulation. Optuna wants one fixed set of
+        choices per name: a world size whose share of the batch allows other micro-batches
+        asks under its own name."""
+        ranks = choose("data_parallel_size", self.world_sizes, "data_parallel_size")
+        micro_choices = self._micro_batches_at(ranks)
+        name = "micro_batch_size"
+        if micro_choices != self.micro_batch_sizes:
+            name = f"micro_batch_size_dp{ranks}"
+        micro_batch = choose(name, micro_choices, "micro_batch_size")
+        if self.global_batch is not None:
+            return ranks, micro_batch, self.global_batch // (micro_batch * ranks)
+        suffix = f"_dp{ranks}" if len(self.world_sizes) > 1 else ""
+        accumulation = choose(
+            f"gradient_accumulation_steps_mb{micro_batch}{suffix}",
+            self._accumulations(micro_batch, ranks),
+            "gradient_accumulation_steps",
+        )
+        return ranks, micro_batch, accumulation
 
     def _decide(self, choose: Chooser) -> Candidate:
         """Every decision, in define-by-run order; ``choose(name, choices, attribute)``."""
@@ -264,15 +335,7 @@ class BoundSpace(BaseModel):
         offload_param = "none"
         if stage == 3:
             offload_param = choose("offload_param", self.offload_param, "offload_param")
-        micro_batch = choose("micro_batch_size", self.micro_batch_sizes, "micro_batch_size")
-        if self.global_batch is None:
-            accumulation = choose(
-                f"gradient_accumulation_steps_mb{micro_batch}",
-                self._accumulations(micro_batch),
-                "gradient_accumulation_steps",
-            )
-        else:
-            accumulation = self.global_batch // (micro_batch * self.data_parallel_size)
+        ranks, micro_batch, accumulation = self._decide_split(choose)
         checkpointing = choose(
             "activation_checkpointing",
             self.spec.activation_checkpointing,
@@ -291,7 +354,7 @@ class BoundSpace(BaseModel):
             offload_param=offload_param,
             micro_batch_size=micro_batch,
             gradient_accumulation_steps=accumulation,
-            data_parallel_size=self.data_parallel_size,
+            data_parallel_size=ranks,
             activation_checkpointing=checkpointing,
             zero_knobs=ZeroKnobs(**knobs),
         )
@@ -358,7 +421,8 @@ class BoundSpace(BaseModel):
             values = candidate.model_dump(mode="json")
             knobs = values.pop("zero_knobs")
             values.update({f"zero.{k}": v for k, v in knobs.items() if v is not None})
-            values.pop("data_parallel_size")
+            if len(self.world_sizes) == 1:
+                values.pop("data_parallel_size")
             for name, value in values.items():
                 bucket = counts.setdefault(name, {})
                 bucket[str(value)] = bucket.get(str(value), 0) + 1

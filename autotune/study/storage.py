@@ -43,7 +43,11 @@ class StudyConfig(BaseModel):
     workload: str = Field(description="Workload reference.")
     space: dict[str, Any] = Field(description="The search-space spec, as validated.")
     accelerator: str = Field(description="cuda or cpu.")
-    gpus_per_trial: int = Field(description="Ranks of every probe.")
+    gpus_per_trial: int = Field(description="Ranks of every probe (the largest if searched).")
+    world_sizes: list[int] = Field(
+        default_factory=list,
+        description="World sizes searched (--gpus 1-8); empty: every probe at gpus_per_trial.",
+    )
     global_batch: int | None = Field(description="Samples per optimizer step; None: searched.")
     max_global_batch: int | None = Field(default=None, description="Cap when searched.")
     vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
@@ -62,6 +66,13 @@ class StudyConfig(BaseModel):
         description="The user's training script that is the probe: its file, its arguments, "
         "the folder it runs in and how the candidate's values reach it.",
     )
+
+    @property
+    def ranks_text(self) -> str:
+        """Every probe's ranks, or the world sizes searched: "2", "1, 2, 4 (searched)"."""
+        if self.world_sizes:
+            return f"{', '.join(map(str, self.world_sizes))} (searched)"
+        return str(self.gpus_per_trial)
 
     def differences(self, other: StudyConfig) -> list[str]:
         """One line per setting that differs, naming the flag that sets it."""
@@ -87,6 +98,7 @@ FLAG_OF_CONFIG = {
     "space": "--space",
     "accelerator": "the accelerator (cuda/cpu)",
     "gpus_per_trial": "--gpus-per-trial",
+    "world_sizes": "--gpus (the world sizes searched)",
     "global_batch": "--global-batch",
     "max_global_batch": "--max-global-batch",
     "vram_limit_bytes": "--vram",

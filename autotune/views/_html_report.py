@@ -63,7 +63,7 @@ def _header(data: ReportData) -> str:
         batch = config.global_batch or f"searched (up to {config.max_global_batch})"
         device = "GPU" if config.accelerator == "cuda" else "CPU rank"
         what = (
-            f"workload <code>{escape(config.workload)}</code> on {config.gpus_per_trial} "
+            f"workload <code>{escape(config.workload)}</code> on {config.ranks_text} "
             f"{device}(s), global batch {escape(str(batch))}, memory limit "
             f"{format_bytes(config.vram_limit_bytes)} per rank"
         )

@@ -72,8 +72,11 @@ CASES: list[tuple[list[str], str]] = [
     ([*RUN, "--vram", "0GiB"], "--vram: size '0GiB' is zero"),
     ([*RUN, "--host-ram", "lots"], "--host-ram: cannot read size 'lots'"),
     # counts
-    ([*RUN[:3], "--gpus", "0"], "--gpus: input should be greater than 0"),
-    ([*RUN[:3], "--gpus", "two"], "Invalid value for '--gpus'"),
+    ([*RUN[:3], "--gpus", "0"], "--gpus 0: 0 is not a positive count or an increasing range"),
+    ([*RUN[:3], "--gpus", "two"], "--gpus two: give a number of GPUs (8), a range (1-8) or"),
+    ([*RUN[:3], "--gpus", "1-2", "--gpus-per-trial", "1"], "a searched world size is each"),
+    ([*RUN[:3], "--gpus", "1-2", "--ray-address", "auto"], "world size is searched on one"),
+    ([*RUN[:3], "--gpus", "1-5"], "--gpus 5: no CUDA GPU here, and 5 CPU ranks would"),
     ([*RUN[:3], "--gpus", "64"], "--gpus 64: no CUDA GPU here"),
     ([*RUN, "--gpus-per-trial", "3"], "--gpus-per-trial 3 exceeds --gpus 2"),
     ([*RUN, "--gpus-per-trial", "0"], "--gpus-per-trial: input should be greater than 0"),

@@ -16,7 +16,7 @@ BAD_INPUTS = [
         ["run", "--workload", "gpt-tiny", "--gpus", "2", "--budget", "2x"],
         "--budget: cannot read duration '2x'",
     ),
-    (["run", "--workload", "gpt-tiny", "--gpus", "two"], "Invalid value for '--gpus'"),
+    (["run", "--workload", "gpt-tiny", "--gpus", "two"], "--gpus two: give a number of GPUs"),
     (["run", "--workload", "gpt-tiny", "--colour", "red"], "No such option: --colour"),
     (["run"], "is required for a new study"),
     (["run", "--workload", "broken.py:make"], "importing broken.py failed with ZeroDivisionError"),

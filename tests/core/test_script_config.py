@@ -127,7 +127,7 @@ def test_project_file_layers_under_the_flags(folder: Path) -> None:
     )
     merged, name = layer({"budget": "5m", "gpus": None}, folder)
     assert name == "autotune.yaml"
-    assert merged["budget"] == "5m" and merged["gpus"] == 2 and merged["global_batch"] == "16"
+    assert merged["budget"] == "5m" and merged["gpus"] == "2" and merged["global_batch"] == "16"
     assert merged["script_args"] == ["--deepspeed", "ds_config.json", "--output_dir", "out"]
     merged, _ = layer({"workload": "gpt-tiny"}, folder)  # a workload replaces the script
     assert "script" not in merged and "script_args" not in merged
@@ -156,7 +156,7 @@ def test_pyproject_table(folder: Path) -> None:
 
     (folder / "pyproject.toml").write_text('[tool.autotune]\nworkload = "gpt-tiny"\ngpus = 2\n')
     assert project_flags(folder) == (
-        {"workload": "gpt-tiny", "gpus": 2},
+        {"workload": "gpt-tiny", "gpus": "2"},
         "pyproject.toml [tool.autotune]",
     )
 

@@ -101,7 +101,7 @@ def test_a_continue_takes_stored_files_only_from_this_host_and_user(tmp_path) ->
         inherited(
             {**stored, HOST_KEY: "elsewhere"}, {"workload": "gpt-tiny"}, flags=RunFlags.model_fields
         )["gpus"]
-        == 2
+        == "2"
     )
     # a built-in workload is no file: taken back from anywhere; the trials folder falls back
     # to this host's default

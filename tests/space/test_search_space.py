@@ -134,6 +134,37 @@ def test_params_of_enqueues_exactly_that_candidate() -> None:
         study.tell(trial, 0.0)
 
 
+def test_world_sizes_searched_keep_one_global_batch() -> None:
+    """``--gpus 1-4`` at a global batch of 8: each world size with the micro-batches its
+    share allows (3 ranks take none and are dropped with a note); Optuna asks each under a
+    name of its own where its choices differ, and every candidate trains on 8 samples."""
+    spec = parse_space("micro_batch_size: [2, 4, 8]\nprecision: [fp32]\nzero_stage: [0, 1]")
+    bound = spec.bind(CPU, data_parallel_size=4, global_batch=8, world_sizes=(1, 2, 3, 4))
+    assert bound.world_sizes == (1, 2, 4) and bound.data_parallel_size == 4
+    assert bound.micro_batch_sizes_by_world == {1: (2, 4, 8), 2: (2, 4), 4: (2,)}
+    assert any(note.startswith("3 rank(s) dropped from the world sizes") for note in bound.notes)
+    candidates = list(bound.candidates())
+    assert {c.data_parallel_size for c in candidates} == {1, 2, 4}
+    assert all(c.train_batch_size == 8 for c in candidates)
+    assert len(candidates) == 2 * (3 + 2 + 1)
+    assert bound.dimensions()["data_parallel_size"] == {"1": 6, "2": 4, "4": 2}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(100):
+        trial = study.ask()
+        candidate = bound.suggest(trial)
+        assert candidate.key in {c.key for c in candidates}
+        assert bound.params_of(candidate) == trial.params
+        seen.add(candidate.key)
+        study.tell(trial, 0.0)
+    assert len(seen) == len(candidates)
+    one = spec.bind(CPU, data_parallel_size=2, global_batch=8)
+    assert one.world_sizes == (2,) and "data_parallel_size" not in one.dimensions()
+    with pytest.raises(SpaceError, match="no world size of 3, 5 takes a micro_batch_size"):
+        spec.bind(CPU, data_parallel_size=5, global_batch=8, world_sizes=(3, 5))
+
+
 def test_candidate_is_hashable_and_keyed() -> None:
     a = Candidate(
         precision="bf16",

@@ -1,0 +1,77 @@
+"""``autotune run --gpus 1-2``: the world size as a searched dimension, on real CPU ranks.
+Every probe keeps the global batch; the status table, summary.md and launch.sh name the
+world size; ``plan --study`` shows each row measured at its own world size; a continue
+that asks for other world sizes is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import run_cli
+
+pytestmark = pytest.mark.slow
+
+SPACE = """\
+precision: [fp32]
+zero_stage: [0]
+offload_optimizer: [none]
+offload_param: [none]
+micro_batch_size: [4, 8]
+activation_checkpointing: [false]
+"""
+RUN = [
+    "run", "--workload", "gpt-tiny", "--gpus", "1-2", "--space", "space.yaml",
+    "--global-batch", "8", "--budget", "5m", "--no-confirm", "--no-early-stop",
+    "--warmup-steps", "1", "--timed-steps", "2", "--max-timed-steps", "2", "--quiet",
+]  # fmt: skip
+
+
+def test_a_study_over_world_sizes_probes_each_and_exports_the_one_chosen(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "space.yaml").write_text(SPACE)
+    result = run_cli(*RUN, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1, 2 (searched) rank(s) per probe" in result.stdout
+    # at 2 ranks micro-batch 8 leaves no share: dropped there, kept at 1 rank
+    assert "do not divide the per-rank batch 4: not candidates (at 2 ranks)" in result.stdout
+    document = json.loads(run_cli("status", "--json", cwd=tmp_path).stdout)
+    probed = {
+        (t["candidate"]["data_parallel_size"], t["candidate"]["micro_batch_size"])
+        for t in document["trials"]
+        if t["status"] == "ok"
+    }
+    assert probed == {(1, 4), (1, 8), (2, 4)}  # every valid candidate, each world size
+    for trial in document["trials"]:
+        c = trial["candidate"]
+        assert (
+            c["micro_batch_size"] * c["gradient_accumulation_steps"] * c["data_parallel_size"] == 8
+        )
+    best = document["best"]
+    ranks = next(t for t in document["trials"] if t["number"] == best["trial"])["candidate"][
+        "data_parallel_size"
+    ]
+    status = run_cli("status", cwd=tmp_path).stdout
+    assert re.search(r"z0 fp32 mb4x1 on 2", status) and re.search(r"z0 fp32 mb4x2 on 1", status)
+    folder = tmp_path / "trials" / "gpt-tiny" / "best"
+    assert f"--nproc-per-node={ranks}" in (folder / "launch.sh").read_text()
+    summary = (folder / "summary.md").read_text()
+    assert "(chosen among world sizes 1, 2)" in summary
+    assert f"| data-parallel ranks (GPUs) | {ranks} |" in summary
+
+    plan = json.loads(run_cli("plan", "--study", "gpt-tiny", "--gpus", "1,2", "--json",
+                              cwd=tmp_path).stdout)  # fmt: skip
+    assert plan["probed_world_sizes"] == [1, 2]
+    kinds = {(r["gpus"], r["candidate"]["micro_batch_size"]): r["samples_per_s_kind"]
+             for r in plan["rows"]}  # fmt: skip
+    assert kinds[(2, 4)] == "measured" and kinds[(1, 4)] == "measured"
+
+    refused = run_cli(*[a if a != "1-2" else "2" for a in RUN], cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "--gpus (the world sizes searched): study has [1, 2], this run asks []" in (
+        refused.stderr
+    ), refused.stderr
