@@ -338,7 +338,7 @@ def status(
     study: StudyOption = None, storage: StorageOption = DEFAULT_STORAGE, as_json: JsonOption = False
 ) -> None:
     """Show a study's trials: candidate, status, samples/s, peak memory against the limit."""
-    from autotune.study import load_existing_study
+    from autotune.study import load_existing_study, records
 
     if as_json:
         from autotune.views import status_document
@@ -351,6 +351,8 @@ def status(
     from autotune.views import trials_table, verification_lines
 
     console.print(trials_table(loaded))
+    for text in records.world_size_lines(records.views(loaded)):
+        console.print(text)
     for text in verification_lines(loaded):
         console.print(text)
 

@@ -290,6 +290,10 @@ def render_summary(
     lines.append(f"- {runner_up_distance(rows, verdict)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
+    front = records.world_size_lines(trials)
+    if front:
+        lines += ["", "## World sizes", "", "The fastest measured at each world size searched:"]
+        lines += ["", *front]
     lines += ["", *_loss_check_lines(study, trial.number)]
     others = [row for row in rows if row[0].number != trial.number]
     if others:

@@ -268,6 +268,31 @@ def ranked_feasible(trials: list[TrialView]) -> list[TrialView]:
     return sorted(feasible, key=lambda t: t.value or 0.0, reverse=True)
 
 
+def fastest_per_world_size(trials: list[TrialView]) -> list[TrialView]:
+    """The fastest feasible trial at each world size the study measured, smallest first
+    (a study that searched them, ``--gpus 1-8``)."""
+    fastest: dict[int, TrialView] = {}
+    for trial in ranked_feasible(trials):
+        fastest.setdefault(trial.candidate.data_parallel_size, trial)
+    return [fastest[size] for size in sorted(fastest)]
+
+
+def world_size_lines(trials: list[TrialView]) -> list[str]:
+    """One line per world size measured: its fastest configuration, its samples/s and
+    what each GPU contributes (the scaling a larger world buys)."""
+    front = fastest_per_world_size(trials)
+    if len(front) < 2:
+        return []
+    lines = []
+    for trial in front:
+        size, rate = trial.candidate.data_parallel_size, float(trial.value or 0.0)
+        lines.append(
+            f"- {size} GPU(s): {trial.label} (trial {trial.number}), {rate:.1f} samples/s, "
+            f"{rate / size:.1f} per GPU"
+        )
+    return lines
+
+
 # -- recording outcomes: record fields, the memory constraint and Optuna's state together --
 CONSTRAINT = "peak_over_limit_bytes"
 

@@ -100,6 +100,16 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
             "screened": len(screened_keys(study) - known),
             "outcomes": dict(sorted(outcome_counts(evaluated).items())),
         },
+        "world_sizes": [
+            {
+                "gpus": t.candidate.data_parallel_size,
+                "trial": t.number,
+                "label": t.label,
+                "samples_per_s": float(t.value or 0.0),
+                "samples_per_s_per_gpu": float(t.value or 0.0) / t.candidate.data_parallel_size,
+            }
+            for t in records.fastest_per_world_size(trials)
+        ],
         "trials": [trial_entry(t, decided) for t in evaluated],
     }
 

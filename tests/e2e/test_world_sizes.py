@@ -55,13 +55,17 @@ def test_a_study_over_world_sizes_probes_each_and_exports_the_one_chosen(
     ranks = next(t for t in document["trials"] if t["number"] == best["trial"])["candidate"][
         "data_parallel_size"
     ]
+    front = [(entry["gpus"], entry["samples_per_s_per_gpu"]) for entry in document["world_sizes"]]
+    assert [gpus for gpus, _ in front] == [1, 2] and all(rate > 0 for _, rate in front)
     status = run_cli("status", cwd=tmp_path).stdout
+    assert re.search(r"- 1 GPU\(s\): z0 fp32 mb\dx\d \(trial \d\), [\d.]+ samples/s", status)
     assert re.search(r"z0 fp32 mb4x1 on 2", status) and re.search(r"z0 fp32 mb4x2 on 1", status)
     folder = tmp_path / "trials" / "gpt-tiny" / "best"
     assert f"--nproc-per-node={ranks}" in (folder / "launch.sh").read_text()
     summary = (folder / "summary.md").read_text()
     assert "(chosen among world sizes 1, 2)" in summary
     assert f"| data-parallel ranks (GPUs) | {ranks} |" in summary
+    assert "## World sizes" in summary and "- 2 GPU(s): z0 fp32 mb4x1" in summary
 
     plan = json.loads(run_cli("plan", "--study", "gpt-tiny", "--gpus", "1,2", "--json",
                               cwd=tmp_path).stdout)  # fmt: skip

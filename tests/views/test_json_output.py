@@ -35,9 +35,10 @@ def test_status_json(synthetic: str, tmp_path: Path) -> None:
     assert (document["kind"], document["version"]) == ("autotune.status", 1)
     assert set(document) == {
         "kind", "version", "study", "config", "budget", "best", "confirmation", "verification",
-        "counts", "trials",
+        "counts", "world_sizes", "trials",
     }  # fmt: skip
     assert document["verification"] == {}  # no trial of it was verified
+    assert [entry["gpus"] for entry in document["world_sizes"]] == [2]  # one world size
     decided = best.of_study(optuna.load_study(study_name=NAME, storage=synthetic))
     assert decided is not None and document["best"] == decided.model_dump()
     assert document["counts"]["evaluated"] == 8 and document["counts"]["duplicates"] == 1
