@@ -110,7 +110,7 @@ class ConfirmationRounds:
         record = TrialRecord(
             candidate=candidate,
             candidate_key=candidate.key,
-            label=candidate.label,
+            label=original.label,
             vram_limit_bytes=self.vram_limit_bytes,
         )
         job = self.dispatcher.submit(
@@ -119,14 +119,14 @@ class ConfirmationRounds:
             trial=None,
             folder=f"confirm-{original.number:04d}-{len(contender.samples_per_s)}",
         )
-        self.emit(events.ProbeStarted(None, candidate.label, reprobe_of=original.number))
+        self.emit(events.ProbeStarted(None, original.label, reprobe_of=original.number))
         result = self.wait_for(job)
         if result is None:
             return False
         self.emit(
             events.ProbeFinished(
                 None,
-                candidate.label,
+                original.label,
                 result,
                 self.vram_limit_bytes,
                 f"{job.record.trial_dir}/probe.log",

@@ -36,6 +36,13 @@ class Plan:
     torch_adam: bool = False  # FusedAdam does not build here: probes step with torch's Adam
     largest_param_numel: int = 0  # sizes NVMe parameter offload's swap buffer
 
+    def label_of(self, candidate: Candidate) -> str:
+        """The candidate's label, with its world size where the study searches it
+        ("z0 fp32 mb4x1 on 2"): what its record, events and every output show."""
+        if not self.config.world_sizes:
+            return candidate.label
+        return f"{candidate.label} on {candidate.data_parallel_size}"
+
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
         from autotune.backends import DEFAULT_BACKEND, get_backend

@@ -170,7 +170,7 @@ class Search:
         record = TrialRecord(
             candidate=candidate,
             candidate_key=candidate.key,
-            label=candidate.label,
+            label=self.plan.label_of(candidate),
             vram_limit_bytes=self.plan.config.vram_limit_bytes,
             host_ram_bytes=self.screen.limits.host_ram_bytes,
             retry_of=retried_trial(records.view_of(trial).frozen),
@@ -187,7 +187,9 @@ class Search:
             records.record_pruned(self.study, trial, pruned, verdict.over_bytes)
             self.evaluated[candidate.key] = records.view_of(trial)
             self.counts.pruned += 1
-            self.emit(events.CandidatePruned(trial.number, candidate.label, verdict.reason))
+            self.emit(
+                events.CandidatePruned(trial.number, self.plan.label_of(candidate), verdict.reason)
+            )
             return
         if self.plan.settings.shared and not self._claim(trial, candidate, record):
             return
@@ -202,7 +204,7 @@ class Search:
         )
         self.session.record_heartbeats([trial])
         self.counts.probes += 1
-        self.emit(events.ProbeStarted(trial.number, candidate.label))
+        self.emit(events.ProbeStarted(trial.number, self.plan.label_of(candidate)))
 
     def _claim(self, trial: optuna.Trial, candidate: Candidate, record: TrialRecord) -> bool:
         """With other drivers on the study: whether this trial may probe ``candidate``.
@@ -264,7 +266,7 @@ class Search:
         self.emit(
             events.ProbeFinished(
                 job.trial.number,
-                job.candidate.label,
+                self.plan.label_of(job.candidate),
                 result,
                 self.plan.config.vram_limit_bytes,
                 f"{job.record.trial_dir}/probe.log",
@@ -337,7 +339,9 @@ class Search:
         """Results that arrive within a poll; how far the others are goes out as events."""
         done = self.dispatcher.collect(POLL_S)
         for job, (phase, steps) in self.dispatcher.progress().items():
-            self.emit(events.ProbeProgress(job.number, job.candidate.label, phase, steps))
+            self.emit(
+                events.ProbeProgress(job.number, self.plan.label_of(job.candidate), phase, steps)
+            )
         return done
 
     def wait_for(self, job: InFlight) -> ProbeResult | None:

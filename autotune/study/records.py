@@ -287,8 +287,8 @@ def world_size_lines(trials: list[TrialView]) -> list[str]:
     for trial in front:
         size, rate = trial.candidate.data_parallel_size, float(trial.value or 0.0)
         lines.append(
-            f"- {size} GPU(s): {trial.label} (trial {trial.number}), {rate:.1f} samples/s, "
-            f"{rate / size:.1f} per GPU"
+            f"- {size} GPU(s): {trial.candidate.label} (trial {trial.number}), {rate:.1f} "
+            f"samples/s, {rate / size:.1f} per GPU"
         )
     return lines
 

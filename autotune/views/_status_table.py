@@ -62,13 +62,10 @@ def trials_table(study: optuna.Study) -> Table:
             half = (record.samples_per_s_max - record.samples_per_s_min) / 2
             spread = f" ±{100 * half / rate:.0f}%"
         is_best = decided is not None and trial.number == decided.trial
-        label = record.label
-        if config is not None and config.world_sizes and record.candidate is not None:
-            label += f" on {record.candidate.data_parallel_size}"  # the world size searched
         table.add_row(
             f"{trial.number}{'*' if is_best else ''}",
             trial.status,
-            label,
+            record.label,
             f"{rate:.1f}{spread}" if ok else "",
             f"{record.tokens_per_s:.0f}" if ok else "",
             format_bytes(record.peak_bytes) if record.peak_bytes else "",

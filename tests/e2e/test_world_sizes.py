@@ -60,6 +60,7 @@ def test_a_study_over_world_sizes_probes_each_and_exports_the_one_chosen(
     status = run_cli("status", cwd=tmp_path).stdout
     assert re.search(r"- 1 GPU\(s\): z0 fp32 mb\dx\d \(trial \d\), [\d.]+ samples/s", status)
     assert re.search(r"z0 fp32 mb4x1 on 2", status) and re.search(r"z0 fp32 mb4x2 on 1", status)
+    assert "probing z0 fp32 mb4x1 on 2" in result.stdout  # every line names the world size
     folder = tmp_path / "trials" / "gpt-tiny" / "best"
     assert f"--nproc-per-node={ranks}" in (folder / "launch.sh").read_text()
     summary = (folder / "summary.md").read_text()
