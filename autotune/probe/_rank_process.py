@@ -12,6 +12,7 @@ import platform
 import signal
 import socket
 import sys
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -147,9 +148,15 @@ def leave_now(report: RankReport, spec_path: Path, started: float) -> None:
 def end_children() -> None:
     """Kill this rank's child processes before it exits without teardown: a script's
     DataLoader workers would otherwise outlive it by seconds (they notice their parent's
-    exit only at their next status check) and hold memory the next probe is judged by."""
+    exit only at their next status check) and hold memory the next probe is judged by.
+
+    SIGCHLD goes back to its default first: the DataLoader's own handler raises in this
+    thread when one of its workers dies (``_error_if_any_worker_fails``), which would turn
+    the end of a finished probe into a failure."""
     import psutil
 
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             child.kill()

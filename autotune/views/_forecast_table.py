@@ -29,17 +29,27 @@ def forecast_report(forecast: Forecast, *, limit_rows: int | None) -> Group:
         )
     ]
     header += [Text(f"note: {note}") for note in forecast.notes]
-    table = Table(title="by the objective, fitting first; samples/s measured (m) or predicted (p)")
-    columns = ["GPUs", "configuration", "samples/s", "per GPU", "measured error", "fits"]
+    cost_basis = "the run" if any(r.cost_basis == "run" for r in forecast.rows) else "1M samples"
+    table = Table(
+        title="by the objective, fitting first; samples/s measured (m) or predicted (p), "
+        "error: predicted against measured"
+        + (f"; USD for {cost_basis}" if any(r.cost_usd is not None for r in forecast.rows) else "")
+    )
+    columns = ["GPUs", "configuration", "samples/s", "per GPU", "error", "fits"]
     if any(r.time_to_train_s is not None for r in forecast.rows):
-        columns.append("time to train")
+        columns.append("time")
     if any(r.cost_usd is not None for r in forecast.rows):
-        basis = "run" if any(r.cost_basis == "run" for r in forecast.rows) else "1M samples"
-        columns.append(f"cost (USD, {basis})")
+        columns.append("USD")
     if goal.deadline_s is not None:
-        columns.append("finishes")
-    for column in columns:
-        table.add_column(column, justify="left" if column in ("configuration", "fits") else "right")
+        columns.append("in time")
+    for column in columns:  # the configuration and a reason wrap; numbers stay whole
+        wraps = column in ("configuration", "fits")
+        table.add_column(
+            column,
+            justify="left" if wraps else "right",
+            no_wrap=not wraps,
+            min_width=13 if column == "configuration" else None,
+        )
     rows = forecast.rows if limit_rows is None else forecast.rows[:limit_rows]
     for row in rows:
         table.add_row(*_cells(row, columns))
@@ -61,11 +71,11 @@ def _cells(row: ForecastRow, columns: list[str]) -> list[str]:
         "" if row.error is None else f"{100 * row.error:+.0f}%",
         "yes" if row.fits else f"no ({row.why_not})",
     ]
-    if "time to train" in columns:
+    if "time" in columns:
         seconds = row.time_to_train_s
         cells.append("" if seconds is None else format_duration(seconds))
-    if any(c.startswith("cost") for c in columns):
+    if "USD" in columns:
         cells.append("" if row.cost_usd is None else f"{row.cost_usd:,.2f}")
-    if "finishes" in columns:
+    if "in time" in columns:
         cells.append({True: "yes", False: "no", None: ""}[row.finishes])
     return cells
