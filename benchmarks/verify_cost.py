@@ -21,11 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# run by path, this folder is first on sys.path; the repository root makes its sibling
+# modules importable as the package ``benchmarks``
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.autotune_cli import autotune_cli
 
 HERE = Path(__file__).resolve().parent
 # The user's config of a script study: fp32 ZeRO-0, the rank's batch in one micro-batch.
@@ -61,19 +66,6 @@ def main() -> int:
     return 0
 
 
-def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"autotune {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done
-
-
 def _study(folder: Path, workload: str, args: argparse.Namespace) -> tuple[list[str], float]:
     """Run the study, verify its best and some other feasible trials; table rows."""
     run = ["run", "--gpus", "2", "--budget", args.budget, "--quiet"]
@@ -85,14 +77,14 @@ def _study(folder: Path, workload: str, args: argparse.Namespace) -> tuple[list[
         run += ["--deepspeed_config", "ds_config.json"]
     else:
         run += ["--workload", workload]
-    _cli(folder, *run)
-    status = json.loads(_cli(folder, "status", "--json").stdout)
+    autotune_cli(folder, *run)
+    status = json.loads(autotune_cli(folder, "status", "--json").stdout)
     spent_s = float(status["budget"]["spent_s"])
     chosen = _chosen_trials(status, args.others)
     rows = []
     for number in chosen:
         check = json.loads(
-            _cli(
+            autotune_cli(
                 folder, "verify", "--trial", str(number), "--steps", str(args.steps), "--json"
             ).stdout
         )

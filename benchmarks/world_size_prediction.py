@@ -15,11 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+# run by path, this folder is first on sys.path; the repository root makes its sibling
+# modules importable as the package ``benchmarks``
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.autotune_cli import autotune_cli
 
 SPACE = """\
 precision: [fp32]
@@ -44,7 +49,7 @@ def main() -> int:
         folder = Path(scratch)
         (folder / "space.yaml").write_text(SPACE)
         for ranks in (args.small, args.large):
-            _cli(
+            autotune_cli(
                 folder, "run", "--workload", args.workload, "--gpus", str(ranks),
                 "--study", f"w{ranks}", "--space", "space.yaml", "--global-batch",
                 str(args.global_batch), "--budget", args.budget, "--no-confirm", "--quiet",
@@ -83,22 +88,9 @@ def main() -> int:
 
 def _forecast(folder: Path, study: str, gpus: int) -> dict[str, Any]:
     """The study's rows at ``gpus`` ranks, by candidate."""
-    done = _cli(folder, "plan", "--study", study, "--gpus", str(gpus), "--all", "--json")
+    done = autotune_cli(folder, "plan", "--study", study, "--gpus", str(gpus), "--all", "--json")
     rows = json.loads(done.stdout)["rows"]
     return {json.dumps(r["candidate"], sort_keys=True): r for r in rows}
-
-
-def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"autotune {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done
 
 
 if __name__ == "__main__":
