@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -31,11 +32,14 @@ def forecast_report(forecast: Forecast, *, limit_rows: int | None) -> Group:
     header += [Text(f"note: {note}") for note in forecast.notes]
     cost_basis = "the run" if any(r.cost_basis == "run" for r in forecast.rows) else "1M samples"
     table = Table(
+        box=box.SIMPLE_HEAD,  # nine columns in 80: no vertical rules, one space between
+        pad_edge=False,
+        padding=(0, 0, 0, 1),
         title="by the objective, fitting first; samples/s measured (m) or predicted (p), "
         "error: predicted against measured"
-        + (f"; USD for {cost_basis}" if any(r.cost_usd is not None for r in forecast.rows) else "")
+        + (f"; USD for {cost_basis}" if any(r.cost_usd is not None for r in forecast.rows) else ""),
     )
-    columns = ["GPUs", "configuration", "samples/s", "per GPU", "error", "fits"]
+    columns = ["GPUs", "configuration", "samples/s", "/GPU", "error", "fits"]
     if any(r.time_to_train_s is not None for r in forecast.rows):
         columns.append("time")
     if any(r.cost_usd is not None for r in forecast.rows):
