@@ -361,28 +361,21 @@ class Tuner:
         return CandidateSampler(self.plan.space, policy, seed=seed), policy
 
     def _cost_model(self) -> Any:
-        from autotune.run.cost_model import CostModel, WorkloadFacts
+        from autotune.run.cost_model import machine_cost_model
 
         plan = self.plan
-        workload = plan.workload
-        facts = WorkloadFacts.of(workload)  # active parameters for MoE and DiT
         hardware, threads = plan.hardware, plan.config.threads_per_rank
-        scale: dict[str, float] = {}
-        if hardware.accelerator == "cpu":
-            from autotune.run.cost_model import compute_scale_from, measure_cpu_matmul_flops
-
-            measured = tuple(dict.fromkeys(("fp32", *plan.space.precisions)))  # fp32: anchor
-            flops = measure_cpu_matmul_flops(measured, threads)
-            scale = compute_scale_from(flops)
-            self.emit(events.CostModelCalibrated(threads, flops))
-        return CostModel(
-            facts,
+        model, flops = machine_cost_model(
+            plan.workload,
             hardware.accelerator,
             threads=threads,
-            compute_scale=scale,
+            precisions=plan.space.precisions,
             nodes=hardware.nodes_spanned(plan.config.gpus_per_trial),
             tf32=plan.config.float32_matmul_precision == "high",
         )
+        if flops:
+            self.emit(events.CostModelCalibrated(threads, flops))
+        return model
 
     def _report_screened(self, study: optuna.Study, evaluated: set[str]) -> int:
         """With autotune's sampler, candidates the memory model rules out are never

@@ -220,6 +220,32 @@ def _communication_s(
     return elements * width / link
 
 
+def machine_cost_model(
+    workload: Workload,
+    accelerator: str,
+    *,
+    threads: int,
+    precisions: tuple[str, ...],
+    nodes: int,
+    tf32: bool,
+) -> tuple[CostModel, dict[str, float]]:
+    """The cost model of ``workload`` on this machine, before any fit: on CPU its compute
+    rates scaled by this CPU's measured matmul rates for ``precisions`` (fp32 anchors them);
+    and those rates (empty elsewhere)."""
+    flops: dict[str, float] = {}
+    if accelerator == "cpu":
+        flops = measure_cpu_matmul_flops(tuple(dict.fromkeys(("fp32", *precisions))), threads)
+    model = CostModel(
+        WorkloadFacts.of(workload),  # active parameters for MoE and DiT
+        accelerator,
+        threads=threads,
+        compute_scale=compute_scale_from(flops),
+        nodes=nodes,
+        tf32=tf32,
+    )
+    return model, flops
+
+
 class CostModel:
     """Predicts step time and samples/s; :meth:`fit` calibrates on measured probes."""
 

@@ -234,20 +234,14 @@ def _fitted_model(
     workload: Any, config: StudyConfig, trials: list[TrialView], measured: list[Any]
 ) -> Any:
     """The cost model as the search fits it, on the study's measured probes."""
-    from autotune.run.cost_model import CostModel, WorkloadFacts
+    from autotune.run.cost_model import machine_cost_model
 
-    scale: dict[str, float] = {}
-    if config.accelerator == "cpu":  # this machine's precisions, as the search measured them
-        from autotune.run.cost_model import compute_scale_from, measure_cpu_matmul_flops
-
-        precisions = tuple(dict.fromkeys(("fp32", *(c.precision for c, _ in measured))))
-        scale = compute_scale_from(measure_cpu_matmul_flops(precisions, config.threads_per_rank))
     nodes = max((len(set(t.record.node_per_rank)) for t in trials if t.feasible), default=1)
-    model = CostModel(
-        WorkloadFacts.of(workload),
+    model, _ = machine_cost_model(
+        workload,
         config.accelerator,
         threads=config.threads_per_rank,
-        compute_scale=scale,
+        precisions=tuple(c.precision for c, _ in measured),
         nodes=max(nodes, 1),
         tf32=config.float32_matmul_precision == "high",
     )
