@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, V
 
 from autotune.errors import SettingsError
 from autotune.script_config import ScriptConfig
+from autotune.training_goal import TrainingGoal
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
 _DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
@@ -88,15 +89,6 @@ def format_bytes(size_bytes: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
-
-
-def format_duration(seconds: float) -> str:
-    """``5400`` -> ``1h30m``; ``95`` -> ``1m35s``."""
-    whole_s = round(seconds)
-    hours, rest = divmod(whole_s, 3600)
-    minutes, secs = divmod(rest, 60)
-    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
-    return text + (f"{secs}s" if secs or not text else "")
 
 
 Executor = Literal["ray", "local"]
@@ -252,6 +244,11 @@ class RunSettings(BaseModel):
         default=False,
         description="Probe once more the candidates whose probes failed (error, timeout) "
         "or that failures of their precision left unprobed.",
+    )
+    goal: TrainingGoal = Field(
+        default_factory=TrainingGoal,
+        description="What ranks configurations: throughput (the default), cost or a deadline, "
+        "and the run's size and price where given.",
     )
 
     @classmethod

@@ -13,20 +13,27 @@ from __future__ import annotations
 import re
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from autotune.cli._flag_values import (
+    check_study_name,
+    first_problem,
+    parse_global_batch,
+    size_or_auto,
+)
 from autotune.cli._stored_flags import HOST_KEY, PER_RUN, inherited
 from autotune.errors import SettingsError
-from autotune.settings import (
-    DEFAULT_BUDGET_S,
-    RunSettings,
-    format_duration,
-    parse_duration,
-    parse_size,
-)
+from autotune.settings import DEFAULT_BUDGET_S, RunSettings, parse_duration
+from autotune.timing import format_duration
 
+if TYPE_CHECKING:
+    from autotune.training_goal import TrainingGoal
+
+# Flags of the training goal (autotune.training_goal): given together, they replace a
+# continued study's stored goal whole.
+GOAL_FLAGS = ("objective", "gpu_hour_price", "train_tokens", "train_samples", "deadline")
 # Flags naming files or folders: stored absolute, so a continue from elsewhere finds them.
 PATHS = ("base_config", "nvme_path", "trials_dir", "script")
 
@@ -183,6 +190,25 @@ class RunFlags(BaseModel):
         description="The same as --verify strict.",
         json_schema_extra={"hidden": True},
     )
+    objective: str = Field(
+        default="throughput",
+        description="What ranks configurations: throughput (samples/s), cost (the least per "
+        "sample: needs --gpu-hour-price) or deadline (the cheapest that trains --train-tokens "
+        "or --train-samples within --deadline, else the fastest); they differ across world "
+        "sizes (--gpus 1-8).",
+    )
+    gpu_hour_price: float | None = Field(
+        default=None, description="USD for one GPU for an hour (cost and time to train)."
+    )
+    train_tokens: str | None = Field(
+        default=None, description="Tokens of the production training run, e.g. 10B or 2.5e12."
+    )
+    train_samples: str | None = Field(
+        default=None, description="Samples of the production training run, e.g. 5M."
+    )
+    deadline: str | None = Field(
+        default=None, description="Wall time the production run may take, e.g. 3d or 36h."
+    )
     no_early_stop: bool = Field(
         default=not _default("early_stop"),
         description="Time every probe in full, even when clearly slower.",
@@ -233,17 +259,19 @@ class RunFlags(BaseModel):
         """Model defaults, then a continued study's stored flags, then the flags given;
         checked whole (units, relations, the study's name) before any file is opened."""
         given = {k: v for k, v in given.items() if v is not None and v is not False and v != []}
+        if any(name in given for name in GOAL_FLAGS):  # a new goal replaces the stored one
+            stored = {k: v for k, v in stored.items() if k not in GOAL_FLAGS}
         values = {**inherited(stored, given, flags=cls.model_fields), **given}
         try:
             flags = cls(**values)
         except ValueError as exc:
-            raise SettingsError(_first_problem(exc)) from None
+            raise SettingsError(first_problem(exc)) from None
         flags.check()
         return flags
 
     def world_sizes(self) -> tuple[int, ...]:
         """--gpus as world sizes: one, or the searched ones."""
-        from autotune.run.training_goal import parse_world_sizes
+        from autotune.training_goal import parse_world_sizes
 
         return parse_world_sizes(self.gpus)
 
@@ -267,9 +295,10 @@ class RunFlags(BaseModel):
             )
         if self.probe_timeout is not None:
             parse_duration(self.probe_timeout, flag="--probe-timeout")
-        _size_or_auto(self.vram, "--vram")
-        _size_or_auto(self.host_ram, "--host-ram")
+        size_or_auto(self.vram, "--vram")
+        size_or_auto(self.host_ram, "--host-ram")
         parse_global_batch(self.global_batch)
+        self.goal()
         if self.max_timed_steps < self.timed_steps:
             raise SettingsError(
                 f"--max-timed-steps {self.max_timed_steps} is below --timed-steps "
@@ -297,6 +326,32 @@ class RunFlags(BaseModel):
                 f"script arguments ({shown[:80]}) without --script; give --script train.py "
                 "before `--`, or drop the arguments"
             )
+
+    @classmethod
+    def goal_of(cls, values: dict[str, Any]) -> TrainingGoal:
+        """The goal of the goal flags alone (``plan --study``), checked as ``run`` checks it."""
+        try:
+            flags = cls(**{k: v for k, v in values.items() if v is not None})
+        except ValueError as exc:
+            raise SettingsError(first_problem(exc)) from None
+        return flags.goal()
+
+    def goal(self) -> TrainingGoal:
+        """The training goal, or one line naming the flag missing or wrong."""
+        from autotune.training_goal import TrainingGoal, parse_count
+
+        def count(flag: str, text: str | None) -> float | None:
+            return None if text is None else parse_count(text, flag=flag)
+
+        return TrainingGoal.of(
+            self.objective,
+            gpu_hour_price_usd=self.gpu_hour_price,
+            train_tokens=count("--train-tokens", self.train_tokens),
+            train_samples=count("--train-samples", self.train_samples),
+            deadline_s=None
+            if self.deadline is None
+            else parse_duration(self.deadline, flag="--deadline"),
+        )
 
     def stored(self) -> dict[str, Any]:
         """What a study keeps of these flags: per-run ones left out, paths made absolute
@@ -353,7 +408,7 @@ class RunFlags(BaseModel):
             gpus=max(self.world_sizes()),
             gpus_per_trial=self.gpus_per_trial,
             world_sizes=self.world_sizes() if len(self.world_sizes()) > 1 else (),
-            vram_limit_bytes=_size_or_auto(self.vram, "--vram"),
+            vram_limit_bytes=size_or_auto(self.vram, "--vram"),
             global_batch=parse_global_batch(self.global_batch),
             max_global_batch=self.max_global_batch,
             base_config=self.base_config,
@@ -374,7 +429,7 @@ class RunFlags(BaseModel):
             prune=not self.no_prune,
             warm_workers=not self.cold_probes,
             memory_margin=self.memory_margin,
-            host_ram_bytes=_size_or_auto(self.host_ram, "--host-ram"),
+            host_ram_bytes=size_or_auto(self.host_ram, "--host-ram"),
             max_timed_steps=self.max_timed_steps,
             sampler=self.sampler,
             early_stop=not self.no_early_stop,
@@ -383,6 +438,7 @@ class RunFlags(BaseModel):
             verify_strict=self.verify == "strict" or self.verify_strict,
             tf32=self.tf32,
             shared=self.shared,
+            goal=self.goal(),
         )
 
 
@@ -420,39 +476,3 @@ def with_optional_values(args: list[str]) -> list[str]:
 
 MAX_BUDGET_S = 30 * 24 * 3600  # a month: past it, a typo (99999h), not a plan
 # A study name becomes a folder under --trials-dir and text in shell scripts: keep it plain.
-STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-
-
-def check_study_name(name: str, *, flag: str) -> str:
-    if not STUDY_NAME.match(name):
-        raise SettingsError(
-            f"{flag}: study name {name!r} must be 1-100 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit (it names a folder under --trials-dir)"
-        )
-    return name
-
-
-def parse_global_batch(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise SettingsError(f"--global-batch {text}: give a positive integer or 'auto'")
-    return value
-
-
-def _size_or_auto(text: str, flag: str) -> int | None:
-    return None if text == "auto" else parse_size(text, flag=flag)
-
-
-def _first_problem(exc: ValueError) -> str:
-    from pydantic import ValidationError
-
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    error = exc.errors()[0]
-    name = str(error["loc"][0]) if error["loc"] else "flags"
-    return f"--{name.replace('_', '-')}: {error['msg'].lower()}, got {error.get('input')!r}"

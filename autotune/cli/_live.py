@@ -25,7 +25,7 @@ from rich.text import Text
 
 from autotune import events
 from autotune.cli._render import line, stop_reason
-from autotune.settings import format_duration
+from autotune.timing import format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType

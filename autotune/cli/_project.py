@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import SettingsError
-from autotune.settings import DEFAULT_BUDGET_S, format_duration
+from autotune.settings import DEFAULT_BUDGET_S
+from autotune.timing import format_duration
 
 PROJECT_FILE = "autotune.yaml"
 PYPROJECT = "pyproject.toml"

@@ -6,7 +6,8 @@ from __future__ import annotations
 from functools import singledispatch
 
 from autotune import events
-from autotune.settings import format_bytes, format_duration
+from autotune.settings import format_bytes
+from autotune.timing import format_duration
 
 # The JIT build of one op on 2 busy cores, as benchmarks/RESULTS.md records it (CPU Adam is
 # the longest).

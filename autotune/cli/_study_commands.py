@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from autotune.cli._flags import parse_global_batch
+from autotune.cli._flag_values import parse_global_batch
+from autotune.cli._flags import RunFlags
 from autotune.errors import AutotuneError
 from autotune.settings import DEFAULT_STORAGE, DEFAULT_VERIFY_STEPS, parse_size
 
@@ -121,19 +122,18 @@ GpusOption = Annotated[
         "of world sizes to predict."
     ),
 ]
-ObjectiveOption = Annotated[str, typer.Option(help="With --study: throughput, cost or deadline.")]
-PriceOption = Annotated[
-    float | None, typer.Option(help="With --study: USD for one GPU for an hour.")
-]
-TokensOption = Annotated[
-    str | None, typer.Option(help="With --study: tokens of the training run, e.g. 10B.")
-]
-SamplesOption = Annotated[
-    str | None, typer.Option(help="With --study: samples of the training run, e.g. 5M.")
-]
-DeadlineOption = Annotated[
-    str | None, typer.Option(help="With --study: wall time the run may take, e.g. 3d.")
-]
+
+
+def _goal_help(flag: str) -> str:
+    """A goal flag's help, the one ``autotune run`` shows (one description for both)."""
+    return "With --study: " + str(RunFlags.model_fields[flag].description)
+
+
+ObjectiveOption = Annotated[str, typer.Option(help=_goal_help("objective"))]
+PriceOption = Annotated[float | None, typer.Option(help=_goal_help("gpu_hour_price"))]
+TokensOption = Annotated[str | None, typer.Option(help=_goal_help("train_tokens"))]
+SamplesOption = Annotated[str | None, typer.Option(help=_goal_help("train_samples"))]
+DeadlineOption = Annotated[str | None, typer.Option(help=_goal_help("deadline"))]
 PerNodeOption = Annotated[int, typer.Option(min=1, help="With --study: GPUs per node.")]
 BatchOption = Annotated[
     int | None, typer.Option(min=1, help="Samples per optimizer step (default: the workload's).")
@@ -244,7 +244,7 @@ def _memory_plan(
 
 
 def _one_count(gpus: str) -> int:
-    from autotune.run.training_goal import parse_world_sizes
+    from autotune.training_goal import parse_world_sizes
 
     sizes = parse_world_sizes(gpus)
     if len(sizes) != 1:
@@ -269,22 +269,10 @@ def _forecast_plan(
 ) -> None:
     """``autotune plan --study S --gpus N``: the study's configurations at N GPUs."""
     from autotune.run.forecast import forecast
-    from autotune.run.training_goal import TrainingGoal, parse_count, parse_world_sizes
-    from autotune.settings import parse_duration
     from autotune.study import load_existing_study
+    from autotune.training_goal import parse_world_sizes
 
-    def count(flag: str) -> float | None:
-        text = goal_flags[flag.removeprefix("--").replace("-", "_")]
-        return None if text is None else parse_count(str(text), flag=flag)
-
-    deadline = goal_flags["deadline"]
-    goal = TrainingGoal.of(
-        str(goal_flags["objective"]),
-        gpu_hour_price_usd=goal_flags["gpu_hour_price"],  # type: ignore[arg-type]
-        train_tokens=count("--train-tokens"),
-        train_samples=count("--train-samples"),
-        deadline_s=None if deadline is None else parse_duration(str(deadline), flag="--deadline"),
-    )
+    goal = RunFlags.goal_of(goal_flags)
     sizes = parse_world_sizes(gpus)
     limit = None if vram is None else parse_size(vram, flag="--vram")
     with _stdout_to_stderr(as_json):
@@ -338,7 +326,7 @@ def status(
     study: StudyOption = None, storage: StorageOption = DEFAULT_STORAGE, as_json: JsonOption = False
 ) -> None:
     """Show a study's trials: candidate, status, samples/s, peak memory against the limit."""
-    from autotune.study import load_existing_study, records
+    from autotune.study import load_existing_study
 
     if as_json:
         from autotune.views import status_document
@@ -348,10 +336,10 @@ def status(
         _print_json(document)
         return
     loaded = load_existing_study(storage, study)
-    from autotune.views import trials_table, verification_lines
+    from autotune.views import goal_lines, trials_table, verification_lines
 
     console.print(trials_table(loaded))
-    for text in records.world_size_lines(records.views(loaded)):
+    for text in goal_lines(loaded):
         console.print(text)
     for text in verification_lines(loaded):
         console.print(text)

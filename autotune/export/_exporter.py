@@ -66,11 +66,14 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
 def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Best | None]:
     """The trial to export (the best by :func:`autotune.study.best.decide_best` unless ``number``
     names one) and the best, which the summary describes."""
+    from autotune import training_goal
     from autotune.study import confirmation as confirm
     from autotune.study import verification as checks
 
     trials = records.views(study)
-    decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
+    decided = best.decide_best(
+        trials, confirm.load(study), checks.set_aside(study), training_goal.of_study(study)
+    )
     if number is None:
         if decided is None:
             raise ExportError(

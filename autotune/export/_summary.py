@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from autotune.export._loss_check_lines import loss_check_lines, printable, set_aside_lines
 from autotune.export._numerics import numerics_actions
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.settings import format_bytes
@@ -23,20 +24,14 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.candidate import Candidate
-    from autotune.protocol import LossTrace
     from autotune.study import Best, Confirmation, StudyConfig, TrialRecord, TrialView
+    from autotune.training_goal import TrainingGoal
 
 RUNNERS_UP = 5
 
 
 def _peaks(values: list[int]) -> str:
     return ", ".join(format_bytes(v) for v in values) or "n/a"
-
-
-def _printable(text: str) -> str:
-    """One line of plain text: control characters (a newline ends a shell comment) become
-    spaces."""
-    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str:
@@ -47,7 +42,7 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
     from autotune.backends import DEFAULT_BACKEND, get_backend
     from autotune.export._numerics import production_env
 
-    origin = _printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
+    origin = printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
     return get_backend(DEFAULT_BACKEND).launch_script(
         origin,
         trial.candidate.data_parallel_size,  # the world size it was chosen for
@@ -185,12 +180,13 @@ def standings(
     verdict: Confirmation | None,
     decided: Best | None,
     set_aside: Collection[int] = (),
+    goal: TrainingGoal | None = None,
 ) -> list[tuple[TrialView, float, str]]:
-    """Every feasible trial once, best first, each with the estimate it is ranked by: the
-    confirmed contenders in the verdict's order, each by the median of its probes, then the
-    rest by their single measurement; the decided best leads. A trial ``set_aside`` by its
-    loss check (``run --verify strict``) is not among them."""
-    ranked = [t for t in records.ranked_feasible(trials) if t.number not in set_aside]
+    """Every feasible trial once, best first by ``goal``, each with the estimate it is
+    ranked by: the confirmed contenders in the verdict's order, each by the median of its
+    probes, then the rest by their single measurement; the decided best leads. A trial
+    ``set_aside`` by its loss check (``run --verify strict``) is not among them."""
+    ranked = [t for t in records.ranked_feasible(trials, goal) if t.number not in set_aside]
     by_number = {t.number: t for t in ranked}
     rows: list[tuple[TrialView, float, str]] = []
     confirmed = decided is not None and decided.confirmed and verdict is not None
@@ -208,7 +204,11 @@ def standings(
 
 
 def _why(
-    trial: TrialView, decided: Best | None, ranked: int, verdict: Confirmation | None
+    trial: TrialView,
+    decided: Best | None,
+    ranked: int,
+    verdict: Confirmation | None,
+    goal: TrainingGoal,
 ) -> list[str]:
     record = trial.record
     steps = (
@@ -216,9 +216,9 @@ def _why(
         f"{record.samples_per_s_min:.1f}-{record.samples_per_s_max:.1f})"
     )
     if decided is not None and decided.trial == trial.number and decided.confirmed:
-        lead = f"- {_confirmed_how(decided, verdict)}; {steps}."
+        lead = f"- {_confirmed_how(decided, verdict, goal)}; {steps}."
     elif decided is not None and decided.trial == trial.number:
-        lead = f"- Fastest of {ranked} feasible configurations measured: {steps}."
+        lead = f"- {goal.noun.capitalize()} of {ranked} feasible configurations measured: {steps}."
     else:
         best_text = (
             f"trial {decided.trial} ({decided.label})" if decided is not None else "none yet"
@@ -229,7 +229,24 @@ def _why(
     return [lead, f"- {record.tokens_per_s:.0f} tokens/s in that probe."]
 
 
-def _confirmed_how(decided: Best, verdict: Confirmation | None) -> str:
+def _goal_lines(goal: TrainingGoal, trial: TrialView) -> list[str]:
+    """The objective the best was chosen by and what this configuration means for the
+    production run (its time and cost to train), where the goal says more than speed."""
+    gpus, rate = trial.candidate.data_parallel_size, float(trial.value or 0.0)
+    outcome = goal.outcome(rate, gpus)
+    if goal.objective == "throughput" and not outcome:
+        return []
+    lines = [f"- Objective: {goal.describe()}."]
+    if outcome:
+        lines.append(f"- On {gpus} GPU(s) at {rate:.1f} samples/s it {outcome}.")
+    if goal.objective == "deadline" and goal.tier(rate) == 0:
+        lines.append(
+            "- No configuration measured finishes within the deadline: the fastest is chosen."
+        )
+    return lines
+
+
+def _confirmed_how(decided: Best, verdict: Confirmation | None, goal: TrainingGoal) -> str:
     """How the confirmation round chose ``decided``, and the estimate it rests on: the median
     of the search probe and the round's re-probes."""
     reprobes = decided.probes - 1
@@ -247,23 +264,25 @@ def _confirmed_how(decided: Best, verdict: Confirmation | None) -> str:
             f"Chosen by the confirmation round as the steadier: within noise of trial "
             f"{verdict.steadier_over}'s higher median and markedly steadier; {estimate}"
         )
-    return f"Confirmed the fastest: {estimate}"
+    return f"Confirmed the {goal.noun}: {estimate}"
 
 
 def render_summary(
     study: optuna.Study, trial: TrialView, config: StudyConfig, decided: Best | None
 ) -> str:
+    from autotune import training_goal
     from autotune.study import confirmation as confirm
     from autotune.study import screened_keys
     from autotune.study import verification as checks
 
+    goal = training_goal.of_study(study)
     candidate = trial.candidate
     record = trial.record
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
     aside = checks.set_aside(study)
-    rows = standings(trials, verdict, decided, aside)
+    rows = standings(trials, verdict, decided, aside, goal)
     limit = config.vram_limit_bytes
     memory_kind = "device memory" if config.accelerator == "cuda" else "tracked tensor memory"
     lines = [
@@ -280,8 +299,9 @@ def render_summary(
         "",
         "## Why",
         "",
-        *_why(trial, decided, len(rows), verdict),
-        *_set_aside_lines(study, trials, aside),
+        *_why(trial, decided, len(rows), verdict, goal),
+        *_goal_lines(goal, trial),
+        *set_aside_lines(study, trials, aside),
         f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
@@ -290,11 +310,11 @@ def render_summary(
     lines.append(f"- {runner_up_distance(rows, verdict)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
-    front = records.world_size_lines(trials)
+    front = records.world_size_lines(trials, goal)
     if front:
         lines += ["", "## World sizes", "", "The fastest measured at each world size searched:"]
         lines += ["", *front]
-    lines += ["", *_loss_check_lines(study, trial.number)]
+    lines += ["", *loss_check_lines(study, trial.number)]
     others = [row for row in rows if row[0].number != trial.number]
     if others:
         lines += ["", *_runner_up_lines(rows[0][1], others)]
@@ -309,95 +329,10 @@ def render_summary(
     return "\n".join(lines)
 
 
-def _set_aside_lines(
-    study: optuna.Study, trials: list[TrialView], aside: Collection[int]
-) -> list[str]:
-    """A line per trial ``run --verify strict`` set aside: what it measured and why."""
-    from autotune.study import verification as checks
-
-    lines = []
-    for number in sorted(aside):
-        check = checks.load(study, number)
-        if check is None or not trials[number].feasible:
-            continue
-        lines.append(
-            f"- Set aside by its loss check (`--verify strict`): trial {number} "
-            f"({check.label}), {float(trials[number].value or 0.0):.1f} samples/s in its "
-            f"search probe, {check.verdict.text}."
-        )
-    return lines
-
-
-def _loss_check_lines(study: optuna.Study, number: int) -> list[str]:
-    """The trial's loss check against its reference (``autotune verify``), step by step."""
-    from autotune.study import verification as checks
-
-    check = checks.load(study, number)
-    lines = ["## Loss check", ""]
-    if check is None:
-        return [
-            *lines,
-            f"Not run. `autotune verify --study {_printable(study.study_name)} --trial "
-            f"{number}` trains this configuration and a reference (your base config, else "
-            "fp32 at ZeRO-0) from one seed on one global batch and compares their losses "
-            "step by step.",
-        ]
-    verdict = check.verdict
-    lines.append(
-        f"This configuration and its reference, {check.reference_label} "
-        f"({check.reference_reason}), trained from seed {check.seed} on one global batch for "
-        f"{check.steps} optimizer step(s): **{verdict.text}**."
-    )
-    by_role = {run.role: run for run in check.runs}
-    reference, winner = by_role.get("reference"), by_role.get("winner")
-    if reference is None or winner is None or reference.trace is None or winner.trace is None:
-        return lines
-    lines += [
-        "",
-        f"Tolerance: 8·u·√(step+1) of the coarser precision ({verdict.precision}, u its unit "
-        "roundoff), each step's loss the mean over the global batch.",
-        *_script_check_lines(study, reference.trace),
-        "",
-        "| step | reference loss | this configuration's loss | relative difference |",
-        "| --- | --- | --- | --- |",
-    ]
-    from autotune.study.loss_parity import relative_difference
-
-    pairs = zip(reference.trace.losses, winner.trace.losses, strict=False)
-    for step, (ref, won) in enumerate(pairs):
-        difference = relative_difference(won, ref)
-        lines.append(f"| {step} | {ref:.6g} | {won:.6g} | {100 * difference:.2g}% |")
-    return lines
-
-
-def _script_check_lines(study: optuna.Study, trace: LossTrace) -> list[str]:
-    """What a script's check held equal and what it could not (none for a built-in
-    workload, whose runs make their weights and samples themselves)."""
-    from autotune.study import study_config
-
-    config = study_config(study)
-    if config is None or config.script is None:
-        return []
-    samples = (
-        "each step's samples were the same in every run (digests of the micro-batches' "
-        "integer inputs over every rank)"
-        if trace.sample_digests is not None
-        else "the samples could not be compared (the inputs hold no integer tensor): the "
-        "reference's repeat alone says its data order is reproducible"
-    )
-    return [
-        "",
-        "Your script ran as it is: autotune seeded python, numpy and torch before it and "
-        "switched its torch.nn dropout off; what the script seeds itself and functional "
-        "dropout in its code are its own. The runs started from the same weights, and "
-        f"{samples}.",
-    ]
-
-
 def _file_lines(config: StudyConfig, ranks: int) -> list[str]:
     from autotune.backends import DEFAULT_BACKEND, get_backend
 
-    name = _printable(config.script.name) if config.script is not None else None
+    name = printable(config.script.name) if config.script is not None else None
     return get_backend(DEFAULT_BACKEND).config_usage_lines(ranks, name)
 
 

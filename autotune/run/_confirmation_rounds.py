@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from autotune import events
+from autotune import events, training_goal
 from autotune.run.budget import probe_estimate_s
 from autotune.study import TrialRecord, ranked_feasible, records
 from autotune.study import confirmation as confirm
@@ -67,16 +67,21 @@ class ConfirmationRounds:
         """The round, decided and stored; None when there is nothing to confirm (fewer than
         two feasible configurations)."""
         trials = records.views(self.study)
-        chosen = confirm.contenders(ranked_feasible(trials))
+        goal = training_goal.of_study(self.study)
+        chosen = confirm.contenders(ranked_feasible(trials, goal), goal)
         if len(chosen) < 2:
             return None
         verdict = confirm.Confirmation(
             contenders=[
                 confirm.Contender(
-                    trial=t.number, label=t.label, samples_per_s=[float(t.value or 0)]
+                    trial=t.number,
+                    label=t.label,
+                    gpus=t.candidate.data_parallel_size,
+                    samples_per_s=[float(t.value or 0)],
                 )
                 for t in chosen
-            ]
+            ],
+            goal=None if goal.objective == "throughput" else goal,
         )
         by_number = {t.number: t for t in chosen}
         by_trial = {c.trial: c for c in verdict.contenders}

@@ -115,6 +115,7 @@ class DriverSession:
     def _open(self) -> None:
         import optuna
 
+        from autotune import training_goal
         from autotune.study import open_storage, store_start, study_config
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -142,6 +143,7 @@ class DriverSession:
                 "drop those flags to continue it with its own, or add --study NEW_NAME to "
                 "start a new study with them"
             )
+        training_goal.store(self.study, self.plan.goal)
         self._clock = DatabaseClock(url)
         self._lock = DriverLock(
             self.storage,

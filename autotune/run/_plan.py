@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from autotune.candidate import Candidate
     from autotune.hardware import Hardware
     from autotune.space import BoundSpace, SpaceSpec
+    from autotune.training_goal import TrainingGoal
     from autotune.workloads import Workload
 
 
@@ -42,6 +43,13 @@ class Plan:
         if not self.config.world_sizes:
             return candidate.label
         return f"{candidate.label} on {candidate.data_parallel_size}"
+
+    @property
+    def goal(self) -> TrainingGoal:
+        """The run's training goal, with the workload's tokens per sample (``--train-tokens``
+        in samples)."""
+        tokens = max(int(getattr(self.workload, "tokens_per_sample", 1) or 1), 1)
+        return self.settings.goal.model_copy(update={"tokens_per_sample": tokens})
 
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""

@@ -89,7 +89,8 @@ class Search:
         self.candidates = {c.key: c for c in plan.space.candidates()}
         self.evaluated: dict[str, TrialView] = {}  # evaluated candidates by key
         self._stages_probed: set[int] = set()
-        self._best_value = 0.0
+        self.goal = plan.goal
+        self._best_score = (0, 0.0)  # the best feasible trial's, by the goal
         self._in_a_row = 0
         self._rng = random.Random(plan.settings.seed)
         self.estimate_s = 0.0
@@ -113,7 +114,7 @@ class Search:
             if trial.record.probe_wall_s is not None:
                 self._stages_probed.add(trial.candidate.zero_stage)
             if trial.feasible:
-                self._best_value = max(self._best_value, trial.value or 0.0)
+                self._learn_best(trial)
         self._update_estimates(trials)
 
     def run(self) -> events.SearchStopped:
@@ -200,7 +201,9 @@ class Search:
             record,
             trial=trial,
             folder=f"trial-{trial.number:04d}",
-            stop_below_samples_per_s=0.0 if first_of_stage else self._early_stop_threshold(),
+            stop_below_samples_per_s=0.0
+            if first_of_stage
+            else self._early_stop_threshold(candidate.data_parallel_size),
         )
         self.session.record_heartbeats([trial])
         self.counts.probes += 1
@@ -240,11 +243,17 @@ class Search:
         self.counts.duplicates += 1
         return False
 
-    def _early_stop_threshold(self) -> float:
+    def _learn_best(self, trial: TrialView) -> None:
+        score = self.goal.score(float(trial.value or 0.0), trial.candidate.data_parallel_size)
+        self._best_score = max(self._best_score, score)
+
+    def _early_stop_threshold(self, gpus: int) -> float:
+        """The samples/s below which a probe at ``gpus`` stops early: clearly short of the
+        best so far, by the goal (samples/s per GPU under a cost objective)."""
         settings = self.plan.settings
         if not settings.early_stop or settings.sampler == "grid":
             return 0.0
-        return self._best_value * (1.0 - EARLY_STOP_MARGIN)
+        return self.goal.rate_to_match(self._best_score, gpus) * (1.0 - EARLY_STOP_MARGIN)
 
     # -- one result --------------------------------------------------------------------
     def _record(self, job: InFlight, result: ProbeResult) -> None:
@@ -261,7 +270,7 @@ class Search:
             self.evaluated[job.candidate.key] = view
             self.screen.learn(view)
             if view.feasible:
-                self._best_value = max(self._best_value, view.value or 0.0)
+                self._learn_best(view)
             self._update_estimates(records.views(self.study))
         self.emit(
             events.ProbeFinished(
@@ -278,7 +287,7 @@ class Search:
         from autotune.run.sampler import History
 
         self.estimate_s = probe_estimate_s(trials)
-        ranked = ranked_feasible(trials)
+        ranked = ranked_feasible(trials, self.goal)
         covered = self.policy is None or self.policy.covered(History.of(trials))
         self.verify_s = self.reserve.verify_reserve_s(
             feasible=len(ranked),
@@ -289,7 +298,7 @@ class Search:
         self.reserve_s = self.verify_s + self.reserve.reserve_s(
             feasible=len(ranked),
             stages_covered=covered,
-            contenders=len(confirm.contenders(ranked)),
+            contenders=len(confirm.contenders(ranked, self.goal)),
             full_probe_s=probe_estimate_s(trials, full_only=True),
             probe_s=self.estimate_s,
             budget_s=self.clock.run_budget_s,

@@ -284,6 +284,7 @@ class Tuner:
         whose check differs is set aside and the next best is checked, up to
         :data:`STRICT_CHECKS` checks (the last best checked may then differ too, and the one
         after it is exported unchecked: summary.md names every trial set aside)."""
+        from autotune import training_goal
         from autotune.run.verify import VerificationInterrupted, verify
         from autotune.study import confirmation as confirm
         from autotune.study import verification as checks
@@ -292,7 +293,9 @@ class Tuner:
         check = None
         for _ in range(STRICT_CHECKS if strict else 1):
             trials = records.views(study)
-            decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
+            decided = best.decide_best(
+                trials, confirm.load(study), checks.set_aside(study), training_goal.of_study(study)
+            )
             if decided is None or session.stopping:
                 break
             try:
@@ -323,12 +326,15 @@ class Tuner:
 
     def _finish(self, study: optuna.Study, summary: RunSummary) -> None:
         """Decide the best (one rule for every output), store it, export it."""
+        from autotune import training_goal
         from autotune.export import export
         from autotune.study import confirmation as confirm
         from autotune.study import verification as checks
 
         trials = records.views(study)
-        summary.best = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
+        summary.best = best.decide_best(
+            trials, confirm.load(study), checks.set_aside(study), training_goal.of_study(study)
+        )
         best.store(study, summary.best)
         if summary.best is None:
             return
@@ -357,6 +363,7 @@ class Tuner:
             cost=self._cost_model() if mode == "model" else None,
             may_fit=self.screen.may_fit if settings.prune else None,
             mode=mode,
+            goal=self.plan.goal,
         )
         return CandidateSampler(self.plan.space, policy, seed=seed), policy
 

@@ -14,7 +14,7 @@ where the study probed that configuration at that world size: then its measureme
 beside the prediction with the prediction's error. The memory screen (the study's memory
 model, taught by its probes) says whether each configuration still fits at N ranks.
 
-The rows are ranked by the :class:`~autotune.run.training_goal.TrainingGoal`'s objective,
+The rows are ranked by the :class:`~autotune.training_goal.TrainingGoal`'s objective,
 and the choice is said in one line.
 """
 
@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.candidate import Candidate
 from autotune.errors import SettingsError
-from autotune.run.training_goal import TrainingGoal
-from autotune.settings import format_duration
+from autotune.timing import format_duration
+from autotune.training_goal import TrainingGoal
 
 if TYPE_CHECKING:
     import optuna

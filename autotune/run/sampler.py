@@ -14,7 +14,9 @@ Policies:
   highest predicted samples/s of the calibrated cost model, times an exploration bonus for
   values no probe has measured yet (a ZeRO stage, precision, offload target, checkpointing
   or micro-batch the model has no data on is where it is least certain). The bonus decays
-  as probes accumulate. Before that, every ZeRO stage that may fit is probed once (its
+  as probes accumulate. Under a cost or deadline objective across world sizes, the
+  prediction is ranked by the goal's score (samples/s per GPU for cost). Before that,
+  every ZeRO stage that may fit is probed once (its
   best-predicted candidate, stages in predicted order): the cost model's stage terms
   (collectives, partitioning, optimizer share) are its crudest, so a stage it misjudges
   would be probed last: on GPT-2 on a CPU it ranks ZeRO-0, the fastest there
@@ -33,6 +35,7 @@ import optuna
 from autotune.candidate import Candidate
 from autotune.memory import Monotonicity, shape_key
 from autotune.run.cost_model import CostModel
+from autotune.training_goal import TrainingGoal
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -109,9 +112,11 @@ class CandidatePolicy:
         cost: CostModel | None,
         may_fit: Callable[[Candidate], bool] | None = None,
         mode: str = "model",
+        goal: TrainingGoal | None = None,
     ) -> None:
         self.candidates = list(candidates)
         self.cost = cost
+        self.goal = goal or TrainingGoal()
         self.may_fit = may_fit
         self.mode = mode
         self._may_fit_cache: dict[str, bool] = {}
@@ -147,12 +152,13 @@ class CandidatePolicy:
         }
         bonus = EXPLORATION / (1.0 + len(history.measured) / 4.0)
 
-        def score(candidate: Candidate) -> float:
+        def score(candidate: Candidate) -> tuple[int, float]:
             novel = sum(getattr(candidate, a) not in seen[a] for a in NOVELTY_ATTRIBUTES)
             assert self.cost is not None
-            return self.cost.samples_per_s(candidate) * (
-                1.0 + bonus * novel / len(NOVELTY_ATTRIBUTES)
+            tier, value = self.goal.score(
+                self.cost.samples_per_s(candidate), candidate.data_parallel_size
             )
+            return tier, value * (1.0 + bonus * novel / len(NOVELTY_ATTRIBUTES))
 
         return max(self._uncovered(open_, history) or open_, key=score)
 

@@ -3,7 +3,8 @@
 Every output that names a best trial asks :func:`decide_best`: the run's export, ``autotune
 export``, the ``*`` of ``autotune status``, ``summary.md`` and the study user attr
 :data:`BEST_ATTR`, which optuna-dashboard shows among the study's user attributes. The
-confirmation round's winner when there is one, else the fastest feasible trial.
+confirmation round's winner when there is one, else the best feasible trial by the study's
+goal (:mod:`autotune.training_goal`: the fastest under the default throughput objective).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.study.records import TrialView, ranked_feasible
+from autotune.training_goal import TrainingGoal
 
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.study.confirmation import Confirmation
+    from autotune.study.confirmation import Confirmation, Contender
 
 BEST_ATTR = "autotune_best"
 
@@ -30,6 +32,7 @@ class Best(BaseModel):
 
     trial: int = Field(description="Trial number.")
     label: str
+    gpus: int = Field(default=1, description="Its world size (data-parallel ranks).")
     samples_per_s: float = Field(description="The estimate the decision rests on.")
     half_width: float = Field(default=0.0, description="95% interval of that estimate.")
     probes: int = Field(default=1, description="Probes behind the estimate.")
@@ -41,8 +44,11 @@ def decide_best(
     trials: list[TrialView],
     verdict: Confirmation | None,
     set_aside: Collection[int] = (),
+    goal: TrainingGoal | None = None,
 ) -> Best | None:
-    """The confirmation round's winner when there is one; else the fastest feasible trial.
+    """The confirmation round's winner when there is one; else the best feasible trial by
+    ``goal`` (the fastest without one). A round that ranked by another goal (the study was
+    continued under another objective) does not decide: the search's ranking does.
 
     A trial measured after the round was decided that beats the winner's confirmed estimate
     outright (above its 95% interval) takes its place: a continued study's search found
@@ -52,11 +58,19 @@ def decide_best(
     ``set_aside`` (``run --verify strict``: its loss check differs,
     :func:`autotune.study.verification.set_aside`) is never the best."""
     aside = frozenset(set_aside)
-    every = ranked_feasible(trials)
+    goal = goal or TrainingGoal()
+    every = ranked_feasible(trials, goal)
     ranked = [t for t in every if t.number not in aside]
     if not ranked:
         return None
-    decided = _decided(ranked, verdict, aside)
+    if verdict is not None and not verdict.ranking.ranks_like(goal):
+        decided = _unconfirmed(
+            ranked[0],
+            f"{goal.noun} of {len(ranked)} feasible configuration(s) measured; the "
+            f"confirmation round ranked by {verdict.ranking.objective}",
+        )
+    else:
+        decided = _decided(ranked, verdict, aside, goal)
     passed = [n for n in sorted(aside) if n in {t.number for t in every}]
     if passed:
         numbers = ", ".join(str(n) for n in passed)
@@ -64,9 +78,14 @@ def decide_best(
     return decided
 
 
-def _decided(ranked: list[TrialView], verdict: Confirmation | None, aside: frozenset[int]) -> Best:
+def _decided(
+    ranked: list[TrialView],
+    verdict: Confirmation | None,
+    aside: frozenset[int],
+    goal: TrainingGoal,
+) -> Best:
     """:func:`decide_best` over the trials left (``ranked``, none set aside)."""
-    fastest = f"fastest of {len(ranked)} feasible configuration(s) measured"
+    fastest = f"{goal.noun} of {len(ranked)} feasible configuration(s) measured"
     if verdict is None or verdict.winner is None or not verdict.contenders:
         return _unconfirmed(ranked[0], fastest)
     by_number = {t.number: t for t in ranked}
@@ -77,7 +96,7 @@ def _decided(ranked: list[TrialView], verdict: Confirmation | None, aside: froze
         )
     leader = standing[0]
     newer = [t for t in ranked if t.number > verdict.after_trial]
-    if newer and (newer[0].value or 0.0) > leader.estimate + leader.half_width:
+    if newer and _beats(newer[0], leader, goal):
         return _unconfirmed(
             newer[0],
             f"measured after the confirmation round, above the {leader.estimate:.1f} "
@@ -97,6 +116,7 @@ def _decided(ranked: list[TrialView], verdict: Confirmation | None, aside: froze
     return Best(
         trial=leader.trial,
         label=by_number[leader.trial].label,
+        gpus=by_number[leader.trial].candidate.data_parallel_size,
         samples_per_s=leader.estimate,
         half_width=leader.half_width,
         probes=len(leader.samples_per_s),
@@ -105,11 +125,20 @@ def _decided(ranked: list[TrialView], verdict: Confirmation | None, aside: froze
     )
 
 
+def _beats(trial: TrialView, leader: Contender, goal: TrainingGoal) -> bool:
+    """``trial``'s one measurement ranks above the top of ``leader``'s 95% interval, in the
+    goal's units (a higher tier always does)."""
+    tier, value = goal.score(float(trial.value or 0.0), trial.candidate.data_parallel_size)
+    leader_tier, _, leader_high = leader.band(goal)
+    return tier > leader_tier or (tier == leader_tier and value > leader_high)
+
+
 def _unconfirmed(trial: TrialView, reason: str) -> Best:
     """``trial`` as the best on its single probe's measurement."""
     return Best(
         trial=trial.number,
         label=trial.label,
+        gpus=trial.candidate.data_parallel_size,
         samples_per_s=float(trial.value or 0.0),
         confirmed=False,
         reason=reason,
@@ -123,8 +152,14 @@ def store(study: optuna.Study, decided: Best | None) -> None:
 
 def of_study(study: optuna.Study) -> Best | None:
     """The best of ``study`` by :func:`decide_best` (computed, never read back stale)."""
+    from autotune import training_goal
     from autotune.study import confirmation as confirm
     from autotune.study import verification
     from autotune.study.records import views
 
-    return decide_best(views(study), confirm.load(study), verification.set_aside(study))
+    return decide_best(
+        views(study),
+        confirm.load(study),
+        verification.set_aside(study),
+        training_goal.of_study(study),
+    )

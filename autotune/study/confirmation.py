@@ -8,7 +8,10 @@ again in rounds, interleaved A B C A B C ..., so that drift of the machine hits 
 alike. Each probe's samples/s is one sample; a contender's estimate is the median of its
 samples (one lucky or unlucky probe moves it little), with a 95% interval and its spread
 between probes; the winner is the highest median unless a markedly steadier contender is
-within noise of it (:class:`Confirmation`).
+within noise of it (:class:`Confirmation`). Under a cost or deadline objective across world
+sizes, "highest" is the goal's score of the median (:meth:`TrainingGoal.score
+<autotune.training_goal.TrainingGoal.score>`: samples/s per GPU for cost), and intervals
+compare in the same units.
 
 The round's time is reserved from the budget before the search starts
 (:func:`reserve_s`), so it is never skipped because the search used everything.
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autotune.timing import mean_interval, t95
+from autotune.training_goal import TrainingGoal
 
 if TYPE_CHECKING:
     import optuna
@@ -62,6 +66,7 @@ class Contender(BaseModel):
 
     trial: int = Field(description="The search trial of this candidate.")
     label: str
+    gpus: int = Field(default=1, description="Its world size (data-parallel ranks).")
     samples_per_s: list[float] = Field(description="One value per probe: search + confirmation.")
     step_spreads: list[float] = Field(
         default_factory=list,
@@ -91,12 +96,24 @@ class Contender(BaseModel):
         self.half_width = t95(len(values) - 1) * MEDIAN_SE_FACTOR * stdev / math.sqrt(len(values))
         self.spread = stdev / self.estimate
 
-    def overlaps(self, other: Contender) -> bool:
-        """The two 95% intervals overlap: within noise of each other."""
+    def band(self, goal: TrainingGoal) -> tuple[int, float, float]:
+        """The goal's tier of the estimate and its 95% interval in the goal's units."""
+        tier = goal.tier(self.estimate)
+        factor = goal.factor(self.gpus, tier)
         return (
-            self.estimate - self.half_width <= other.estimate + other.half_width
-            and other.estimate - other.half_width <= self.estimate + self.half_width
+            tier,
+            factor * (self.estimate - self.half_width),
+            factor * (self.estimate + self.half_width),
         )
+
+    def overlaps(self, other: Contender, goal: TrainingGoal | None = None) -> bool:
+        """The two 95% intervals overlap in the goal's units (samples/s without one): within
+        noise of each other. Contenders in different tiers (one finishes by the deadline,
+        the other not) never do."""
+        goal = goal or TrainingGoal()
+        tier, low, high = self.band(goal)
+        other_tier, other_low, other_high = other.band(goal)
+        return tier == other_tier and low <= other_high and other_low <= high
 
     def describe(self) -> str:
         count = len(self.samples_per_s)
@@ -134,15 +151,24 @@ class Confirmation(BaseModel):
         default=None,
         description="The trial with the higher median that the steadier winner was chosen over.",
     )
+    goal: TrainingGoal | None = Field(
+        default=None, description="The goal the round ranked by; None: throughput."
+    )
+
+    @property
+    def ranking(self) -> TrainingGoal:
+        """The goal the round ranks by (throughput for a round stored without one)."""
+        return self.goal or TrainingGoal()
 
     def decide(self) -> None:
         for contender in self.contenders:
             contender.summarize()
-        ranked = sorted(self.contenders, key=lambda c: c.estimate, reverse=True)
+        goal = self.ranking
+        ranked = sorted(self.contenders, key=lambda c: goal.score(c.estimate, c.gpus), reverse=True)
         self.steadier_over = None
         if ranked:
             leader = ranked[0]
-            steadier = [c for c in ranked[1:] if markedly_steadier(c, leader)]
+            steadier = [c for c in ranked[1:] if markedly_steadier(c, leader, goal)]
             if steadier:
                 ranked.remove(steadier[0])
                 ranked.insert(0, steadier[0])
@@ -164,7 +190,9 @@ class Confirmation(BaseModel):
         return [
             c.trial
             for c in self.contenders
-            if c is winner or len(c.samples_per_s) < MIN_PROBES_TO_RACE or c.overlaps(winner)
+            if c is winner
+            or len(c.samples_per_s) < MIN_PROBES_TO_RACE
+            or c.overlaps(winner, self.ranking)
         ]
 
     @property
@@ -178,7 +206,7 @@ class Confirmation(BaseModel):
         if len(self.contenders) < 2:
             return []
         winner = self.contenders[0]
-        near = [c for c in self.contenders[1:] if c.overlaps(winner)]
+        near = [c for c in self.contenders[1:] if c.overlaps(winner, self.ranking)]
         if not near:
             return []
         return [winner.trial, max(near, key=lambda c: c.spread).trial]
@@ -218,17 +246,22 @@ def f_quantile(d1: int, d2: int, z: float = STEADIER_CONFIDENCE_Z) -> float:
     return (((1.0 - a) * (1.0 - b) + z * root) / denominator) ** 3
 
 
-def markedly_steadier(contender: Contender, leader: Contender) -> bool:
+def markedly_steadier(
+    contender: Contender, leader: Contender, goal: TrainingGoal | None = None
+) -> bool:
     """``contender`` is within ``leader``'s noise, gives up at most :data:`MAX_MEAN_LOSS` of
-    the leader's mean, and its spread between probes is smaller beyond chance (an F test of
-    the two variances), the leader's being wide at all."""
+    the leader's mean (both in ``goal``'s units), and its spread between probes is smaller
+    beyond chance (an F test of the two variances), the leader's being wide at all."""
+    goal = goal or TrainingGoal()
     n_c, n_l = len(contender.samples_per_s), len(leader.samples_per_s)
     if min(n_c, n_l) < MIN_PROBES_FOR_SPREAD or leader.spread <= MIN_SPREAD:
         return False
-    if not contender.overlaps(leader):
+    if not contender.overlaps(leader, goal):
         return False
-    leader_mean = statistics.fmean(leader.samples_per_s)
-    if statistics.fmean(contender.samples_per_s) < leader_mean * (1.0 - MAX_MEAN_LOSS):
+    tier = goal.tier(leader.estimate)  # the contender's too: they overlap
+    leader_mean = statistics.fmean(leader.samples_per_s) * goal.factor(leader.gpus, tier)
+    contender_mean = statistics.fmean(contender.samples_per_s) * goal.factor(contender.gpus, tier)
+    if contender_mean < leader_mean * (1.0 - MAX_MEAN_LOSS):
         return False
     if contender.spread <= 0:
         return True
@@ -305,9 +338,22 @@ def pick_contenders(estimates: list[tuple[float, float]]) -> list[int]:
     return chosen
 
 
-def contenders(ranked: list[TrialView]) -> list[TrialView]:
-    """The contenders among feasible trials ranked fastest first (:func:`pick_contenders`)."""
-    return [ranked[i] for i in pick_contenders([step_interval(t) for t in ranked])]
+def contenders(ranked: list[TrialView], goal: TrainingGoal | None = None) -> list[TrialView]:
+    """The contenders among feasible trials ranked best first by ``goal``
+    (:func:`pick_contenders`, on each trial's interval in the goal's units; a trial of a
+    lower tier than the best, one that misses the deadline the best meets, never joins by
+    overlap)."""
+    goal = goal or TrainingGoal()
+    if not ranked:
+        return []
+    top_tier = goal.tier(float(ranked[0].value or 0.0))
+    estimates = []
+    for trial in ranked:
+        rate, half = step_interval(trial)
+        tier = goal.tier(float(trial.value or 0.0))
+        factor = goal.factor(trial.candidate.data_parallel_size, tier)
+        estimates.append((factor * rate, factor * half) if tier == top_tier else (-math.inf, 0.0))
+    return [ranked[i] for i in pick_contenders(estimates)]
 
 
 def planned_probes(contenders: int) -> int:

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
+    from autotune.training_goal import TrainingGoal
+
 
 # 4: measured host memory judged (host_peak_method, node_per_rank, host_ram_bytes); 3: readable
 # memory fields (memory, peak_pct_of_limit). Records of 2 and 3 read the same (defaults).
@@ -262,10 +264,17 @@ def evaluations(trials: list[TrialView]) -> list[TrialView]:
     return [t for t in trials if t.is_evaluation]
 
 
-def ranked_feasible(trials: list[TrialView]) -> list[TrialView]:
-    """Feasible trials measured in full, fastest first."""
+def ranked_feasible(trials: list[TrialView], goal: TrainingGoal | None = None) -> list[TrialView]:
+    """Feasible trials measured in full, best first by ``goal``'s score (fastest first
+    without one, as under the throughput objective)."""
     feasible = [t for t in trials if t.feasible]
-    return sorted(feasible, key=lambda t: t.value or 0.0, reverse=True)
+    if goal is None:
+        return sorted(feasible, key=lambda t: t.value or 0.0, reverse=True)
+    return sorted(
+        feasible,
+        key=lambda t: goal.score(float(t.value or 0.0), t.candidate.data_parallel_size),
+        reverse=True,
+    )
 
 
 def fastest_per_world_size(trials: list[TrialView]) -> list[TrialView]:
@@ -277,18 +286,20 @@ def fastest_per_world_size(trials: list[TrialView]) -> list[TrialView]:
     return [fastest[size] for size in sorted(fastest)]
 
 
-def world_size_lines(trials: list[TrialView]) -> list[str]:
-    """One line per world size measured: its fastest configuration, its samples/s and
-    what each GPU contributes (the scaling a larger world buys)."""
+def world_size_lines(trials: list[TrialView], goal: TrainingGoal | None = None) -> list[str]:
+    """One line per world size measured: its fastest configuration, its samples/s, what
+    each GPU contributes (the scaling a larger world buys) and, where ``goal`` gives a size
+    or a price, its time and cost to train."""
     front = fastest_per_world_size(trials)
     if len(front) < 2:
         return []
     lines = []
     for trial in front:
         size, rate = trial.candidate.data_parallel_size, float(trial.value or 0.0)
+        outcome = goal.outcome(rate, size) if goal is not None else ""
         lines.append(
             f"- {size} GPU(s): {trial.candidate.label} (trial {trial.number}), {rate:.1f} "
-            f"samples/s, {rate / size:.1f} per GPU"
+            f"samples/s, {rate / size:.1f} per GPU" + (f"; {outcome}" if outcome else "")
         )
     return lines
 

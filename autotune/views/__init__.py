@@ -14,6 +14,7 @@ from autotune.views._json_documents import (
     verification_document,
 )
 from autotune.views._status_table import (
+    goal_lines,
     plan_candidates,
     plan_report,
     space_facts,
@@ -30,6 +31,7 @@ __all__ = [
     "export_document",
     "forecast_document",
     "forecast_report",
+    "goal_lines",
     "plan_candidates",
     "plan_document",
     "plan_report",

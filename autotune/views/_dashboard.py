@@ -135,6 +135,9 @@ def study_note(data: ReportData, optuna_best: int | None) -> str:
                 "highest single measurement; autotune's choice rests on the confirmation "
                 "round below (repeated, interleaved probes).",
             ]
+    if data.goal_lines:
+        lines += ["", "## Objective and world sizes", ""]
+        lines += [line if line.startswith("- ") else f"- {line}" for line in data.goal_lines]
     check = data.verification
     if check is not None:
         lines += [

@@ -56,6 +56,15 @@ def _decision(data: ReportData) -> str:
     )
 
 
+def _goal_section(data: ReportData) -> str:
+    """The objective, the best's time and cost to train and the fastest at each world size
+    (the front of GPUs, time and cost), where the study has them."""
+    if not data.goal_lines:
+        return ""
+    items = "".join(f"<li>{escape(line.removeprefix('- '))}</li>" for line in data.goal_lines)
+    return f'<h2>Objective and world sizes</h2><ul id="goal">{items}</ul>'
+
+
 def _header(data: ReportData) -> str:
     config = data.config
     what = ""
@@ -148,6 +157,7 @@ def render(data: ReportData) -> str:
     sections = [
         _header(data),
         _decision(data),
+        _goal_section(data),
         _actions(data),
         "<h2>Throughput against peak memory per rank</h2>",
         charts.legend(),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from autotune.training_goal import TrainingGoal
+
 if TYPE_CHECKING:
     import optuna
 
@@ -37,9 +39,15 @@ def _candidate(candidate: Candidate) -> dict[str, Any]:
     return candidate.model_dump(mode="json")
 
 
-def trial_entry(trial: TrialView, decided: Best | None) -> dict[str, Any]:
-    """One evaluated trial of ``status --json``."""
+def trial_entry(
+    trial: TrialView, decided: Best | None, goal: TrainingGoal | None = None
+) -> dict[str, Any]:
+    """One evaluated trial of ``status --json``; with the study's ``goal``, its time and
+    cost to train (null where the goal does not give them, or the trial has no value)."""
     record = trial.record
+    rate = float(trial.value) if trial.state == "COMPLETE" and trial.value else 0.0
+    gpus = record.candidate.data_parallel_size if record.candidate is not None else 1
+    figures = (goal or TrainingGoal()).figures(rate, gpus)
     return {
         "number": trial.number,
         "state": trial.state,
@@ -66,10 +74,12 @@ def trial_entry(trial: TrialView, decided: Best | None) -> dict[str, Any]:
         "error": record.error,
         "retry_of": record.retry_of,
         "trial_dir": record.trial_dir,
+        **figures,
     }
 
 
 def status_document(study: optuna.Study) -> dict[str, Any]:
+    from autotune import training_goal
     from autotune.export import outcome_counts
     from autotune.run import read_budget
     from autotune.study import best, records, screened_keys, study_config
@@ -79,12 +89,14 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(trials, verdict, checks.set_aside(study))
+    goal = training_goal.of_study(study)
+    decided = best.decide_best(trials, verdict, checks.set_aside(study), goal)
     config = study_config(study)
     known = {t.record.candidate_key for t in evaluated}
     return {
         **_head("status"),
         "study": study.study_name,
+        "goal": goal.model_dump(mode="json"),
         "config": None if config is None else config.model_dump(mode="json"),
         "budget": read_budget(study).model_dump(),
         "best": None if decided is None else decided.model_dump(),
@@ -107,10 +119,11 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
                 "label": t.label,
                 "samples_per_s": float(t.value or 0.0),
                 "samples_per_s_per_gpu": float(t.value or 0.0) / t.candidate.data_parallel_size,
+                **goal.figures(float(t.value or 0.0), t.candidate.data_parallel_size),
             }
             for t in records.fastest_per_world_size(trials)
         ],
-        "trials": [trial_entry(t, decided) for t in evaluated],
+        "trials": [trial_entry(t, decided, goal) for t in evaluated],
     }
 
 

@@ -66,6 +66,8 @@ class ReportData:
     actions: list[str]
     ds_config: dict[str, Any] | None
     verification: Verification | None = None  # the chosen trial's loss check
+    # the objective, the best's time and cost to train, the fastest at each world size
+    goal_lines: list[str] = field(default_factory=list)
 
     @property
     def limit_bytes(self) -> int:
@@ -107,6 +109,7 @@ def point_of(trial: TrialView, origin: float | None, chosen: int | None) -> Poin
 
 def collect(study: optuna.Study) -> ReportData:
     """Everything the report shows of ``study``."""
+    from autotune import training_goal
     from autotune.export import (
         outcome_counts,
         production_config,
@@ -117,11 +120,14 @@ def collect(study: optuna.Study) -> ReportData:
     from autotune.study import best, records, screened_keys, study_config
     from autotune.study import confirmation as confirm
     from autotune.study import verification as checks
+    from autotune.views._status_table import goal_lines
 
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(trials, verdict, checks.set_aside(study))
+    decided = best.decide_best(
+        trials, verdict, checks.set_aside(study), training_goal.of_study(study)
+    )
     config = study_config(study)
     starts = [t.frozen.datetime_start for t in evaluated if t.frozen.datetime_start is not None]
     origin = min(starts).timestamp() if starts else None
@@ -140,11 +146,15 @@ def collect(study: optuna.Study) -> ReportData:
         duplicates=sum(1 for t in trials if t.record.duplicate_of is not None),
         screened=len(screened_keys(study) - known),
         distance=runner_up_distance(
-            standings(trials, verdict, decided, checks.set_aside(study)), verdict
+            standings(
+                trials, verdict, decided, checks.set_aside(study), training_goal.of_study(study)
+            ),
+            verdict,
         ),
         actions=user_actions(chosen, config) if chosen is not None and config else [],
         ds_config=production_config(chosen, config) if chosen is not None and config else None,
         verification=checks.load(study, chosen.number) if chosen is not None else None,
+        goal_lines=goal_lines(study),
     )
 
 

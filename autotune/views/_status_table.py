@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 def trials_table(study: optuna.Study) -> Table:
     """One row per evaluated candidate (duplicate proposals are counted in the caption);
     ``*`` marks the best by :func:`autotune.study.best.decide_best`, as every output does."""
+    from autotune import training_goal
     from autotune.study import best, records
     from autotune.study import confirmation as confirm
     from autotune.study import verification as checks
@@ -34,7 +35,8 @@ def trials_table(study: optuna.Study) -> Table:
     limit = config.vram_limit_bytes if config else None
     trials = records.views(study)
     duplicates = sum(1 for t in trials if t.record.duplicate_of is not None)
-    decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study))
+    goal = training_goal.of_study(study)
+    decided = best.decide_best(trials, confirm.load(study), checks.set_aside(study), goal)
     table = Table(
         title=f"study {study.study_name}"
         + (
@@ -50,7 +52,7 @@ def trials_table(study: optuna.Study) -> Table:
             + (" (confirmed)" if decided is not None and decided.confirmed else "")
         ),
     )
-    _add_trial_columns(table)
+    _add_trial_columns(table, to_train=goal.sized_or_priced)
     for trial in trials:
         if trial.record.duplicate_of is not None:
             continue
@@ -62,6 +64,7 @@ def trials_table(study: optuna.Study) -> Table:
             half = (record.samples_per_s_max - record.samples_per_s_min) / 2
             spread = f" ±{100 * half / rate:.0f}%"
         is_best = decided is not None and trial.number == decided.trial
+        gpus = trial.candidate.data_parallel_size if record.candidate is not None else 1
         table.add_row(
             f"{trial.number}{'*' if is_best else ''}",
             trial.status,
@@ -69,9 +72,28 @@ def trials_table(study: optuna.Study) -> Table:
             f"{rate:.1f}{spread}" if ok else "",
             f"{record.tokens_per_s:.0f}" if ok else "",
             format_bytes(record.peak_bytes) if record.peak_bytes else "",
+            *([goal.brief(rate, gpus) if ok else ""] if goal.sized_or_priced else []),
             _note(trial, decided),
         )
     return table
+
+
+def goal_lines(study: optuna.Study) -> list[str]:
+    """The objective the study ranks by and the best's time and cost to train, where the
+    study's goal says more than speed; then the fastest at each world size searched."""
+    from autotune import training_goal
+    from autotune.study import best, records
+
+    goal = training_goal.of_study(study)
+    trials = records.views(study)
+    lines = []
+    decided = best.of_study(study)
+    if goal.objective != "throughput" or goal.sized_or_priced:
+        lines.append(f"objective: {goal.describe()}")
+        if decided is not None:
+            outcome = goal.outcome(decided.samples_per_s, decided.gpus)
+            lines[-1] += f"; the best, trial {decided.trial}, " + (outcome or "is the " + goal.noun)
+    return lines + records.world_size_lines(trials, goal)
 
 
 def verification_lines(study: optuna.Study) -> list[str]:
@@ -104,11 +126,12 @@ def verification_lines(study: optuna.Study) -> list[str]:
     return lines
 
 
-def _add_trial_columns(table: Table) -> None:
-    """The columns of :func:`trials_table`. In a narrow terminal (80 columns) the candidate
-    and the note wrap at their spaces; the numbers and every header stay whole, so the
-    columns can still be read."""
-    for column, justify, wraps in (
+def _add_trial_columns(table: Table, *, to_train: bool = False) -> None:
+    """The columns of :func:`trials_table` (``to_train``: the time and cost to train, where
+    the study's goal gives a size or a price). In a narrow terminal (80 columns) the
+    candidate and the note wrap at their spaces; the numbers and every header stay whole, so
+    the columns can still be read."""
+    columns = [
         ("#", "right", False),
         ("status", "left", False),
         ("candidate", "left", True),
@@ -116,7 +139,10 @@ def _add_trial_columns(table: Table) -> None:
         ("tokens/s", "right", False),
         ("peak/rank", "right", False),
         ("note", "left", True),
-    ):
+    ]
+    if to_train:
+        columns.insert(-1, ("to train", "right", False))
+    for column, justify, wraps in columns:
         table.add_column(
             column,
             justify=justify,

@@ -106,6 +106,13 @@ CASES: list[tuple[list[str], str]] = [
     # workloads
     (["run"], "--workload or --script is required"),
     (["run", "--workload", "gpt-huge"], "unknown workload 'gpt-huge'; known: gpt-tiny"),
+    ([*RUN, "--objective", "cost"], "--objective cost needs --gpu-hour-price USD"),
+    ([*RUN, "--objective", "cheapest"], "--objective cheapest: choose one of"),
+    ([*RUN, "--objective", "deadline", "--deadline", "3d"], "needs --train-tokens N or --train-s"),
+    ([*RUN, "--train-samples", "many"], "--train-samples: cannot read 'many'"),
+    ([*RUN, "--train-samples", "1M", "--train-tokens", "1B"], "give one size of the training"),
+    ([*RUN, "--deadline", "3d"], "--deadline with --objective throughput"),
+    ([*RUN, "--gpu-hour-price", "0"], "--gpu-hour-price 0: give a positive number"),
     (["run", "--workload", "no_such_file.py:make"], "file no_such_file.py does not exist"),
     (["run", "--workload", "broken.py:make"], "importing broken.py failed with ZeroDivisionError"),
     (["run", "--workload", "noattr.py:missing"], "has no function 'missing'"),

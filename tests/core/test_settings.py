@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import SettingsError
-from autotune.settings import RunSettings, format_bytes, format_duration, parse_duration, parse_size
+from autotune.settings import RunSettings, format_bytes, parse_duration, parse_size
+from autotune.timing import format_duration
 
 
 @pytest.mark.parametrize(

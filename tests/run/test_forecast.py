@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autotune.candidate import Candidate
 from autotune.run.forecast import ForecastRow, choice_line, rank, resplit
-from autotune.run.training_goal import TrainingGoal
+from autotune.training_goal import TrainingGoal
 
 PROBED = Candidate(
     precision="bf16", zero_stage=2, micro_batch_size=8, gradient_accumulation_steps=2,

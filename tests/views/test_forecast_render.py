@@ -8,7 +8,7 @@ from rich.console import Console
 
 from autotune.candidate import Candidate
 from autotune.run.forecast import Forecast, ForecastRow, choice_line, rank, resplit
-from autotune.run.training_goal import TrainingGoal
+from autotune.training_goal import TrainingGoal
 from autotune.views import forecast_report
 
 PROBED = Candidate(

@@ -34,9 +34,11 @@ def test_status_json(synthetic: str, tmp_path: Path) -> None:
     document = _json("status", "--storage", synthetic, cwd=tmp_path)
     assert (document["kind"], document["version"]) == ("autotune.status", 1)
     assert set(document) == {
-        "kind", "version", "study", "config", "budget", "best", "confirmation", "verification",
-        "counts", "world_sizes", "trials",
+        "kind", "version", "study", "goal", "config", "budget", "best", "confirmation",
+        "verification", "counts", "world_sizes", "trials",
     }  # fmt: skip
+    assert document["goal"]["objective"] == "throughput"  # a study that never stored one
+    assert document["trials"][0]["time_to_train_s"] is None  # no size given: no time
     assert document["verification"] == {}  # no trial of it was verified
     assert [entry["gpus"] for entry in document["world_sizes"]] == [2]  # one world size
     decided = best.of_study(optuna.load_study(study_name=NAME, storage=synthetic))

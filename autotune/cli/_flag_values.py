@@ -1,0 +1,46 @@
+"""One flag value each, parsed or checked: a study's name, the global batch, a size or
+'auto'; and pydantic's first complaint about the flags as one line naming the flag."""
+
+from __future__ import annotations
+
+import re
+
+from autotune.errors import SettingsError
+from autotune.settings import parse_size
+
+STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_study_name(name: str, *, flag: str) -> str:
+    if not STUDY_NAME.match(name):
+        raise SettingsError(
+            f"{flag}: study name {name!r} must be 1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (it names a folder under --trials-dir)"
+        )
+    return name
+
+
+def parse_global_batch(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise SettingsError(f"--global-batch {text}: give a positive integer or 'auto'")
+    return value
+
+
+def size_or_auto(text: str, flag: str) -> int | None:
+    return None if text == "auto" else parse_size(text, flag=flag)
+
+
+def first_problem(exc: ValueError) -> str:
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else "flags"
+    return f"--{name.replace('_', '-')}: {error['msg'].lower()}, got {error.get('input')!r}"

@@ -1,0 +1,306 @@
+"""What a training run must achieve beyond speed: its size, its price, its deadline, and the
+objective that ranks configurations by them (``autotune run --objective``, ``autotune plan
+--study S --gpus N``).
+
+- ``throughput`` (the default): the most samples per second.
+- ``cost``: the least money per sample, ``price x GPUs / throughput`` (per GPU-hour); with a
+  size (``--train-tokens`` or ``--train-samples``), the cost of the whole training run.
+- ``deadline``: the cheapest configuration whose time to train, ``size / throughput``, ends
+  within the deadline; when none does, the fastest, said in one line. Without a price, the
+  cheapest is the one with the fewest GPU-hours.
+
+Every value here is arithmetic on a throughput (measured or predicted) and what the user
+gives; nothing is measured. At one world size every objective ranks configurations as
+throughput does (the price and the GPUs are one factor for all); across world sizes
+(``--gpus 1-8``) they part: :meth:`TrainingGoal.score` is the one ranking the sampler, the
+confirmation round and the decision of the best share. A study keeps its goal in the user
+attr :data:`GOAL_ATTR`, read and written only here (:func:`store`, :func:`of_study`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.errors import SettingsError
+from autotune.timing import format_duration
+
+if TYPE_CHECKING:
+    import optuna
+
+GOAL_ATTR = "autotune_goal"
+
+Objective = Literal["throughput", "cost", "deadline"]
+OBJECTIVES: tuple[Objective, ...] = ("throughput", "cost", "deadline")
+
+
+class TrainingGoal(BaseModel):
+    """The objective and what it needs, checked together (:meth:`of`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    objective: Objective = Field(default="throughput", description="What ranks configurations.")
+    gpu_hour_price_usd: float | None = Field(
+        default=None, gt=0, description="Price of one GPU (or CPU rank) for an hour, in USD."
+    )
+    train_samples: float | None = Field(
+        default=None, gt=0, description="Samples the training run processes."
+    )
+    train_tokens: float | None = Field(
+        default=None, gt=0, description="Tokens the training run processes."
+    )
+    deadline_s: float | None = Field(
+        default=None, gt=0, description="Wall time the training run may take, in seconds."
+    )
+    tokens_per_sample: int = Field(
+        default=1, gt=0, description="Tokens in one sample (the workload's sequence length)."
+    )
+
+    @classmethod
+    def of(
+        cls,
+        objective: str,
+        *,
+        gpu_hour_price_usd: float | None = None,
+        train_samples: float | None = None,
+        train_tokens: float | None = None,
+        deadline_s: float | None = None,
+    ) -> TrainingGoal:
+        """The goal, or one line saying which flag is missing or wrong."""
+        if objective not in OBJECTIVES:
+            raise SettingsError(f"--objective {objective}: choose one of {', '.join(OBJECTIVES)}")
+        for flag, value in (
+            ("--gpu-hour-price", gpu_hour_price_usd),
+            ("--train-samples", train_samples),
+            ("--train-tokens", train_tokens),
+        ):
+            if value is not None and not value > 0:
+                raise SettingsError(f"{flag} {value:g}: give a positive number")
+        if train_samples is not None and train_tokens is not None:
+            raise SettingsError(
+                "--train-samples and --train-tokens: give one size of the training run"
+            )
+        sized = train_samples is not None or train_tokens is not None
+        if objective == "cost" and gpu_hour_price_usd is None:
+            raise SettingsError(
+                "--objective cost needs --gpu-hour-price USD (the price of one GPU for an hour)"
+            )
+        if objective == "deadline" and (deadline_s is None or not sized):
+            missing = " and ".join(
+                flag
+                for flag, absent in (
+                    ("--deadline D (e.g. 3d)", deadline_s is None),
+                    ("--train-tokens N or --train-samples N", not sized),
+                )
+                if absent
+            )
+            raise SettingsError(f"--objective deadline needs {missing}")
+        if deadline_s is not None and objective != "deadline":
+            raise SettingsError(
+                f"--deadline with --objective {objective}: a deadline ranks configurations "
+                "only under --objective deadline; add it or leave --deadline out"
+            )
+        return cls(
+            objective=objective,  # type: ignore[arg-type]
+            gpu_hour_price_usd=gpu_hour_price_usd,
+            train_samples=train_samples,
+            train_tokens=train_tokens,
+            deadline_s=deadline_s,
+        )
+
+    def time_to_train_s(
+        self, samples_per_s: float, tokens_per_sample: int | None = None
+    ) -> float | None:
+        """Seconds to process the run's size at ``samples_per_s`` (None: no size given);
+        ``tokens_per_sample`` defaults to the goal's own."""
+        if samples_per_s <= 0:
+            return None
+        if self.train_samples is not None:
+            return self.train_samples / samples_per_s
+        if self.train_tokens is not None:
+            tokens = tokens_per_sample or self.tokens_per_sample
+            return self.train_tokens / (samples_per_s * max(tokens, 1))
+        return None
+
+    def tier(self, samples_per_s: float) -> int:
+        """1 for a configuration that finishes within the deadline, 0 otherwise (and for
+        every configuration without a deadline objective)."""
+        if self.objective != "deadline":
+            return 0
+        return int(bool(self.finishes(self.time_to_train_s(samples_per_s))))
+
+    def factor(self, gpus: int, tier: int) -> float:
+        """What a samples/s is multiplied by to compare within ``tier``: 1 (throughput, and
+        deadline's configurations that do not finish: the fastest of them), else 1 / GPUs
+        (samples per GPU-second: the cheapest, whatever the price)."""
+        if self.objective == "cost" or (self.objective == "deadline" and tier == 1):
+            return 1.0 / max(gpus, 1)
+        return 1.0
+
+    def score(self, samples_per_s: float, gpus: int) -> tuple[int, float]:
+        """The objective's ranking, higher better: ``(tier, value)`` (:meth:`tier`,
+        :meth:`factor`)."""
+        tier = self.tier(samples_per_s)
+        return tier, samples_per_s * self.factor(gpus, tier)
+
+    def rate_to_match(self, score: tuple[int, float], gpus: int) -> float:
+        """The least samples/s on ``gpus`` that scores at least ``score`` (:meth:`score`):
+        what a probe must reach to be worth finishing (the search's early stop)."""
+        tier, value = score
+        if self.objective == "throughput":
+            return value
+        if self.objective == "cost":
+            return value * gpus
+        required = self.required_samples_per_s() or 0.0
+        if tier == 1:
+            return max(value * gpus, required)
+        return min(value, required) if required else value
+
+    def ranks_like(self, other: TrainingGoal) -> bool:
+        """Both rank every configuration alike (a price changes no order)."""
+        if self.objective != other.objective:
+            return False
+        if self.objective != "deadline":
+            return True
+        return self.required_samples_per_s() == other.required_samples_per_s()
+
+    def required_samples_per_s(self) -> float | None:
+        """The samples/s that finishes the run's size within the deadline."""
+        if self.deadline_s is None:
+            return None
+        if self.train_samples is not None:
+            return self.train_samples / self.deadline_s
+        if self.train_tokens is not None:
+            return self.train_tokens / self.tokens_per_sample / self.deadline_s
+        return None
+
+    @property
+    def noun(self) -> str:
+        """What the best is called under this objective: fastest, cheapest, ..."""
+        return {"throughput": "fastest", "cost": "cheapest", "deadline": "cheapest in time"}[
+            self.objective
+        ]
+
+    def describe(self) -> str:
+        """The objective and its inputs in one line: "cost at $2.50 per GPU-hour"."""
+        parts = [self.objective]
+        if self.gpu_hour_price_usd is not None:
+            parts.append(f"at ${self.gpu_hour_price_usd:,.2f} per GPU-hour")
+        if self.train_samples is not None:
+            parts.append(f"for {self.train_samples:,.0f} samples")
+        if self.train_tokens is not None:
+            parts.append(f"for {self.train_tokens:,.0f} tokens")
+        if self.deadline_s is not None:
+            parts.append(f"within {format_duration(self.deadline_s)}")
+        return " ".join(parts)
+
+    @property
+    def sized_or_priced(self) -> bool:
+        """The goal gives a size or a price: there is a time or a cost to show."""
+        return (
+            self.gpu_hour_price_usd is not None
+            or self.train_samples is not None
+            or self.train_tokens is not None
+        )
+
+    def figures(self, samples_per_s: float, gpus: int) -> dict[str, float | bool | None]:
+        """The time to train, cost and deadline verdict of ``samples_per_s`` on ``gpus``
+        (each None where the goal does not give what it needs): ``--json``'s fields."""
+        seconds = self.time_to_train_s(samples_per_s)
+        return {
+            "time_to_train_s": seconds,
+            "cost_usd": self.cost_usd(gpus, seconds),
+            "cost_per_million_samples_usd": self.cost_per_million_samples_usd(gpus, samples_per_s),
+            "finishes_by_deadline": self.finishes(seconds),
+        }
+
+    def brief(self, samples_per_s: float, gpus: int) -> str:
+        """:meth:`outcome` for a table cell: "72h $1,234", "$0.42/M samples"."""
+        seconds = self.time_to_train_s(samples_per_s)
+        cost = self.cost_usd(gpus, seconds)
+        if seconds is None:
+            per_million = self.cost_per_million_samples_usd(gpus, samples_per_s)
+            return "" if per_million is None else f"${per_million:,.2f}/M samples"
+        late = "" if self.finishes(seconds) in (None, True) else " late"
+        return format_duration(seconds) + ("" if cost is None else f" ${cost:,.0f}") + late
+
+    def outcome(self, samples_per_s: float, gpus: int) -> str:
+        """What ``samples_per_s`` on ``gpus`` means for the run: its time to train, its cost
+        and the deadline's verdict, or "" where the goal gives none of them."""
+        seconds = self.time_to_train_s(samples_per_s)
+        cost = self.cost_usd(gpus, seconds)
+        if seconds is not None:
+            text = f"trains in {format_duration(seconds)}"
+            text += f" for ${cost:,.2f}" if cost is not None else ""
+        else:
+            per_million = self.cost_per_million_samples_usd(gpus, samples_per_s)
+            text = "" if per_million is None else f"costs ${per_million:,.2f} per million samples"
+        finishes = self.finishes(seconds)
+        if finishes is not None:
+            text += ", within the deadline" if finishes else ", past the deadline"
+        return text
+
+    def cost_usd(self, gpus: int, seconds: float | None) -> float | None:
+        """``price x GPUs x hours`` (None without a price or a time)."""
+        if self.gpu_hour_price_usd is None or seconds is None:
+            return None
+        return self.gpu_hour_price_usd * gpus * seconds / 3600.0
+
+    def cost_per_million_samples_usd(self, gpus: int, samples_per_s: float) -> float | None:
+        """The price of a million samples at ``samples_per_s`` on ``gpus`` (None: no price)."""
+        if samples_per_s <= 0:
+            return None
+        return self.cost_usd(gpus, 1e6 / samples_per_s)
+
+    def finishes(self, seconds: float | None) -> bool | None:
+        """Whether ``seconds`` ends within the deadline (None: no deadline or no time)."""
+        if self.deadline_s is None or seconds is None:
+            return None
+        return seconds <= self.deadline_s
+
+
+def parse_count(text: str, *, flag: str) -> float:
+    """``"10e9"``, ``"10B"``, ``"500M"``, ``"2.5k"`` -> a positive count."""
+    value = text.strip().upper().replace("_", "")
+    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(value[-1:], 1.0)
+    number = value[:-1] if scale != 1.0 else value
+    try:
+        count = float(number) * scale
+    except ValueError:
+        raise SettingsError(
+            f"{flag}: cannot read {text!r}; give a count such as 10e9, 10B, 500M or 2.5k"
+        ) from None
+    if not count > 0:
+        raise SettingsError(f"{flag} {text}: give a positive count")
+    return count
+
+
+def parse_world_sizes(text: str, *, flag: str = "--gpus") -> tuple[int, ...]:
+    """``"8"`` -> (8,); ``"1-4"`` -> (1, 2, 3, 4); ``"2,4,8"`` -> (2, 4, 8); sorted."""
+    sizes: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        low, dash, high = part.partition("-")
+        try:
+            first, last = int(low), int(high) if dash else int(low)
+        except ValueError:
+            raise SettingsError(
+                f"{flag} {text}: give a number of GPUs (8), a range (1-8) or a list (2,4,8)"
+            ) from None
+        if first < 1 or last < first:
+            raise SettingsError(
+                f"{flag} {text}: {part} is not a positive count or an increasing range"
+            )
+        sizes.update(range(first, last + 1))
+    return tuple(sorted(sizes))
+
+
+def store(study: optuna.Study, goal: TrainingGoal) -> None:
+    """Keep the goal the study's last run ranked by (status, export and report read it)."""
+    study.set_user_attr(GOAL_ATTR, goal.model_dump(mode="json"))
+
+
+def of_study(study: optuna.Study) -> TrainingGoal:
+    """The goal a study ranks by; throughput for a study that never stored one."""
+    raw: Any = study.user_attrs.get(GOAL_ATTR)
+    return TrainingGoal.model_validate(raw) if raw else TrainingGoal()
