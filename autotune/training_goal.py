@@ -175,12 +175,17 @@ class TrainingGoal(BaseModel):
             return self.train_tokens / self.tokens_per_sample / self.deadline_s
         return None
 
-    @property
-    def noun(self) -> str:
-        """What the best is called under this objective: fastest, cheapest, ..."""
-        return {"throughput": "fastest", "cost": "cheapest", "deadline": "cheapest in time"}[
-            self.objective
-        ]
+    def noun(self, samples_per_s: float) -> str:
+        """What the best at ``samples_per_s`` is called under this objective: "fastest",
+        "cheapest", "cheapest within the deadline", or where it does not finish (then none
+        does) "fastest (none finishes within the deadline)"."""
+        if self.objective == "cost":
+            return "cheapest"
+        if self.objective == "deadline" and self.tier(samples_per_s) == 1:
+            return "cheapest within the deadline"
+        if self.objective == "deadline":
+            return "fastest (none finishes within the deadline)"
+        return "fastest"
 
     def describe(self) -> str:
         """The objective and its inputs in one line: "cost at $2.50 per GPU-hour"."""

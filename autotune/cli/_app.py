@@ -260,6 +260,13 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
             f"{format_bytes(record.peak_bytes)} of {format_bytes(summary.vram_limit_bytes)} "
             "per rank"
         )
+        goal = plan.goal
+        if goal.objective != "throughput" or goal.sized_or_priced:
+            outcome = goal.outcome(best.samples_per_s, best.gpus)
+            console.print(
+                f"objective: {goal.describe()}: the {goal.noun(best.samples_per_s)} on "
+                f"{best.gpus} GPU(s)" + (f", {outcome}" if outcome else "")
+            )
         console.print(
             f"exported: {summary.export_dir}/ds_config.json (with launch.sh and summary.md "
             "beside it)"

@@ -283,11 +283,6 @@ class RunFlags(BaseModel):
                 f"--gpus {self.gpus} with --gpus-per-trial {self.gpus_per_trial}: a searched "
                 "world size is each probe's own; leave --gpus-per-trial out"
             )
-        if searched and self.ray_address is not None:
-            raise SettingsError(
-                f"--gpus {self.gpus} with --ray-address: the world size is searched on one "
-                "machine only for now; give one number of GPUs on a cluster"
-            )
         if self.budget is not None and parse_duration(self.budget) > MAX_BUDGET_S:
             raise SettingsError(
                 f"--budget {self.budget}: more than {MAX_BUDGET_S // 3600} hours "

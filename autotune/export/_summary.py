@@ -218,7 +218,8 @@ def _why(
     if decided is not None and decided.trial == trial.number and decided.confirmed:
         lead = f"- {_confirmed_how(decided, verdict, goal)}; {steps}."
     elif decided is not None and decided.trial == trial.number:
-        lead = f"- {goal.noun.capitalize()} of {ranked} feasible configurations measured: {steps}."
+        noun = goal.noun(float(trial.value or 0.0)).capitalize()
+        lead = f"- {noun} of {ranked} feasible configurations measured: {steps}."
     else:
         best_text = (
             f"trial {decided.trial} ({decided.label})" if decided is not None else "none yet"
@@ -229,10 +230,13 @@ def _why(
     return [lead, f"- {record.tokens_per_s:.0f} tokens/s in that probe."]
 
 
-def _goal_lines(goal: TrainingGoal, trial: TrialView) -> list[str]:
+def _goal_lines(goal: TrainingGoal, trial: TrialView, decided: Best | None) -> list[str]:
     """The objective the best was chosen by and what this configuration means for the
-    production run (its time and cost to train), where the goal says more than speed."""
+    production run (its time and cost to train, at the estimate the decision rests on),
+    where the goal says more than speed."""
     gpus, rate = trial.candidate.data_parallel_size, float(trial.value or 0.0)
+    if decided is not None and decided.trial == trial.number:
+        rate = decided.samples_per_s
     outcome = goal.outcome(rate, gpus)
     if goal.objective == "throughput" and not outcome:
         return []
@@ -264,7 +268,7 @@ def _confirmed_how(decided: Best, verdict: Confirmation | None, goal: TrainingGo
             f"Chosen by the confirmation round as the steadier: within noise of trial "
             f"{verdict.steadier_over}'s higher median and markedly steadier; {estimate}"
         )
-    return f"Confirmed the {goal.noun}: {estimate}"
+    return f"Confirmed the {goal.noun(decided.samples_per_s)}: {estimate}"
 
 
 def render_summary(
@@ -300,14 +304,14 @@ def render_summary(
         "## Why",
         "",
         *_why(trial, decided, len(rows), verdict, goal),
-        *_goal_lines(goal, trial),
+        *_goal_lines(goal, trial, decided),
         *set_aside_lines(study, trials, aside),
         f"- Peak {memory_kind} per rank: {_peaks(record.peak_bytes_per_rank)} "
         f"of {format_bytes(limit)} allowed.",
     ]
     if record.host_peak_bytes_per_rank:
         lines.append(_host_memory_line(record))
-    lines.append(f"- {runner_up_distance(rows, verdict)}")
+    lines.append(f"- {runner_up_distance(rows, verdict, goal)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
     front = records.world_size_lines(trials, goal)
@@ -357,7 +361,7 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
     ]
     for contender in verdict.contenders:
         mark = " (chosen)" if contender.trial == chosen else ""
-        lines.append(f"- trial {contender.trial} {contender.describe()}{mark}")
+        lines.append(f"- trial {contender.trial} {contender.describe(verdict.goal)}{mark}")
     by_trial = {c.trial: c for c in verdict.contenders}
     if verdict.steadier_over is not None and verdict.steadier_over in by_trial:
         winner, faster = verdict.contenders[0], by_trial[verdict.steadier_over]
@@ -410,25 +414,46 @@ def user_actions(trial: TrialView, config: StudyConfig) -> list[str]:
 
 
 def runner_up_distance(
-    rows: list[tuple[TrialView, float, str]], verdict: Confirmation | None
+    rows: list[tuple[TrialView, float, str]],
+    verdict: Confirmation | None,
+    goal: TrainingGoal | None = None,
 ) -> str:
     """One line: how far the best (first of :func:`standings`' rows) is from the runner-up,
-    and whether the difference is beyond the noise the confirmation round measured."""
+    in ``goal``'s units where they are not samples/s (per GPU under a cost objective across
+    world sizes), and whether the difference is beyond the noise the confirmation round
+    measured."""
+    from autotune.training_goal import TrainingGoal
+
+    goal = goal or TrainingGoal()
     if len(rows) < 2:
         return "No runner-up: only one feasible configuration was measured in full."
     (first, lead, basis), (second, other, other_basis) = rows[0], rows[1]
-    gap = 100 * (lead - other) / lead if lead else 0.0
     name = f"trial {second.number} ({second.label})"
     same = basis if basis == other_basis else f"{basis} vs {other_basis}"
-    text = f"{lead:.1f} vs {other:.1f} samples/s, {same}"
-    if gap >= 0:
-        line = f"The runner-up, {name}, is {gap:.1f}% slower ({text})"
+    gpus = (first.candidate.data_parallel_size, second.candidate.data_parallel_size)
+    (tier, value), (other_tier, other_value) = goal.score(lead, gpus[0]), goal.score(other, gpus[1])
+    if tier != other_tier:
+        line = (
+            f"The runner-up, {name}, does not train the run's size within the deadline "
+            f"({other:.1f} samples/s on {gpus[1]} GPU(s), {same})"
+        )
+    elif value != lead or other_value != other:  # compared per GPU: the cost of a sample
+        gap = 100 * (value - other_value) / value if value else 0.0
+        line = (
+            f"The runner-up, {name}, costs {gap:.1f}% more per sample ({value:.1f} vs "
+            f"{other_value:.1f} samples/s per GPU, {same})"
+        )
     else:
-        line = f"The runner-up, {name}, measured {-gap:.1f}% faster ({text})"
+        gap = 100 * (lead - other) / lead if lead else 0.0
+        text = f"{lead:.1f} vs {other:.1f} samples/s, {same}"
+        if gap >= 0:
+            line = f"The runner-up, {name}, is {gap:.1f}% slower ({text})"
+        else:
+            line = f"The runner-up, {name}, measured {-gap:.1f}% faster ({text})"
     by_trial = {c.trial: c for c in verdict.contenders} if verdict is not None else {}
     a, b = by_trial.get(first.number), by_trial.get(second.number)
     if a is None or b is None or len(a.samples_per_s) < 2 or len(b.samples_per_s) < 2:
         return line + "."
-    if a.overlaps(b):
+    if a.overlaps(b, goal):
         return line + "; their 95% intervals overlap: on this machine the two are within noise."
     return line + "; their 95% intervals do not overlap: the difference is beyond noise."

@@ -115,6 +115,8 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     nvme_path = check_nvme_path(settings.nvme_path)
     _check_batch_flags(settings)
     hardware = _run_hardware(settings, hardware)
+    whole_nodes: list[str] = []
+    settings = _whole_node_world_sizes(settings, hardware, whole_nodes)
     per_trial = _gpus_per_trial(settings)
     inputs = (
         _script_inputs(settings, space_spec, per_trial)
@@ -131,7 +133,7 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         nvme_path=nvme_path,
         world_sizes=settings.world_sizes,
     )
-    notes = [*inputs.notes, *bound.notes]
+    notes = [*whole_nodes, *inputs.notes, *bound.notes]
     if inputs.base is not None and settings.script is None:
         _check_base(inputs.base, bound, str(settings.base_config), nvme_path)
     if inputs.global_batch is None:
@@ -185,6 +187,34 @@ def _run_hardware(settings: RunSettings, hardware: Hardware | None) -> Hardware:
     if settings.ray_address is None:  # a cluster's devices are checked as it is joined
         hardware.check_ranks(settings.gpus)
     return hardware
+
+
+def _whole_node_world_sizes(
+    settings: RunSettings, hardware: Hardware, notes: list[str]
+) -> RunSettings:
+    """The searched world sizes a Ray cluster can hold as a production run would: within
+    one node, or whole nodes beyond one (a probe's ranks pack onto the fewest nodes, so a
+    size that leaves a node part-used measures a layout production would not choose). A
+    size dropped is a note; ``settings`` with the kept sizes (and their largest as
+    ``gpus``)."""
+    per_node = hardware.devices_per_node
+    if not settings.world_sizes or per_node is None:
+        return settings
+    kept = tuple(n for n in settings.world_sizes if n <= per_node or n % per_node == 0)
+    dropped = [n for n in settings.world_sizes if n not in kept]
+    if dropped:
+        notes.append(
+            f"{', '.join(map(str, dropped))} rank(s) dropped from the world sizes: beyond one "
+            f"node ({per_node} device(s)) a world size takes whole nodes"
+        )
+    if not kept:
+        raise SettingsError(
+            f"--gpus {','.join(map(str, settings.world_sizes))}: no world size fits the "
+            f"cluster's nodes of {per_node} device(s) (within one node, or whole nodes)"
+        )
+    if len(kept) == 1:
+        return settings.model_copy(update={"world_sizes": (), "gpus": kept[0]})
+    return settings.model_copy(update={"world_sizes": kept, "gpus": max(kept)})
 
 
 def _gpus_per_trial(settings: RunSettings) -> int:

@@ -66,7 +66,8 @@ def decide_best(
     if verdict is not None and not verdict.ranking.ranks_like(goal):
         decided = _unconfirmed(
             ranked[0],
-            f"{goal.noun} of {len(ranked)} feasible configuration(s) measured; the "
+            f"{goal.noun(float(ranked[0].value or 0.0))} of {len(ranked)} feasible "
+            "configuration(s) measured; the "
             f"confirmation round ranked by {verdict.ranking.objective}",
         )
     else:
@@ -85,7 +86,8 @@ def _decided(
     goal: TrainingGoal,
 ) -> Best:
     """:func:`decide_best` over the trials left (``ranked``, none set aside)."""
-    fastest = f"{goal.noun} of {len(ranked)} feasible configuration(s) measured"
+    noun = goal.noun(float(ranked[0].value or 0.0))
+    fastest = f"{noun} of {len(ranked)} feasible configuration(s) measured"
     if verdict is None or verdict.winner is None or not verdict.contenders:
         return _unconfirmed(ranked[0], fastest)
     by_number = {t.number: t for t in ranked}

@@ -115,14 +115,20 @@ class Contender(BaseModel):
         other_tier, other_low, other_high = other.band(goal)
         return tier == other_tier and low <= other_high and other_low <= high
 
-    def describe(self) -> str:
+    def describe(self, goal: TrainingGoal | None = None) -> str:
+        """Its estimate and how its probes ranged; per GPU too where ``goal`` ranks by it."""
         count = len(self.samples_per_s)
+        factor = (goal or TrainingGoal()).factor(
+            self.gpus, (goal or TrainingGoal()).tier(self.estimate)
+        )
+        per_gpu = f", {self.estimate * factor:.1f} per GPU" if factor != 1.0 else ""
         if count < 2:
-            return f"{self.label}: {self.estimate:.1f} samples/s (1 probe)"
+            return f"{self.label}: {self.estimate:.1f} samples/s{per_gpu} (1 probe)"
         return (
-            f"{self.label}: {self.estimate:.1f} samples/s ±{self.half_width:.1f} (median of "
-            f"{count} probes, 95% interval; they ranged {min(self.samples_per_s):.1f}.."
-            f"{max(self.samples_per_s):.1f}, spread ±{100 * self.spread:.0f}%)"
+            f"{self.label}: {self.estimate:.1f} samples/s ±{self.half_width:.1f}{per_gpu} "
+            f"(median of {count} probes, 95% interval; they ranged "
+            f"{min(self.samples_per_s):.1f}..{max(self.samples_per_s):.1f}, spread "
+            f"±{100 * self.spread:.0f}%)"
         )
 
 
@@ -214,8 +220,11 @@ class Confirmation(BaseModel):
     def describe(self) -> str:
         if not self.contenders:
             return "no confirmation round"
-        lines = [f"winner {self.contenders[0].describe()}"]
-        lines += [f"runner-up {c.describe()}" for c in self.contenders[1:]]
+        goal = self.goal
+        lines = [f"winner {self.contenders[0].describe(goal)}"]
+        lines += [f"runner-up {c.describe(goal)}" for c in self.contenders[1:]]
+        if goal is not None:
+            lines.insert(0, f"ranked by {goal.objective}")
         if self.left_race:
             lines.append(
                 f"trial(s) {', '.join(map(str, self.left_race))} left the rounds early, out of "

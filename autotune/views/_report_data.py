@@ -125,9 +125,8 @@ def collect(study: optuna.Study) -> ReportData:
     trials = records.views(study)
     evaluated = records.evaluations(trials)
     verdict = confirm.load(study)
-    decided = best.decide_best(
-        trials, verdict, checks.set_aside(study), training_goal.of_study(study)
-    )
+    goal = training_goal.of_study(study)
+    decided = best.decide_best(trials, verdict, checks.set_aside(study), goal)
     config = study_config(study)
     starts = [t.frozen.datetime_start for t in evaluated if t.frozen.datetime_start is not None]
     origin = min(starts).timestamp() if starts else None
@@ -146,10 +145,7 @@ def collect(study: optuna.Study) -> ReportData:
         duplicates=sum(1 for t in trials if t.record.duplicate_of is not None),
         screened=len(screened_keys(study) - known),
         distance=runner_up_distance(
-            standings(
-                trials, verdict, decided, checks.set_aside(study), training_goal.of_study(study)
-            ),
-            verdict,
+            standings(trials, verdict, decided, checks.set_aside(study), goal), verdict, goal
         ),
         actions=user_actions(chosen, config) if chosen is not None and config else [],
         ds_config=production_config(chosen, config) if chosen is not None and config else None,

@@ -92,7 +92,9 @@ def goal_lines(study: optuna.Study) -> list[str]:
         lines.append(f"objective: {goal.describe()}")
         if decided is not None:
             outcome = goal.outcome(decided.samples_per_s, decided.gpus)
-            lines[-1] += f"; the best, trial {decided.trial}, " + (outcome or "is the " + goal.noun)
+            lines[-1] += f"; the best, trial {decided.trial}, " + (
+                outcome or "is the " + goal.noun(decided.samples_per_s)
+            )
     return lines + records.world_size_lines(trials, goal)
 
 

@@ -75,7 +75,6 @@ CASES: list[tuple[list[str], str]] = [
     ([*RUN[:3], "--gpus", "0"], "--gpus 0: 0 is not a positive count or an increasing range"),
     ([*RUN[:3], "--gpus", "two"], "--gpus two: give a number of GPUs (8), a range (1-8) or"),
     ([*RUN[:3], "--gpus", "1-2", "--gpus-per-trial", "1"], "a searched world size is each"),
-    ([*RUN[:3], "--gpus", "1-2", "--ray-address", "auto"], "world size is searched on one"),
     ([*RUN[:3], "--gpus", "1-5"], "--gpus 5: no CUDA GPU here, and 5 CPU ranks would"),
     ([*RUN[:3], "--gpus", "64"], "--gpus 64: no CUDA GPU here"),
     ([*RUN, "--gpus-per-trial", "3"], "--gpus-per-trial 3 exceeds --gpus 2"),

@@ -96,6 +96,15 @@ def _nodes_of(trial_dir: Path) -> set[str]:
     return {line.split("(node ")[1].split(")")[0] for line in headers}
 
 
+WORLD_SPACE = """\
+precision: [fp32]
+zero_stage: [0]
+offload_optimizer: [none]
+offload_param: [none]
+micro_batch_size: [4]
+activation_checkpointing: [false]
+"""
+
 SPANNING_PROBES = """
 import json, sys
 import psutil
@@ -186,6 +195,41 @@ class TestOnOneCluster:
             folder = Path(str(trial["trial_dir"]))
             assert (folder / "rank-0.json").is_file() and (folder / "rank-1.json").is_file()
             assert len(_nodes_of(folder)) == 2
+
+    def test_world_sizes_searched_on_the_cluster_pack_onto_whole_nodes(
+        self, shared_cluster: LoopbackCluster, tmp_path: Path
+    ) -> None:
+        """``--gpus 1-2`` on two nodes of one rank: a 1-rank probe runs on one node, a
+        2-rank probe spans both, each at the same global batch; the cost objective
+        decides among them."""
+        cluster = shared_cluster
+        (tmp_path / "space.yaml").write_text(WORLD_SPACE)
+        flags = [*STUDY_FLAGS[:2], "--gpus", "1-2", "--space", "space.yaml", "--global-batch",
+                 "8", *STUDY_FLAGS[4:], "--objective", "cost", "--gpu-hour-price", "1"]  # fmt: skip
+        run = _cli(cluster, tmp_path, *flags)
+        out, err = run.communicate(timeout=600)
+        assert run.returncode == 0, out[-3000:] + err[-3000:]
+        probed = [t for t in _trials(tmp_path) if "probe_wall_s" in t]
+        sizes = {}
+        for trial in probed:
+            candidate = trial["candidate"]
+            assert trial["status"] == "ok", trial
+            ranks = candidate["data_parallel_size"]
+            assert (
+                candidate["micro_batch_size"] * candidate["gradient_accumulation_steps"] * (ranks)
+                == 8
+            )
+            sizes[ranks] = len(_nodes_of(Path(str(trial["trial_dir"]))))
+        assert sizes == {1: 1, 2: 2}  # one node, then both
+        rates = {t["number"]: t["samples_per_s"] / t["candidate"]["data_parallel_size"]
+                 for t in probed}  # fmt: skip
+        best = json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "autotune.cli", "status", "--json"],
+                cwd=tmp_path, env=_env(cluster), capture_output=True, text=True, check=True,
+            ).stdout
+        )["best"]  # fmt: skip
+        assert best["trial"] == max(rates, key=rates.__getitem__)  # per GPU, the cheapest
 
     def test_a_cluster_without_the_devices_asked_for_says_what_is_missing(
         self, shared_cluster: LoopbackCluster, tmp_path: Path

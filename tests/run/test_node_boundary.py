@@ -48,3 +48,27 @@ def test_spanning_nodes_slows_collectives_and_tf32_speeds_fp32() -> None:
     ieee = CostModel(facts, "cuda").terms(fp32)["compute_fp32"]
     tf32 = CostModel(facts, "cuda", tf32=True).terms(fp32)["compute_fp32"]
     assert tf32 < ieee / 3
+
+
+def test_on_a_cluster_a_searched_world_size_is_within_a_node_or_whole_nodes() -> None:
+    import pytest
+
+    from autotune.errors import SettingsError
+    from autotune.run._plan import _whole_node_world_sizes
+    from autotune.settings import RunSettings
+
+    searched = RunSettings(workload="gpt-tiny", gpus=6, world_sizes=(1, 2, 3, 4, 6))
+    notes: list[str] = []
+    kept = _whole_node_world_sizes(searched, _hardware(devices_per_node=2), notes)
+    assert (kept.world_sizes, kept.gpus) == ((1, 2, 4, 6), 6)
+    assert notes == [
+        "3 rank(s) dropped from the world sizes: beyond one node (2 device(s)) a world size "
+        "takes whole nodes"
+    ]
+    one_machine = _whole_node_world_sizes(searched, _hardware(), [])
+    assert one_machine.world_sizes == (1, 2, 3, 4, 6)  # no nodes to fill
+    lonely = RunSettings(workload="gpt-tiny", gpus=5, world_sizes=(3, 5))
+    assert _whole_node_world_sizes(lonely, _hardware(devices_per_node=4), []).world_sizes == ()
+    with pytest.raises(SettingsError, match="no world size fits the cluster's nodes of 4"):
+        _whole_node_world_sizes(lonely.model_copy(update={"world_sizes": (5, 6)}),
+                                _hardware(devices_per_node=4), [])  # fmt: skip

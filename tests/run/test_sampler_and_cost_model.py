@@ -237,3 +237,33 @@ def test_sampler_flag_selects_the_sampler(name: str, kind: str, tmp_path) -> Non
     assert (policy is None) == (kind != "CandidateSampler")
     if name == "grid":
         assert policy is sampler.policy and policy.mode == "grid" and policy.cost is None
+
+
+def test_under_a_cost_objective_the_policy_proposes_by_samples_per_s_per_gpu() -> None:
+    """Two world sizes of one configuration, the larger predicted faster but with less per
+    GPU: throughput proposes the larger first, cost the smaller."""
+    from autotune.training_goal import TrainingGoal
+
+    class Scaling(CostModel):
+        def fit(self, measured) -> None:
+            pass
+
+        def samples_per_s(self, candidate: Candidate) -> float:
+            return {1: 100.0, 2: 160.0}[candidate.data_parallel_size]
+
+    one, two = (
+        Candidate(
+            precision="fp32",
+            zero_stage=0,
+            micro_batch_size=4,
+            gradient_accumulation_steps=2 // ranks,
+            data_parallel_size=ranks,
+        )
+        for ranks in (1, 2)
+    )
+    model = Scaling(FACTS, "cpu")
+    fastest = CandidatePolicy([one, two], cost=model).choose(History())
+    cheapest = CandidatePolicy(
+        [one, two], cost=model, goal=TrainingGoal.of("cost", gpu_hour_price_usd=1.0)
+    ).choose(History())
+    assert (fastest, cheapest) == (two, one)

@@ -124,3 +124,43 @@ def test_the_study_remembers_what_strict_checks_set_aside(tmp_path) -> None:
     checks.store(study, differs)
     checks.store(study, check(2, [8.301, 8.19, 8.102]))
     assert checks.set_aside(study) == {1}
+
+
+def _measured_on(number: int, samples_per_s: float, gpus: int) -> records.TrialView:
+    """:func:`_measured` at a world size of ``gpus``."""
+    view = _measured(number, samples_per_s)
+    candidate = view.record.candidate.model_copy(update={"data_parallel_size": gpus})
+    record = view.record.model_copy(update={"candidate": candidate})
+    return records.TrialView(number, "COMPLETE", samples_per_s, record, None)  # type: ignore[arg-type]
+
+
+def test_the_goal_decides_across_world_sizes_and_a_round_of_another_goal_does_not() -> None:
+    from autotune.training_goal import TrainingGoal
+
+    cost = TrainingGoal.of("cost", gpu_hour_price_usd=1.0)
+    trials = [_measured_on(4, 160.0, 2), _measured_on(1, 100.0, 1)]
+    assert best.decide_best(trials, None).trial == 4
+    decided = best.decide_best(trials, None, goal=cost)
+    assert decided is not None and (decided.trial, decided.gpus) == (1, 1)
+    assert decided.reason.startswith("cheapest of 2 feasible")
+    # a round that ranked by throughput confirmed trial 0: under cost it does not decide
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=4, label="t4", gpus=2, samples_per_s=[160.0, 161, 159]),
+            confirm.Contender(trial=1, label="t1", gpus=1, samples_per_s=[100.0, 101, 99]),
+        ],
+        rounds=2,
+        after_trial=4,
+    )
+    verdict.decide()
+    assert best.decide_best(trials, verdict).trial == 4
+    stale = best.decide_best(trials, verdict, goal=cost)
+    assert stale is not None and stale.trial == 1 and not stale.confirmed
+    assert "the confirmation round ranked by throughput" in stale.reason
+    # a trial after a cost round beats its winner only above its interval per GPU
+    verdict.goal = cost
+    verdict.decide()
+    later = [*trials, _measured_on(5, 250.0, 4), _measured_on(6, 220.0, 2)]
+    decided = best.decide_best(later, verdict, goal=cost)
+    assert decided is not None and decided.trial == 6 and not decided.confirmed  # 110 per GPU
+    assert best.decide_best(later[:3], verdict, goal=cost).trial == 1  # 62.5 per GPU: no

@@ -244,3 +244,59 @@ def test_chance_spreads_of_a_few_probes_do_not_make_a_contender_steadier() -> No
     steady = confirm.Contender(trial=3, label="c", samples_per_s=[97.0, 97.2, 96.9, 97.1])
     steady.summarize()
     assert confirm.markedly_steadier(steady, leader)
+
+
+def test_under_a_cost_objective_the_round_ranks_and_races_per_gpu() -> None:
+    """A 2-GPU contender faster in samples/s but cheaper per GPU at 1 GPU: throughput picks
+    the 2-GPU one, cost the 1-GPU one; their intervals compare per GPU, where they are
+    apart."""
+    from autotune.training_goal import TrainingGoal
+
+    def contenders() -> list[confirm.Contender]:
+        return [
+            confirm.Contender(trial=1, label="a on 2", gpus=2, samples_per_s=[160.0, 161, 159]),
+            confirm.Contender(trial=2, label="a on 1", gpus=1, samples_per_s=[100.0, 101, 99]),
+        ]
+
+    fastest = confirm.Confirmation(contenders=contenders())
+    fastest.decide()
+    cheapest = confirm.Confirmation(
+        contenders=contenders(), goal=TrainingGoal.of("cost", gpu_hour_price_usd=1.0)
+    )
+    cheapest.decide()
+    assert (fastest.winner, cheapest.winner) == (1, 2)
+    winner, runner_up = cheapest.contenders
+    assert not winner.overlaps(runner_up, cheapest.ranking)  # 100 vs 80 per GPU
+    assert cheapest.racing() == [2]  # 80 per GPU cannot win any more
+    assert "ranked by cost" in cheapest.describe() and "80.0 per GPU" in cheapest.describe()
+    # the steadier rule compares means per GPU too: 80 per GPU gives up 20%, never steadier
+    noisy_leader = confirm.Contender(
+        trial=3, label="b on 1", gpus=1, samples_per_s=[100.0, 70, 130, 100]
+    )
+    steady = confirm.Contender(trial=4, label="b on 2", gpus=2, samples_per_s=[160.0] * 4)
+    for contender in (noisy_leader, steady):
+        contender.summarize()
+    assert not confirm.markedly_steadier(steady, noisy_leader, cheapest.ranking)
+
+
+def test_a_contender_that_misses_the_deadline_never_joins_by_overlap() -> None:
+    """Three configurations that finish in time and a fourth that misses by its rate but
+    whose noisy interval reaches the best's: under throughput it joins the round (within
+    noise), under the deadline it does not (it cannot win: it does not finish)."""
+    from autotune.training_goal import TrainingGoal
+
+    goal = TrainingGoal.of("deadline", train_samples=3600.0, deadline_s=36.0)  # 100/s needed
+    study = study_with(
+        {
+            "a": [16 / 130, 16 / 131, 16 / 129],
+            "c": [16 / 125, 16 / 126, 16 / 124],
+            "d": [16 / 120, 16 / 121, 16 / 119],
+            "b": [16 / 300, 16 / 58, 16 / 58, 16 / 300],  # ~97 samples/s, wide
+        }
+    )
+    by_throughput = records.ranked_feasible(records.views(study))
+    by_deadline = records.ranked_feasible(records.views(study), goal)
+    assert [t.label for t in by_deadline] == ["a", "c", "d", "b"]
+    assert by_deadline[-1].value < 100.0
+    assert [t.label for t in confirm.contenders(by_throughput)] == ["a", "c", "d", "b"]
+    assert [t.label for t in confirm.contenders(by_deadline, goal)] == ["a", "c", "d"]
