@@ -82,7 +82,7 @@ def test_a_study_over_world_sizes_probes_each_and_exports_the_one_chosen(
     ranks = rates[best["trial"]][1]
     front = [(entry["gpus"], entry["samples_per_s_per_gpu"]) for entry in document["world_sizes"]]
     assert [gpus for gpus, _ in front] == [1, 2] and all(rate > 0 for _, rate in front)
-    status = run_cli("status", cwd=tmp_path).stdout
+    status = run_cli("status", cwd=tmp_path, env={"COLUMNS": "200"}).stdout  # rows unwrapped
     assert re.search(r"- 1 GPU\(s\): z0 fp32 mb\dx\d \(trial \d\), [\d.]+ samples/s", status)
     assert re.search(r"z0 fp32 mb4x1 on 2", status) and re.search(r"z0 fp32 mb4x2 on 1", status)
     assert "probing z0 fp32 mb4x1 on 2" in result.stdout  # every line names the world size
