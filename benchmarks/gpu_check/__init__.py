@@ -35,6 +35,9 @@ is recorded and the rest go on (_phases.py):
                      script): probes ok, activation bytes learned, an export
   script_trainer     the same on examples/hf_trainer (a Hugging Face Trainer script)
   study_dit          a shorter study on a DiT workload, with the time left
+  world_size         where 2+ GPUs are present and --world-size-s gives it time: the study's
+                     prediction of 2 GPUs (autotune plan --study S --gpus 2) against probes
+                     at 2 of the same space and batch (one GPU: reported not verified)
 
 The study's budget is its limit less its overhead (start, export), up to --study-budget;
 the DiT study is not in the GPU plan (it does not fit 9 minutes beside the rest) and is
@@ -50,13 +53,13 @@ before anything is installed, and never touches CUDA itself (a context here woul
 as overhead in every probe).
 
 The modules: _driver.py runs the phases and writes the report; _phases.py,
-_memory_phases.py, _study_phases.py and _script_phases.py are the phases, _run.py what
-they run commands through; settings.py holds each mode's limits; report.py the verdict and
-the table; setup_checks.py, memory_checks.py, precision_checks.py, oom_checks.py and
-study_checks.py make every check, judging what the phases read (pure functions over data;
-tests/benchmarks/test_gpu_check_doctored.py shows each check can fail). probes.py and
-train.py are scripts the phases run by path in the check's venv (they import autotune,
-torch and DeepSpeed); nothing here imports them.
+_memory_phases.py, _study_phases.py, _script_phases.py and _world_size_phase.py are the
+phases, _run.py what they run commands through; settings.py holds each mode's limits;
+report.py the verdict and the table; setup_checks.py, memory_checks.py, precision_checks.py,
+oom_checks.py and study_checks.py make every check, judging what the phases read (pure
+functions over data; tests/benchmarks/test_gpu_check_doctored.py shows each check can fail).
+probes.py and train.py are scripts the phases run by path in the check's venv (they import
+autotune, torch and DeepSpeed); nothing here imports them.
 """
 
 from ._driver import main
@@ -74,6 +77,7 @@ from .study_checks import (
     study_summary,
     train_checks,
     train_speed_check,
+    world_size_prediction_check,
 )
 
 __all__ = [
@@ -101,4 +105,5 @@ __all__ = [
     "train_checks",
     "train_speed_check",
     "verdict",
+    "world_size_prediction_check",
 ]

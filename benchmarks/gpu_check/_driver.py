@@ -90,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cpu-oom", action="store_true", help="dry run: the oom study on tracked CPU memory too"
     )
     parser.add_argument("--full-memory", action="store_true", help="all 32 memory candidates")
+    parser.add_argument(
+        "--world-size-s",
+        type=float,
+        help="seconds for the world-size phase (2+ devices: 2 predicted from 1, then probed), "
+        "added to the budget",
+    )
     return parser.parse_args(argv)
 
 
@@ -97,6 +103,9 @@ def make_run(args: argparse.Namespace) -> Run:
     settings = dataclasses.replace(DRY_RUN_SETTINGS if args.dry_run else GPU_SETTINGS)
     if args.total:
         settings.total_s = args.total
+    if args.world_size_s:
+        settings.timeouts = {**settings.timeouts, "world_size": args.world_size_s}
+        settings.total_s += args.world_size_s
     if args.study_budget:
         settings.study_budget_max_s = args.study_budget
         settings.study_budget_min_s = min(settings.study_budget_min_s, args.study_budget)

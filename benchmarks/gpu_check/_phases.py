@@ -23,6 +23,7 @@ from ._memory_phases import phase_memory, phase_precision_offload
 from ._run import PROBES, REPO, OverTime, Phase, Run, Skip
 from ._script_phases import script_study
 from ._study_phases import phase_oom, phase_study, phase_study_dit, phase_train_export
+from ._world_size_phase import phase_world_size
 from .setup_checks import env_checks, install_checks, ops_checks, ops_facts
 from .study_checks import gpu_tests_checks, pytest_outcomes
 
@@ -168,6 +169,7 @@ def phase_env(run: Run, phase: Phase) -> None:
         detect_context_mib=facts.get("detect_context_mib"),
         dit_workloads=facts.get("dit_workloads", []),
         capability=facts.get("capability"),
+        device_count=hardware.get("device_count"),
     )
     run.facts["versions"] = {key: facts.get(key) for key in VERSION_KEYS}
     nvcc = shutil.which("nvcc", path=run.env.get("PATH"))
@@ -253,4 +255,5 @@ PHASES: list[tuple[str, Callable[[Run, Phase], None]]] = [
     ("script_deepspeed", script_study),
     ("script_trainer", script_study),
     ("study_dit", phase_study_dit),
+    ("world_size", phase_world_size),
 ]

@@ -144,6 +144,9 @@ def study_phase(
         argv += ["--max-trials", str(run.settings.study_max_trials)]
     argv += ["--no-confirm"] * (not run.settings.study_confirms)
     code, out = run.run(phase, argv, interrupt_first=True)
+    run.facts.setdefault("studies", {})[phase.name] = {
+        "study": study, "workload": workload, "global_batch": global_batch, "space": space
+    }  # fmt: skip
     status = status_doc(run, phase, study)
     export = run.work / "trials" / study / "best"
     exported = (export / "ds_config.json").is_file()

@@ -82,6 +82,7 @@ GPU_SETTINGS = Settings(
         "script_deepspeed": 45,  # script_budget_s + script_overhead_s
         "script_trainer": 45,
         "study_dit": 0,
+        "world_size": 0,  # needs 2+ GPUs and --world-size-s (beyond one GPU)
     },
     total_s=GPU_BUDGET_S,
     between_phases_s=10,
@@ -127,6 +128,7 @@ DRY_RUN_SETTINGS = Settings(
         "script_deepspeed": 150,  # script_budget_s + script_overhead_s
         "script_trainer": 150,
         "study_dit": 0,
+        "world_size": 0,  # --world-size-s: 1 rank to 2 on CPU ranks
     },
     total_s=1780,
     between_phases_s=25,

@@ -47,6 +47,7 @@ PHASES = [
     "script_deepspeed",
     "script_trainer",
     "study_dit",
+    "world_size",
 ]
 NEEDS_CUDA = {"oom", "gpu_tests"}
 

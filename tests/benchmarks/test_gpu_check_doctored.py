@@ -256,6 +256,13 @@ DOCTORED: dict[tuple[str, str], list[Doctor]] = {
         lambda k: k.update(trained=40.0),
         lambda k: k.update(trained=80.0),
     ],
+    (
+        "world_size_prediction_check",
+        "the prediction of 2 devices from probes at 1 is within 25% of the probes at 2 (median)",
+    ): [
+        lambda k: k["rows"][0].update(predicted=130.0),
+        lambda k: k.update(rows=[{**k["rows"][0], "predicted": 50.0}] * 3),
+    ],
     ("gpu_tests_checks", "every gpu test passed (or failed as marked xfail)"): [
         lambda k: k["outcomes"].update({"tests/x.py::test_y": "FAILED"}),
         lambda k: k.update(outcomes={}, exit_code=5),

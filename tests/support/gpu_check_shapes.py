@@ -22,6 +22,7 @@ from benchmarks.gpu_check import (
     study_checks,
     train_checks,
     train_speed_check,
+    world_size_prediction_check,
 )
 
 MiB = 2**20
@@ -233,6 +234,10 @@ def passing_inputs() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
             },
         ),
         "leftover_check": (leftover_check, {"leftovers": []}),
+        "world_size_prediction_check": (
+            world_size_prediction_check,
+            {"rows": [{"label": "z0 fp32 mb8x1", "predicted": 180.0, "measured": 190.0}]},
+        ),
         "memory_checks": (
             memory_checks,
             {"rows": memory_rows(), "accelerator": "cuda", "min_candidates": 16},
