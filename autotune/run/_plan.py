@@ -115,6 +115,10 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     nvme_path = check_nvme_path(settings.nvme_path)
     _check_batch_flags(settings)
     hardware = _run_hardware(settings, hardware)
+    if settings.script is not None and settings.goal.train_tokens is not None:
+        from autotune.run.forecast import TOKENS_OF_A_SCRIPT
+
+        raise SettingsError(TOKENS_OF_A_SCRIPT)
     whole_nodes: list[str] = []
     settings = _whole_node_world_sizes(settings, hardware, whole_nodes)
     per_trial = _gpus_per_trial(settings)

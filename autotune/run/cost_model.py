@@ -228,15 +228,17 @@ def machine_cost_model(
     precisions: tuple[str, ...],
     nodes: int,
     tf32: bool,
+    facts: WorkloadFacts | None = None,
 ) -> tuple[CostModel, dict[str, float]]:
-    """The cost model of ``workload`` on this machine, before any fit: on CPU its compute
-    rates scaled by this CPU's measured matmul rates for ``precisions`` (fp32 anchors them);
-    and those rates (empty elsewhere)."""
+    """The cost model of ``workload`` (or of ``facts`` where given: a script's model as its
+    probes reported it) on this machine, before any fit: on CPU its compute rates scaled by
+    this CPU's measured matmul rates for ``precisions`` (fp32 anchors them); and those
+    rates (empty elsewhere)."""
     flops: dict[str, float] = {}
     if accelerator == "cpu":
         flops = measure_cpu_matmul_flops(tuple(dict.fromkeys(("fp32", *precisions))), threads)
     model = CostModel(
-        WorkloadFacts.of(workload),  # active parameters for MoE and DiT
+        facts or WorkloadFacts.of(workload),  # active parameters for MoE and DiT
         accelerator,
         threads=threads,
         compute_scale=compute_scale_from(flops),

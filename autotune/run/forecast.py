@@ -113,10 +113,10 @@ def forecast(
             f"study {study.study_name!r} has no measured probe yet: the cost model has nothing "
             f"to fit; run autotune run --study {study.study_name} first"
         )
-    from autotune.workloads import get_workload
-
-    workload = get_workload(config.workload)
-    model = _fitted_model(workload, config, trials, history.measured)
+    if config.script is not None and goal.train_tokens is not None:
+        raise SettingsError(TOKENS_OF_A_SCRIPT)
+    workload, facts = _study_workload(config, trials)
+    model = _fitted_model(workload, config, trials, history.measured, facts)
     screen = _screen(workload, config, trials, vram_limit_bytes, max(world_sizes), gpus_per_node)
     measured = {t.candidate.key: float(t.value or 0.0) for t in records.ranked_feasible(trials)}
     rows, notes = [], []
@@ -184,18 +184,43 @@ def _rows_at(
     return rows, notes
 
 
+TOKENS_OF_A_SCRIPT = (
+    "--train-tokens with a script study: autotune counts a script's samples, not its tokens; "
+    "give --train-samples (tokens / sequence length)"
+)
+
+
 def _checked_config(study: optuna.Study) -> StudyConfig:
     from autotune.study import study_config
 
     config = study_config(study)
     if config is None:
         raise SettingsError(f"study {study.study_name!r} was not made by autotune run")
-    if config.script is not None:
-        raise SettingsError(
-            f"study {study.study_name!r} tunes a script: autotune plan --study predicts from "
-            "a workload's size, which a script's probes do not give yet"
-        )
     return config
+
+
+def _study_workload(config: StudyConfig, trials: list[TrialView]) -> tuple[Any, Any]:
+    """The study's workload, and for a script study the cost model's facts: the model its
+    probes reported handing to ``deepspeed.initialize`` (a script's model exists only in
+    its ranks; its memory is learned from the same reports), in samples, not tokens."""
+    if config.script is None:
+        from autotune.workloads import get_workload
+
+        return get_workload(config.workload), None
+    from autotune.memory import read_probe
+    from autotune.run._script_plan import ScriptWorkload
+    from autotune.run.cost_model import WorkloadFacts
+
+    reported = (read_probe(t.record.trial_dir)[0] for t in trials if t.record.trial_dir)
+    model = next((m for m in reported if m is not None), None)
+    if model is None:
+        raise SettingsError(
+            "no probe of this script study reported its model (parameters): nothing to "
+            "predict other world sizes from; run autotune run --study on it first"
+        )
+    batch = next(t.candidate.train_batch_size for t in trials if t.record.candidate)
+    workload = ScriptWorkload(config.script, batch)
+    return workload, WorkloadFacts(params=model.params, tokens_per_sample=1)
 
 
 def _configurations(trials: list[TrialView]) -> list[TrialView]:
@@ -231,9 +256,14 @@ def resplit(candidate: Candidate, gpus: int, global_batch: int) -> Candidate | N
 
 
 def _fitted_model(
-    workload: Any, config: StudyConfig, trials: list[TrialView], measured: list[Any]
+    workload: Any,
+    config: StudyConfig,
+    trials: list[TrialView],
+    measured: list[Any],
+    facts: Any = None,
 ) -> Any:
-    """The cost model as the search fits it, on the study's measured probes."""
+    """The cost model as the search fits it, on the study's measured probes (``facts``: a
+    script's model, as its probes reported it)."""
     from autotune.run.cost_model import machine_cost_model
 
     nodes = max((len(set(t.record.node_per_rank)) for t in trials if t.feasible), default=1)
@@ -244,6 +274,7 @@ def _fitted_model(
         precisions=tuple(c.precision for c, _ in measured),
         nodes=max(nodes, 1),
         tf32=config.float32_matmul_precision == "high",
+        facts=facts,
     )
     model.fit(measured)
     return model

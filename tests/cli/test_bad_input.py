@@ -121,6 +121,7 @@ CASES: list[tuple[list[str], str]] = [
     (["run", "--workload", "buildfail.py:make"], "build_model() failed"),
     # scripts
     (["run", "--script", "missing.py"], "--script missing.py: no such file"),
+    (["run", "--script", "noattr.py", "--train-tokens", "1B"], "give --train-samples (tokens"),
     (["run", "--script", "noattr.py", "--script-arg", "batch=--bs"], "--script-arg batch=--bs"),
     (["run", "--script", "noattr.py", "--", "--num_gpus", "2"], "--num_gpus is a launcher flag"),
     (["run", "--workload", "gpt-tiny", "--", "--lr", "1"], "script arguments (--lr 1) without"),

@@ -5,6 +5,7 @@ Face Trainer script, and a Workload factory."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -55,6 +56,16 @@ def test_deepspeed_script_through_a_project_file(tmp_path: Path) -> None:
     assert "- Host memory per rank process, peak resident memory (kernel high-water mark): " in (
         summary
     )
+    # other world sizes from the script's probes: its model as the ranks reported it
+    plan = run_cli("plan", "--study", "train", "--gpus", "1,2,4", "--json", cwd=folder)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    rows = json.loads(plan.stdout)["rows"]
+    kinds = {(r["gpus"], r["samples_per_s_kind"]) for r in rows}
+    assert {(2, "measured"), (1, "predicted"), (4, "predicted")} <= kinds, kinds
+    assert all(r["predicted_samples_per_s"] > 0 for r in rows)
+    tokens = run_cli("plan", "--study", "train", "--gpus", "4", "--train-tokens", "1B",
+                     cwd=folder)  # fmt: skip
+    assert tokens.returncode == 2 and "give --train-samples" in tokens.stderr, tokens.stderr
 
 
 def test_hugging_face_trainer_script(tmp_path: Path) -> None:

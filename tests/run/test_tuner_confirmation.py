@@ -191,3 +191,36 @@ def test_the_tuner_exports_the_steadier_of_two_within_noise(tmp_path) -> None:
     assert verdict is not None and verdict.steadier_over is not None
     text = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
     assert "chose the steadier" in text and "z1 fp32 mb8x1 opt:cpu" in text
+
+
+def test_under_a_cost_objective_the_round_confirms_the_cheapest_world_size(tmp_path) -> None:
+    """Two world sizes of one configuration: 2 ranks faster, 1 rank cheaper per GPU. The
+    second probe's early stop asks what matches the first per GPU; the round ranks per GPU;
+    the export launches 1 rank."""
+    from autotune.training_goal import TrainingGoal
+
+    scripted = ScriptedExecutor(
+        {"z0 fp32 mb8x2": [100.0, 101.0, 99.0, 100.5], "z0 fp32 mb8x1": [160.0, 162.0, 158.0]}
+    )
+    tuner = make_tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0]\noffload_optimizer: [none]\noffload_param: [none]\n"
+        "micro_batch_size: [8]\nactivation_checkpointing: [false]\n",
+        scripted,
+        world_sizes=(1, 2),
+        global_batch=16,
+        budget_s=600,
+        goal=TrainingGoal.of("cost", gpu_hour_price_usd=2.0),
+    )
+    run = tuner.run()
+    verdict = confirm.load(load_study(tmp_path))
+    assert verdict is not None and verdict.goal is not None and verdict.goal.objective == "cost"
+    assert sorted(c.gpus for c in verdict.contenders) == [1, 2]
+    winner = next(c for c in verdict.contenders if c.trial == verdict.winner)
+    assert winner.gpus == 1 and run.best is not None and run.best.trial == verdict.winner
+    first, second = scripted.order[:2]
+    per_gpu = {"z0 fp32 mb8x2": 100.0, "z0 fp32 mb8x1": 80.0}[first]
+    gpus_second = {"z0 fp32 mb8x2": 1, "z0 fp32 mb8x1": 2}[second]
+    assert scripted.stop_below[1] == pytest.approx(per_gpu * gpus_second * 0.95)
+    launch = (tmp_path / "trials" / "gpt-tiny" / "best" / "launch.sh").read_text()
+    assert "--nproc-per-node=1" in launch
