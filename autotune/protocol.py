@@ -421,6 +421,11 @@ class ProbeResult(BaseModel):
         "of earlier candidates were still held (allocated, or outside the allocator); the "
         "probe then ran cold.",
     )
+    warm_fallback: str = Field(
+        default="",
+        description="Script probes: why this and the study's later probes of the script run "
+        "cold (its warm run failed where a cold launch measured); empty otherwise.",
+    )
     model: ModelInfo | None = Field(
         default=None, description="Script probes: the model the script handed to DeepSpeed."
     )

@@ -156,6 +156,8 @@ def _(event: events.ProbeFinished) -> str:
         outcome = f"{result.status}: {result.error} (log: {event.log_path})"
     if result.status == "ok" and event.over_limits:
         outcome += f"; infeasible: {event.over_limits}"
+    if result.warm_fallback:
+        outcome += f"; {result.warm_fallback}"
     return f"{_who(event.trial)}: {event.label} -> {outcome} [{result.wall_s:.0f} s]"
 
 

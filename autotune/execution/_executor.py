@@ -57,13 +57,17 @@ class _Slot:
         self._cancel = threading.Event()  # of a cold launch
 
     def run(self, job: ProbeJob) -> ProbeResult:
-        # A user's script is its own program: every probe of it is a launch of its own.
+        # A user's script probes warm too (its __main__ run again in the same ranks) until a
+        # warm run fails where a cold one measures; a loss-parity run is always a launch.
         if self.worker is not None and job.spec.script is None:
             return self.worker.run(job)
-        self._cancel.clear()
-        result = launch_probe(job, self.visible_devices, self._cancel)
-        if self._cancel.is_set():
-            return ProbeResult(status="error", error="cancelled: the run was interrupted")
+        if self.worker is not None and job.spec.parity is None and self.worker.script_warm:
+            result = self.worker.run(job)
+        else:
+            self._cancel.clear()
+            result = launch_probe(job, self.visible_devices, self._cancel)
+            if self._cancel.is_set():
+                return ProbeResult(status="error", error="cancelled: the run was interrupted")
         if job.spec.script is not None:  # what the script's ranks could not say themselves
             from autotune.execution._script_outcome import explain
 

@@ -55,6 +55,7 @@ class WarmWorker:
         self._posted = 0
         self._cancel = threading.Event()
         self._lock = threading.Lock()
+        self.script_warm = True  # a script's probes run warm until a warm run fails alone
 
     @property
     def pid(self) -> int | None:
@@ -107,6 +108,8 @@ class WarmWorker:
                     # the group refused the job: probe it again in a fresh one
                     result, _ = self._attempt(job, cold_start=True)
                     result.leak_restart_bytes = leaked
+                elif job.spec.script is not None and not cold_start and result.status == "error":
+                    result = self._script_again_cold(job, result)
                 return result
             finally:
                 remove_scratch(job)
@@ -171,6 +174,23 @@ class WarmWorker:
                 update={"status": "error", "error": "cancelled: the run was interrupted"}
             )
         return result, 0 if cancelled or cold_start else leaked
+
+    def _script_again_cold(self, job: ProbeJob, warm: ProbeResult) -> ProbeResult:
+        """A script's warm run (not its group's first) failed: probe it again in a fresh
+        group. Where that one measures, the script cannot run twice in one process (its
+        module-level state, a side effect), and its later probes are cold launches."""
+        if self._cancel.is_set():
+            return warm
+        cold, _ = self._attempt(job, cold_start=True)
+        if cold.status == "ok":
+            self.script_warm = False
+            first = (warm.error or "").splitlines()[0][:200] if warm.error else warm.status
+            cold.warm_fallback = (
+                f"run again in warm ranks the script failed ({first}) where a cold launch "
+                "measured: its probes are cold launches from here on"
+            )
+            self._kill()
+        return cold
 
     def cancel(self) -> None:
         """Make a running :meth:`run` kill the group and return (thread-safe)."""

@@ -235,13 +235,13 @@ def serve(inbox: Path) -> None:
             return
         spec_path = Path(job["spec"])
         started = time.perf_counter()
-        with _output_to(spec_path.parent / "probe.log"):
+        with output_to(spec_path.parent / "probe.log"):
             probe_spec(spec_path, started)
         number += 1
 
 
 @contextlib.contextmanager
-def _output_to(path: Path) -> Any:
+def output_to(path: Path) -> Any:
     """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
     sys.stdout.flush()
     sys.stderr.flush()

@@ -29,6 +29,22 @@ epoch). A script that raises, exits or ends too soon gets a report saying so.
 A loss-parity run (``ProbeSpec.parity``, for ``autotune verify``) records each optimizer
 step's loss and samples instead of timing it, and ends after its steps
 (:mod:`autotune.probe._script_parity`).
+
+**Warm ranks** (``--serve INBOX``, a warm worker's group): the rank runs the script once per
+posted job, in the same process. The interpreter, the script's imports (its own modules
+too: only ``__main__`` runs again), the process group and DeepSpeed's ops are paid once;
+each candidate pays the script's ``__main__`` (its data and model) and its engine. A probe
+that has its steps writes its report and unwinds the script with :class:`ProbeDone` (a
+``BaseException``: the script's ``except Exception`` does not swallow it); the rank then
+drops the engine, restores ``deepspeed.initialize``, collects and empties caches, and at the
+next job checks that nothing of the earlier candidate is still allocated (``unclean``: the
+group restarts, as for built-in warm ranks). The process group the first run made is kept:
+``torch.distributed.init_process_group`` and ``destroy_process_group`` become no-ops while
+it exists (DeepSpeed's ``init_distributed`` already is). A failure, or a script that ends
+before the probe's steps, leaves as a cold rank does; the worker then probes that job again
+in a cold launch, and where the cold one measures, the rest of the study's script probes
+are cold too (:mod:`autotune.execution._worker`), so a script that cannot run twice in one
+process is never measured wrong.
 """
 
 from __future__ import annotations
@@ -65,11 +81,18 @@ from autotune.protocol import SCRIPT_CONFIG_FILE, ModelInfo, ProbeSpec, RankRepo
 INITIALIZED_MARKER = "initialized-rank-{rank}"  # written when the script reaches initialize
 
 
+class ProbeDone(BaseException):
+    """A warm rank's probe has its steps: unwind the script (the report is written)."""
+
+
 class ScriptProbe:
     """This rank's probe of one script run: the patched initialize, the step clock, and
     the report."""
 
-    def __init__(self, spec: ProbeSpec, spec_path: Path, started: float) -> None:
+    def __init__(
+        self, spec: ProbeSpec, spec_path: Path, started: float, *, warm: bool = False
+    ) -> None:
+        self.warm = warm  # a warm rank: finish unwinds the script instead of exiting
         assert spec.script is not None
         self.spec = spec
         self.script = spec.script
@@ -101,6 +124,7 @@ class ScriptProbe:
         import deepspeed
 
         original = deepspeed.initialize
+        self._original_initialize = original
         signature = inspect.signature(original)
 
         def initialize(*args: Any, **kwargs: Any) -> Any:
@@ -347,9 +371,25 @@ class ScriptProbe:
         write_report(report, self.spec_path.parent)
         sys.stdout.flush()
         sys.stderr.flush()
+        if self.warm:
+            raise ProbeDone
         leave_process_group()
         end_children()
         os._exit(0)
+
+    def uninstall(self) -> None:
+        """Give ``deepspeed.initialize`` back and drop the engine (a warm rank's next job
+        installs its own)."""
+        import deepspeed
+
+        original = getattr(self, "_original_initialize", None)
+        if original is not None:
+            deepspeed.initialize = original
+        if self.engine is not None and hasattr(self.engine, "destroy"):
+            with contextlib.suppress(Exception):  # ZeRO-3's hooks and partitioned buffers
+                self.engine.destroy()
+        self.engine = None
+        self.tracker = contextlib.nullcontext()
 
     def fail(self, exc: BaseException) -> None:
         """The script raised: report ``oom`` or ``error`` (with where in the script) and
@@ -421,13 +461,14 @@ def _exit_code(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
 
 
-def run(spec_path: Path, started: float) -> None:
-    """Run the script of ``spec_path`` as this rank's probe; never returns."""
+def run(spec_path: Path, started: float, *, warm: bool = False) -> None:
+    """Run the script of ``spec_path`` as this rank's probe; never returns, unless ``warm``
+    and the probe has its steps (then its report is written and the script unwound)."""
     import torch
 
     start_host_peak()  # the script's host memory from before its first allocation
     spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
-    probe = ScriptProbe(spec, spec_path, started)
+    probe = ScriptProbe(spec, spec_path, started, warm=warm)
     script = probe.script
     try:
         quiet_libraries()
@@ -440,15 +481,92 @@ def run(spec_path: Path, started: float) -> None:
         if probe.parity is not None:
             probe.parity.seed()
         sys.argv = [script.path, *script.argv]
-        sys.path.insert(0, str(Path(script.path).parent))
+        folder = str(Path(script.path).parent)
+        if sys.path[:1] != [folder]:
+            sys.path.insert(0, folder)
         runpy.run_path(script.path, run_name="__main__")
         code = 0
+    except ProbeDone:
+        probe.uninstall()
+        return
     except SystemExit as exc:
         code = _exit_code(exc)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
         probe.fail(exc)
         raise AssertionError("unreachable") from None
     probe.ended(code)
+
+
+def serve(inbox: Path) -> None:
+    """Probe the jobs posted to ``inbox`` in order, the script run once per job in this
+    process (module docstring, "Warm ranks"), until a job says stop."""
+    import json
+
+    from autotune.probe import _rank_memory as rank_memory
+    from autotune.probe.rank import output_to
+
+    number = 1
+    while True:
+        job_path = inbox / f"job-{number:06d}.json"
+        while not job_path.exists():
+            time.sleep(0.02)
+        job = json.loads(job_path.read_text(encoding="utf-8"))
+        if job.get("stop"):
+            return
+        spec_path = Path(job["spec"])
+        started = time.perf_counter()
+        spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+        with output_to(spec_path.parent / "probe.log"):
+            if number == 1:  # what this process holds before any script run: the baseline
+                rank_memory.leaked_bytes(device_of(spec))
+            else:
+                _refuse_if_unclean(spec, spec_path, started)
+            run(spec_path, started, warm=True)
+            end_children()  # what the script started (data-loading workers) ends with it
+            if number == 1:
+                _keep_process_group()
+            rank_memory.release(spec.accelerator)
+        number += 1
+
+
+def _refuse_if_unclean(spec: ProbeSpec, spec_path: Path, started: float) -> None:
+    """An earlier candidate's memory still allocated (beyond the tolerance, on any rank):
+    report ``unclean`` and leave, so that the worker probes this job in a fresh group."""
+    from autotune.probe import _rank_memory as rank_memory
+
+    device = device_of(spec)
+    report = RankReport(rank=int(os.environ.get("RANK", "0")), status="ok", pid=os.getpid())
+    report.leaked_bytes = rank_memory.leaked_bytes(device)
+    tolerance = rank_memory.leak_tolerance_bytes(spec.vram_limit_bytes)
+    if report.leaked_bytes > tolerance:
+        report.status = "unclean"
+        report.error = (
+            f"{report.leaked_bytes} bytes of earlier candidates still allocated at the start "
+            f"(more than {tolerance}); the ranks must restart"
+        )
+        leave_now(report, spec_path, started)
+
+
+def _keep_process_group() -> None:
+    """The script's process group serves every later run in this rank: a second
+    ``init_process_group`` (which would raise) and the script's own ``destroy`` (which would
+    leave the next run without one) do nothing while it exists."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    init, destroy = dist.init_process_group, dist.destroy_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> None:
+        if not dist.is_initialized():
+            init(*args, **kwargs)
+
+    def destroy_process_group(group: Any = None) -> None:
+        if group is not None:
+            destroy(group)
+
+    dist.init_process_group = init_process_group
+    dist.destroy_process_group = destroy_process_group
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -465,8 +583,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m autotune.probe.script_rank", description=__doc__
     )
-    parser.add_argument("--spec", type=Path, required=True, help="ProbeSpec JSON with a script.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--spec", type=Path, help="ProbeSpec JSON with a script.")
+    source.add_argument("--serve", type=Path, help="Inbox folder of a warm worker.")
     args = parser.parse_args(argv)
+    if args.serve is not None:
+        serve(args.serve)
+        leave_process_group()
+        end_children()
+        return 0
     run(args.spec, started)
     return 0
 

@@ -5,9 +5,11 @@ config, the global batch, and what the space can vary in this script.
   ``--deepspeed_config``), or ``--base-config``; every key the search does not vary is kept.
   Keys the search varies (stage, precision, batch) are the script's starting point, laid
   over per candidate (not refused, as they are for a ``--base-config`` of a workload).
-- The **global batch** is ``--global-batch``, else the config's ``train_batch_size``, else
-  what the script trains with now: micro-batch x accumulation (its flags, or its config's
-  values) x ranks.
+- The **global batch** is ``--global-batch`` (``auto``: searched up to
+  ``--max-global-batch``, as for a built-in workload), else the config's
+  ``train_batch_size``, else what the script trains with now: micro-batch x accumulation
+  (its flags, or its config's values) x ranks. A flag given always wins over the script's
+  value, and a note says which value it replaced.
 - **Activation checkpointing** is searched only where the script has a flag for it (the
   Hugging Face Trainer's ``--gradient_checkpointing``, or ``--script-arg
   activation_checkpointing=--flag``); without one it is dropped from the space with a note.
@@ -71,7 +73,7 @@ class ScriptInputs:
 
     workload: ScriptWorkload
     base: dict[str, Any] | None
-    global_batch: int
+    global_batch: int | None  # None: searched (--global-batch auto)
     space: SpaceSpec
     notes: list[str] = field(default_factory=list)
     probe_timeout_s: float = SCRIPT_PROBE_TIMEOUT_S
@@ -95,7 +97,7 @@ def script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> Script
                 f"{script.name}'s config sets {', '.join(pinned)}: the search varies them "
                 "(its other keys are kept as they are)"
             )
-    global_batch = _global_batch(settings, script, base or {}, ranks)
+    global_batch = _global_batch(settings, script, base or {}, ranks, notes)
     if "activation_checkpointing" not in script.flags and True in space.activation_checkpointing:
         space = space.model_copy(update={"activation_checkpointing": [False]})
         notes.append(
@@ -103,7 +105,7 @@ def script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> Script
             "from the space (name one with --script-arg activation_checkpointing=--flag)"
         )
     return ScriptInputs(
-        workload=ScriptWorkload(script, global_batch),
+        workload=ScriptWorkload(script, global_batch or settings.max_global_batch or 1),
         base=base,
         global_batch=global_batch,
         space=space,
@@ -127,13 +129,27 @@ def _searched_keys(base: dict[str, Any]) -> list[str]:
 
 
 def _global_batch(
-    settings: RunSettings, script: ScriptConfig, base: dict[str, Any], ranks: int
-) -> int:
-    """--global-batch, else the config's train_batch_size, else what the script runs now."""
-    if isinstance(settings.global_batch, int):
-        return settings.global_batch
+    settings: RunSettings,
+    script: ScriptConfig,
+    base: dict[str, Any],
+    ranks: int,
+    notes: list[str],
+) -> int | None:
+    """--global-batch (None for ``auto``: searched), else the config's train_batch_size,
+    else what the script runs now; a note where the flag replaces the config's value."""
     pinned = base.get("train_batch_size")
-    if isinstance(pinned, int) and pinned > 0:
+    pinned = pinned if isinstance(pinned, int) and pinned > 0 else None
+    given = settings.global_batch
+    if given is not None and pinned is not None and given != pinned:
+        notes.append(
+            f"--global-batch {given} replaces the train_batch_size {pinned} of "
+            f"{script.name}'s config"
+        )
+    if given == "auto":
+        return None
+    if isinstance(given, int):
+        return given
+    if pinned is not None:
         return pinned
     micro = _int(flag_value(script.args, script.flags.get("micro_batch_size", "")))
     micro = micro or _int(base.get("train_micro_batch_size_per_gpu"))

@@ -13,9 +13,15 @@ import torch
 
 parser = argparse.ArgumentParser()
 parser.add_argument(
-    "mode", choices=["train", "hang", "crash", "short", "own_init", "nccl", "child"]
+    "mode", choices=["train", "hang", "crash", "short", "own_init", "nccl", "child", "once"]
 )
 args = parser.parse_args()
+if args.mode == "once":  # module-level state (a registry, a patched library) run twice breaks
+    import builtins
+
+    if getattr(builtins, "_tiny_script_ran", False):
+        raise RuntimeError("tiny_script.py cannot run twice in one process")
+    builtins._tiny_script_ran = True
 
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 if args.mode == "hang":  # e.g. waiting for data that never comes
