@@ -20,6 +20,7 @@ COMMANDS = [
     ["prepare_gpu_wheels.py"],
     ["screenshots.py"],
     ["script_memory_accuracy.py"],
+    ["script_overhead.py"],
     ["search_efficiency.py", "dump"],
     ["search_efficiency.py", "replay"],
     ["verify_cost.py"],

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,41 @@ def leave_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def posted_jobs(inbox: Path) -> Iterator[tuple[int, Path]]:
+    """The jobs a warm worker posts to ``inbox`` (``job-000001.json`` ...), each as its
+    number and spec path, in order, until one says stop. Every rank reads the same files,
+    so all agree on the order."""
+    import json
+
+    number = 1
+    while True:
+        job_path = inbox / f"job-{number:06d}.json"
+        while not job_path.exists():
+            time.sleep(0.02)
+        job = json.loads(job_path.read_text(encoding="utf-8"))
+        if job.get("stop"):
+            return
+        yield number, Path(job["spec"])
+        number += 1
+
+
+@contextlib.contextmanager
+def output_to(path: Path) -> Any:
+    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import signal
 import sys
@@ -43,6 +42,8 @@ from autotune.probe._rank_process import (
     device_of,
     leave_now,
     leave_process_group,
+    output_to,
+    posted_jobs,
     record_host_memory,
     record_peaks,
     start_candidate,
@@ -225,39 +226,10 @@ def serve(inbox: Path) -> None:
     says stop: a warm worker that pays interpreter start, imports and process-group set-up
     once for many probes. Every rank reads the same job files, so all agree on the order;
     each job's output goes to its own ``probe.log``."""
-    number = 1
-    while True:
-        job_path = inbox / f"job-{number:06d}.json"
-        while not job_path.exists():
-            time.sleep(0.02)
-        job = json.loads(job_path.read_text(encoding="utf-8"))
-        if job.get("stop"):
-            return
-        spec_path = Path(job["spec"])
+    for _, spec_path in posted_jobs(inbox):
         started = time.perf_counter()
         with output_to(spec_path.parent / "probe.log"):
             probe_spec(spec_path, started)
-        number += 1
-
-
-@contextlib.contextmanager
-def output_to(path: Path) -> Any:
-    """Send this process's stdout and stderr (file descriptors 1 and 2) to ``path``."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, "ab") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
 
 
 def main(argv: list[str] | None = None) -> int:

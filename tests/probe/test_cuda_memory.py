@@ -17,7 +17,7 @@ import torch
 
 from autotune.candidate import Candidate
 from autotune.probe import _cuda_memory as cuda_memory
-from autotune.probe import script_rank
+from autotune.probe import _script_probe, script_rank
 from autotune.probe._cuda_memory import allocator_fraction
 from autotune.probe._rank_process import record_peaks
 from autotune.protocol import ProbeSpec, RankReport, ScriptRun
@@ -77,7 +77,7 @@ def test_a_script_runs_under_the_cuda_limit_from_the_ranks_start(tmp_path, monke
         left.append(report)
         raise Left
 
-    monkeypatch.setattr(script_rank, "leave_now", leave_now)
+    monkeypatch.setattr(_script_probe, "leave_now", leave_now)
     monkeypatch.setattr(script_rank.sys, "argv", list(script_rank.sys.argv))
     monkeypatch.setattr(script_rank.sys, "path", list(script_rank.sys.path))
     with pytest.raises(Left):
@@ -113,7 +113,7 @@ def test_a_forward_on_cuda_reports_the_allocators_delta(tmp_path, monkeypatch) -
     fake.install(monkeypatch, nvml=False)
     fake.allocate(2 * GiB)  # model states, held before and after the forward
     spec = ProbeSpec.model_validate_json(cuda_spec(tmp_path, tmp_path / "train.py").read_text())
-    probe = script_rank.ScriptProbe(spec, tmp_path / "spec.json", 0.0)
+    probe = _script_probe.ScriptProbe(spec, tmp_path / "spec.json", 0.0)
     probe.device = torch.device("cuda", 0)
     module = AllocatingModule(fake, 300 * MiB)
     engine: Any = types.SimpleNamespace(
