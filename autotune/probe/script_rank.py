@@ -55,6 +55,7 @@ import os
 import runpy
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,19 +119,21 @@ def serve(inbox: Path) -> None:
     process (module docstring, "Warm ranks"), until a job says stop."""
     from autotune.probe import _rank_memory as rank_memory
 
-    for number, spec_path in posted_jobs(inbox):
-        started = time.perf_counter()
-        spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
-        with output_to(spec_path.parent / "probe.log"):
-            if number == 1:  # what this process holds before any script run: the baseline
-                rank_memory.leaked_bytes(device_of(spec))
-            else:
-                _refuse_if_unclean(spec, spec_path, started)
-            run(spec_path, started, warm=True)
-            end_children()  # what the script started (data-loading workers) ends with it
-            if number == 1:
-                _keep_process_group()
-            rank_memory.release(spec.accelerator)
+    restore = _keep_process_group()
+    try:
+        for number, spec_path in posted_jobs(inbox):
+            started = time.perf_counter()
+            spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
+            with output_to(spec_path.parent / "probe.log"):
+                if number == 1:  # what this process holds before any script run: the baseline
+                    rank_memory.leaked_bytes(device_of(spec))
+                else:
+                    _refuse_if_unclean(spec, spec_path, started)
+                run(spec_path, started, warm=True)
+                end_children()  # what the script started (data-loading workers) ends with it
+                rank_memory.release(spec.accelerator)
+    finally:
+        restore()
 
 
 def _refuse_if_unclean(spec: ProbeSpec, spec_path: Path, started: float) -> None:
@@ -151,14 +154,14 @@ def _refuse_if_unclean(spec: ProbeSpec, spec_path: Path, started: float) -> None
         leave_now(report, spec_path, started)
 
 
-def _keep_process_group() -> None:
-    """The script's process group serves every later run in this rank: a second
-    ``init_process_group`` (which would raise) and the script's own ``destroy`` (which would
-    leave the next run without one) do nothing while it exists."""
+def _keep_process_group() -> Callable[[], None]:
+    """The process group the script's first run makes serves every later run in this rank:
+    while it exists a second ``init_process_group`` (which would raise) does nothing, and so
+    does the script's own ``destroy_process_group()`` of it (in a ``finally`` that the end of
+    a probe runs: the next run would make a new group that DeepSpeed's cached groups do not
+    belong to). Patched before the first run; returns what puts both back."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        return
     init, destroy = dist.init_process_group, dist.destroy_process_group
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:
@@ -169,8 +172,12 @@ def _keep_process_group() -> None:
         if group is not None:
             destroy(group)
 
+    def restore() -> None:
+        dist.init_process_group, dist.destroy_process_group = init, destroy
+
     dist.init_process_group = init_process_group
     dist.destroy_process_group = destroy_process_group
+    return restore
 
 
 def main(argv: list[str] | None = None) -> int:

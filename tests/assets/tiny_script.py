@@ -43,11 +43,18 @@ config = {
 }
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 steps = 3 if args.mode == "short" else 1000
-for micro_step in range(steps * engine.gradient_accumulation_steps()):
-    if args.mode == "crash" and micro_step == 4:
-        raise ValueError("boom: a bad sample at micro-step 4")
-    x = torch.randn(engine.train_micro_batch_size_per_gpu(), 32)
-    loss = engine(x).pow(2).mean()
-    engine.backward(loss)
-    engine.step()
+try:
+    for micro_step in range(steps * engine.gradient_accumulation_steps()):
+        if args.mode == "crash" and micro_step == 4:
+            raise ValueError("boom: a bad sample at micro-step 4")
+        x = torch.randn(engine.train_micro_batch_size_per_gpu(), 32)
+        loss = engine(x).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+finally:
+    if args.mode == "own_init":  # the group it made, it destroys (however training ends)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 print("done", file=sys.stderr)

@@ -20,16 +20,16 @@ SCRIPT = ASSETS / "tiny_script.py"
 SPACE = "precision: [fp32]\nzero_stage: [0, 1]\nmicro_batch_size: [2, 4]\n"
 FAST = [
     "--warmup-steps", "1", "--timed-steps", "2", "--max-timed-steps", "2",
-    "--no-early-stop", "--no-confirm", "--executor", "local", "--sampler", "grid",
+    "--no-early-stop", "--no-confirm", "--sampler", "grid",
 ]  # fmt: skip
 
 
-def _study(tmp_path: Path, mode: str) -> tuple[str, list[dict]]:
+def _study(tmp_path: Path, mode: str, executor: str = "local") -> tuple[str, list[dict]]:
     (tmp_path / "space.yaml").write_text(SPACE)
     result = run_cli(
         "run", "--script", str(SCRIPT), "--gpus", "2", "--space", "space.yaml",
-        "--global-batch", "8", "--max-trials", "3", "--budget", "5m", *FAST, "--", mode,
-        cwd=tmp_path,
+        "--global-batch", "8", "--max-trials", "3", "--budget", "5m", *FAST,
+        "--executor", executor, "--", mode, cwd=tmp_path,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "Traceback" not in output, output
@@ -40,11 +40,16 @@ def _study(tmp_path: Path, mode: str) -> tuple[str, list[dict]]:
     return output, trials
 
 
-@pytest.mark.parametrize("mode", ["train", "own_init"])
-def test_a_scripts_later_probes_run_in_its_warm_ranks(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "executor"), [("train", "local"), ("own_init", "local"), ("train", "ray")]
+)
+def test_a_scripts_later_probes_run_in_its_warm_ranks(
+    tmp_path: Path, mode: str, executor: str
+) -> None:
     """``own_init``: the script calls ``init_process_group`` itself, which the warm ranks'
-    kept group answers on every run after the first."""
-    output, trials = _study(tmp_path, mode)
+    kept group answers on every run after the first; ``ray``: the warm group inside a Ray
+    actor's slot, as the default executor runs it."""
+    output, trials = _study(tmp_path, mode, executor)
     assert [t["status"] for t in trials] == ["ok"] * 3, output
     assert [t.get("probe_cold_start", False) for t in trials] == [True, False, False], output
     assert "cold launches from here on" not in output
