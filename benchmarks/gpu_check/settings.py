@@ -114,7 +114,7 @@ DRY_RUN_SETTINGS = Settings(
     script_overhead_s=90,
     script_max_trials=1,
     script_min_probes=1,
-    # inside the dry-run test's own 1900 s limit
+    # inside the dry-run test's own 1960 s limit
     timeouts={
         "install": 180,
         "env": 60,
@@ -128,9 +128,9 @@ DRY_RUN_SETTINGS = Settings(
         "script_deepspeed": 150,  # script_budget_s + script_overhead_s
         "script_trainer": 150,
         "study_dit": 0,
-        "world_size": 100,  # the study's prediction of 2 CPU ranks against probes at 2
+        "world_size": 160,  # the study's prediction of 2 CPU ranks against probes at 2
     },
-    total_s=1880,
+    total_s=1940,
     between_phases_s=25,
 )
 

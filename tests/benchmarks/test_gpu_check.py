@@ -63,7 +63,7 @@ def test_the_dry_run_runs_every_phase_it_can_on_cpu_and_reports_all(tmp_path: Pa
         capture_output=True,
         text=True,
         env=env,
-        timeout=1900,
+        timeout=1960,
         cwd=tmp_path,
     )
     # a CPU dry run leaves the CUDA-only checks not verified: exit code 3, nothing failed
