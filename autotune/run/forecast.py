@@ -321,21 +321,14 @@ def _with_goal(row: ForecastRow, goal: TrainingGoal, tokens_per_sample: int) -> 
 
 
 def rank(rows: list[ForecastRow], goal: TrainingGoal) -> list[ForecastRow]:
-    """Fitting rows first, by the objective: the most samples/s; the least cost (GPU-hours
-    per sample without a price); under a deadline, those that finish by cost, then the
-    rest by time to train."""
-
-    def gpu_seconds_per_sample(row: ForecastRow) -> float:
-        return row.gpus / max(row.samples_per_s, 1e-30)
+    """Fitting rows first, then by the goal's score (:meth:`TrainingGoal.score`, the
+    search's ranking): the most samples/s; the least cost (samples/s per GPU, whatever the
+    price); under a deadline, those that finish by cost, then the rest by samples/s. A
+    row's tier is its ``finishes``, reckoned with the workload's tokens per sample."""
 
     def key(row: ForecastRow) -> tuple[Any, ...]:
-        if goal.objective == "cost":
-            return (not row.fits, gpu_seconds_per_sample(row))
-        if goal.objective == "deadline":
-            if row.finishes:
-                return (not row.fits, 0, gpu_seconds_per_sample(row))
-            return (not row.fits, 1, row.time_to_train_s or math.inf)
-        return (not row.fits, -row.samples_per_s)
+        tier = int(bool(row.finishes)) if goal.objective == "deadline" else 0
+        return (not row.fits, -tier, -row.samples_per_s * goal.factor(row.gpus, tier))
 
     return sorted(rows, key=key)
 
