@@ -49,6 +49,9 @@ NODE_ENV = "AUTOTUNE_NODE"
 # A script probe's rank 0 writes the config the script passed to deepspeed.initialize (as a
 # dict, before the candidate's keys are laid over it) into the trial folder under this name.
 SCRIPT_CONFIG_FILE = "script_ds_config.json"
+# Each rank of a script probe leaves this file in the trial folder when the script reaches
+# deepspeed.initialize: the driver tells a script that hung before it from one that hung after.
+INITIALIZED_MARKER = "initialized-rank-{rank}"
 
 
 class ScriptRun(BaseModel):

@@ -310,11 +310,6 @@ class RunFlags(BaseModel):
                 f"--workload {self.workload} and --script {self.script}: give one of them (a "
                 "workload factory or your training script)"
             )
-        if self.script is not None and self.ray_address is not None:
-            raise SettingsError(
-                f"--script {self.script} with --ray-address: a script's probes run on this "
-                "machine's ranks (torchrun); drop --ray-address"
-            )
         if self.script is None and (self.script_args or self.script_arg):
             shown = " ".join(self.script_args) or " ".join(self.script_arg)
             raise SettingsError(

@@ -91,10 +91,12 @@ def connect(address: str) -> Any:
     return ray
 
 
-def cluster_hardware(address: str) -> Hardware:
+def cluster_hardware(address: str, node_paths: tuple[str, ...] = ()) -> Hardware:
     """What a node of the cluster offers probes (the driver's machine may have no GPU): the
-    hardware a task holding one device sees there, with the cluster's device count."""
+    hardware a task holding one device sees there, with the cluster's device count.
+    ``node_paths`` (a script and the working folder) must be on every live node."""
     ray = connect(address)
+    check_node_paths(ray, node_paths, address)
     gpus = sum(node_offer(ray, "GPU").values())
     options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
     if gpus:
@@ -118,6 +120,42 @@ def cluster_hardware(address: str) -> Hardware:
     return hardware.model_copy(
         update={"device_count": total, "devices_per_node": max(offer.values(), default=1)}
     )
+
+
+def check_node_paths(ray: Any, paths: tuple[str, ...], address: str) -> None:
+    """Refuse, in one line, a cluster with a live node that lacks one of ``paths``: a script
+    probe's ranks run the script, in the driver's working folder, at the driver's paths."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not paths:
+        return
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    check = ray.remote(_missing_paths)
+    refs = {
+        check.options(
+            num_cpus=0,
+            max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+        ).remote(paths): node
+        for node in nodes
+    }
+    ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=RESERVE_TIMEOUT_S)
+    for ref in ready:
+        missing = ray.get(ref)
+        if missing:
+            node = refs[ref]
+            where = f"{node.get('NodeManagerAddress', '?')} (node {node['NodeID'][:8]})"
+            raise ExecutorError(
+                f"{missing[0]} is not on {where} of the Ray cluster at {address}: a script's "
+                "ranks run it, in the driver's working folder, at the driver's paths on every "
+                "node; put both there (a shared filesystem, or copies at the same paths)"
+            )
+
+
+def _missing_paths(paths: tuple[str, ...]) -> list[str]:
+    import os
+
+    return [path for path in paths if not os.path.exists(path)]
 
 
 def _detect_at(niceness: int) -> Hardware:

@@ -39,6 +39,7 @@ from autotune.execution.launch import (
     remove_scratch,
     restore_child_signals,
 )
+from autotune.protocol import INITIALIZED_MARKER
 
 STOP_GRACE_S = 10.0
 POLL_S = 0.05
@@ -72,6 +73,11 @@ class RankArtifacts(BaseModel):
 
     report: str | None = Field(default=None, description="Its RankReport JSON, if written.")
     log: str = Field(default="", description="The rank's output during the job (tail).")
+    markers: list[str] = Field(
+        default_factory=list,
+        description="Marker files the rank left in the job's folder (a script's "
+        "``initialized-rank-N``: it reached ``deepspeed.initialize``).",
+    )
 
 
 def interface_of(address: str) -> str | None:
@@ -202,11 +208,12 @@ class RankActor:
         reports = sorted(folder.glob("rank-*.json"))
         report = reports[0].read_text("utf-8") if reports else None
         log = read_tail(folder / "probe.log")
+        markers = [p.name for p in folder.glob(INITIALIZED_MARKER.format(rank="*"))]
         if self._process is None or self._process.poll() is not None:
             log += read_tail(self._home / "rank.log", 3000)  # what the rank said outside a job
         shutil.rmtree(folder, ignore_errors=True)
         remove_scratch(job)
-        return RankArtifacts(report=report, log=log)
+        return RankArtifacts(report=report, log=log, markers=markers)
 
     def stop(self) -> None:
         """Ask the serving rank to leave (its peers leave the process group together)."""

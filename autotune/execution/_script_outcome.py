@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.protocol import INITIALIZED_MARKER
+
 if TYPE_CHECKING:
     from autotune.execution.launch import ProbeJob
     from autotune.protocol import ProbeResult
@@ -49,7 +51,7 @@ def explain(job: ProbeJob, result: ProbeResult) -> ProbeResult:
         return result
     name = Path(job.spec.script.path).name if job.spec.script else "the script"
     trial_dir = Path(job.trial_dir)
-    reached = any(trial_dir.glob("initialized-rank-*"))
+    reached = any(trial_dir.glob(INITIALIZED_MARKER.format(rank="*")))
     tail = last_lines(result.log_tail)
     if result.status == "timeout":
         if not reached:
@@ -79,3 +81,13 @@ def explain(job: ProbeJob, result: ProbeResult) -> ProbeResult:
 
 def _with_tail(error: str, tail: str) -> str:
     return f"{error}; its last lines: {tail}" if tail and tail not in error else error
+
+
+def warm_fallback_note(warm: ProbeResult) -> str:
+    """What a probe's line says when the script failed in warm ranks where a cold launch of
+    the same candidate measured: the study's later script probes are cold launches."""
+    first = (warm.error or "").splitlines()[0][:200] if warm.error else warm.status
+    return (
+        f"run again in warm ranks the script failed ({first}) where a cold launch measured: "
+        "its probes are cold launches from here on"
+    )

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.execution._rank_actor import Placement, RankArtifacts, RankState
+from autotune.execution._script_outcome import explain, warm_fallback_note
 from autotune.execution.launch import ProbeJob, prepare_trial_dir, unclean_bytes
 from autotune.protocol import NODE_ENV, ProbeResult, RankReport
 from autotune.rank_outcome import aggregate
@@ -94,6 +95,8 @@ class SpanningSlot:
         self._order: list[int] = []  # bundle of each rank
         self._shape: tuple[object, ...] | None = None
         self.warm = warm
+        self.script_warm = True  # a script's probes run warm until a warm run fails alone
+        self._serving = False  # the ranks serve posted jobs (else they probe one job alone)
         self._jobs = 0
         self._cancel = threading.Event()
         self._lock = threading.Lock()
@@ -170,12 +173,14 @@ class SpanningSlot:
             started = time.perf_counter()
             try:
                 shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
-                cold = self._shape != shape or job.spec.script is not None
+                cold = self._shape != shape or not self._serves(job)
                 result, leaked = self._attempt(job, cold)
                 if leaked:  # the warm ranks refused it: probe it again in a fresh group
                     result, _ = self._attempt(job, cold=True)
                     result.leak_restart_bytes = leaked
-                if not self.warm or job.spec.script is not None:
+                elif job.spec.script is not None and not cold and result.status == "error":
+                    result = self._script_again_cold(job, result)
+                if not self.warm or not self._serves(job):
                     self._stop_group(grace_s=5.0)
                 return result
             except _RankLost as lost:
@@ -189,6 +194,23 @@ class SpanningSlot:
                 (Path(job.trial_dir) / "probe.log").write_text(result.error + "\n", "utf-8")
                 return result
 
+    def _serves(self, job: ProbeJob) -> bool:
+        """Whether ``job``'s ranks serve job after job: a built-in probe's always (a cold
+        slot stops them after each), a script's while warm runs of it measure."""
+        return job.spec.script is None or (self.warm and self.script_warm)
+
+    def _script_again_cold(self, job: ProbeJob, warm: ProbeResult) -> ProbeResult:
+        """A script's warm run (not its group's first) failed: probe it again in a fresh
+        group; where that one measures, the script's later probes are cold launches (as
+        :meth:`autotune.execution._worker.WarmWorker._script_again_cold` decides)."""
+        if self._cancel.is_set():
+            return warm
+        cold, _ = self._attempt(job, cold=True)
+        if cold.status == "ok":
+            self.script_warm = False
+            cold.warm_fallback = warm_fallback_note(warm)
+        return cold
+
     def _ranks(self, world_size: int) -> list[Any]:
         return [self._actors[b] for b in self._order[:world_size]]
 
@@ -198,11 +220,12 @@ class SpanningSlot:
         first = self._actors[self._order[0]]
         port = self._call([first.host_store.remote(*RENDEZVOUS_PORTS)], "host_store")[0]
         envs = self._rendezvous(job.world_size, port, cuda)
-        serve = job.spec.script is None
+        serve = self._serves(job)
         ranks = self._ranks(job.world_size)
         starts = [a.start.remote(job, env, serve) for a, env in zip(ranks, envs, strict=True)]
         self._call(starts, "start")
         self._shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+        self._serving = serve
 
     def _attempt(self, job: ProbeJob, cold: bool) -> tuple[ProbeResult, int]:
         """Probe ``job`` once (in a fresh group if ``cold``): the result, and the bytes of
@@ -210,9 +233,9 @@ class SpanningSlot:
         if cold:
             self._start_group(job)
         ranks = self._ranks(job.world_size)
-        name = "once" if job.spec.script is not None else f"job-{self._jobs:06d}"
+        name = f"job-{self._jobs:06d}" if self._serving else "once"
         self._jobs += 1
-        if job.spec.script is None:
+        if self._serving:
             self._call([a.post.remote(job, name) for a in ranks], "post")
         started = time.perf_counter()
         states, timed_out, cancelled = self._watch(ranks, name, started + job.timeout_s)
@@ -240,8 +263,6 @@ class SpanningSlot:
         if cancelled:
             result = ProbeResult(status="error", error="cancelled: the run was interrupted")
         elif job.spec.script is not None:
-            from autotune.execution._script_outcome import explain
-
             result = explain(job, result)
         return result, 0 if cancelled or cold else unclean_bytes(reports)
 
@@ -388,6 +409,8 @@ def _write_artifacts(
         where = node_name(place) if place else "?"
         if artifact.report is not None:
             (folder / f"rank-{rank}.json").write_text(artifact.report, encoding="utf-8")
+        for marker in artifact.markers:  # what the driver's reading of a failure looks for
+            (folder / Path(marker).name).touch()
         parts.append(f"===== rank {rank} on {where} =====\n{artifact.log.rstrip()}\n")
         if artifact.report is None and state.exit_code is not None:
             # last, where the error of a rank that died without a word is read from

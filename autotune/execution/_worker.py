@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from autotune.execution._held_folder import HeldFolder
+from autotune.execution._script_outcome import warm_fallback_note
 from autotune.execution.launch import (
     ProbeJob,
     kill_process_group,
@@ -184,11 +185,7 @@ class WarmWorker:
         cold, _ = self._attempt(job, cold_start=True)
         if cold.status == "ok":
             self.script_warm = False
-            first = (warm.error or "").splitlines()[0][:200] if warm.error else warm.status
-            cold.warm_fallback = (
-                f"run again in warm ranks the script failed ({first}) where a cold launch "
-                "measured: its probes are cold launches from here on"
-            )
+            cold.warm_fallback = warm_fallback_note(warm)
             self._kill()
         return cold
 

@@ -26,9 +26,13 @@ from autotune.probe._rank_process import (
     write_report,
 )
 from autotune.probe._script_parity import ScriptParity
-from autotune.protocol import SCRIPT_CONFIG_FILE, ModelInfo, ProbeSpec, RankReport
-
-INITIALIZED_MARKER = "initialized-rank-{rank}"  # written when the script reaches initialize
+from autotune.protocol import (
+    INITIALIZED_MARKER,
+    SCRIPT_CONFIG_FILE,
+    ModelInfo,
+    ProbeSpec,
+    RankReport,
+)
 
 
 class ProbeDone(BaseException):
@@ -346,7 +350,7 @@ class ScriptProbe:
         exit without tearing down collectives (torchrun stops the peers)."""
         self._stop_tracking()
         self.report.status, self.report.error = classify_failure(exc)
-        if isinstance(exc, BatchMismatch):
+        if isinstance(exc, (BatchMismatch, ScriptMissing)):
             self.report.error = str(exc)
         elif self.report.status == "error":
             traceback.print_exc()
@@ -399,6 +403,10 @@ class ScriptProbe:
 
 class BatchMismatch(RuntimeError):
     """The script's micro-batch is not the candidate's."""
+
+
+class ScriptMissing(FileNotFoundError):
+    """The script is not at its path on this rank's node."""
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -70,8 +70,8 @@ from autotune.probe._rank_process import (
     start_host_peak,
     versions,
 )
-from autotune.probe._script_probe import ProbeDone, ScriptProbe
-from autotune.protocol import ProbeSpec, RankReport
+from autotune.probe._script_probe import ProbeDone, ScriptMissing, ScriptProbe
+from autotune.protocol import NODE_ENV, ProbeSpec, RankReport
 
 
 def _exit_code(exc: SystemExit) -> int:
@@ -97,6 +97,7 @@ def run(spec_path: Path, started: float, *, warm: bool = False) -> None:
         probe.install()
         if probe.parity is not None:
             probe.parity.seed()
+        _check_script_here(script.path)
         sys.argv = [script.path, *script.argv]
         folder = str(Path(script.path).parent)
         if sys.path[:1] != [folder]:
@@ -112,6 +113,18 @@ def run(spec_path: Path, started: float, *, warm: bool = False) -> None:
         probe.fail(exc)
         raise AssertionError("unreachable") from None
     probe.ended(code)
+
+
+def _check_script_here(path: str) -> None:
+    """A rank on a cluster node runs the script at the driver's path: say so where it is not."""
+    if not os.path.isfile(path):
+        import socket
+
+        node = os.environ.get(NODE_ENV) or socket.gethostname()
+        raise ScriptMissing(
+            f"{path} is not on {node}: every node runs the script at the driver's path; put "
+            "it there (a shared filesystem, or a copy at the same path)"
+        )
 
 
 def serve(inbox: Path) -> None:

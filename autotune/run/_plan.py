@@ -186,7 +186,9 @@ def _run_hardware(settings: RunSettings, hardware: Hardware | None) -> Hardware:
     if hardware is None and settings.ray_address is not None:
         from autotune.execution import cluster_hardware
 
-        hardware = cluster_hardware(settings.ray_address)  # a node's, not this machine's
+        # a node's, not this machine's; a script's ranks need it and the working folder there
+        paths = (settings.script.path, os.getcwd()) if settings.script else ()
+        hardware = cluster_hardware(settings.ray_address, paths)
     hardware = hardware or detect()
     if settings.ray_address is None:  # a cluster's devices are checked as it is joined
         hardware.check_ranks(settings.gpus)

@@ -23,6 +23,7 @@ import pytest
 
 from autotune.execution.loopback_cluster import LoopbackCluster
 from tests.support.paths import ROOT
+from tests.support.probe_jobs import nodes_of
 from tests.support.processes import probe_processes
 
 pytestmark = pytest.mark.slow
@@ -87,13 +88,6 @@ def _trials(cwd: Path) -> list[dict[str, object]]:
         for t in study.trials
         if t.state.name != "WAITING"
     ]
-
-
-def _nodes_of(trial_dir: Path) -> set[str]:
-    """The node ids of a probe's ranks, from the headers of its probe.log."""
-    lines = (trial_dir / "probe.log").read_text().splitlines()
-    headers = [line for line in lines if line.startswith("===== rank ")]
-    return {line.split("(node ")[1].split(")")[0] for line in headers}
 
 
 WORLD_SPACE = """\
@@ -172,11 +166,11 @@ class TestOnOneCluster:
                 "rank-1.json",
                 "probe.log",
             } <= names
-            assert len(_nodes_of(tmp_path / name)) == 2  # one rank on each node
+            assert len(nodes_of(tmp_path / name)) == 2  # one rank on each node
         for row, name in ((first, "a"), (second, "b")):
             # each rank names its own node, so host memory is summed per node
             ids = {node.split("(node ")[1].rstrip(")") for node in row["nodes"]}
-            assert ids == _nodes_of(tmp_path / name), row["nodes"]
+            assert ids == nodes_of(tmp_path / name), row["nodes"]
             assert len(row["per_node"]) == 2 and row["host_method"] == "kernel_hwm"
         assert _no_probe_left() == []
 
@@ -194,7 +188,7 @@ class TestOnOneCluster:
         for trial in probed:
             folder = Path(str(trial["trial_dir"]))
             assert (folder / "rank-0.json").is_file() and (folder / "rank-1.json").is_file()
-            assert len(_nodes_of(folder)) == 2
+            assert len(nodes_of(folder)) == 2
 
     def test_world_sizes_searched_on_the_cluster_pack_onto_whole_nodes(
         self, shared_cluster: LoopbackCluster, tmp_path: Path
@@ -219,7 +213,7 @@ class TestOnOneCluster:
                 candidate["micro_batch_size"] * candidate["gradient_accumulation_steps"] * (ranks)
                 == 8
             )
-            sizes[ranks] = len(_nodes_of(Path(str(trial["trial_dir"]))))
+            sizes[ranks] = len(nodes_of(Path(str(trial["trial_dir"]))))
         assert sizes == {1: 1, 2: 2}  # one node, then both
         rates = {t["number"]: t["samples_per_s"] / t["candidate"]["data_parallel_size"]
                  for t in probed}  # fmt: skip
@@ -297,7 +291,7 @@ def test_a_node_lost_mid_probe_is_replaced_and_the_study_goes_on(tmp_path: Path)
         for line in run.stdout:
             lines.append(line)
             if line.startswith("trial 1: probing"):
-                used = _nodes_of(tmp_path / "trials" / "gpt-tiny" / "trial-0000")
+                used = nodes_of(tmp_path / "trials" / "gpt-tiny" / "trial-0000")
                 index = next(i for i in (1, 2) if cluster.node_id(i)[:8] in used)
                 victim = cluster.node_id(index)[:8]
                 time.sleep(2.0)  # into the probe
@@ -320,7 +314,7 @@ def test_a_node_lost_mid_probe_is_replaced_and_the_study_goes_on(tmp_path: Path)
     later = [t for t in trials if str(t["trial_dir"]) > str(lost[0]["trial_dir"])]
     assert later and all(t["status"] == "ok" for t in later), later
     for trial in later:  # two nodes again, neither of them the dead one
-        nodes = _nodes_of(Path(str(trial["trial_dir"])))
+        nodes = nodes_of(Path(str(trial["trial_dir"])))
         assert len(nodes) == 2 and victim not in nodes, nodes
 
 

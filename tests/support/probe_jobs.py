@@ -1,4 +1,5 @@
-"""A probe job of gpt-tiny on 2 CPU ranks, as the tests that launch probes directly use it."""
+"""A probe job of gpt-tiny on 2 CPU ranks, as the tests that launch probes directly use it;
+what a probe's folder says about where its ranks ran."""
 
 from __future__ import annotations
 
@@ -46,3 +47,10 @@ def make_job(
         threads_per_rank=1,
         cwd=str(tmp_path),
     )
+
+
+def nodes_of(trial_dir: Path) -> set[str]:
+    """The Ray node ids of a cluster probe's ranks, from the headers of its probe.log."""
+    lines = (trial_dir / "probe.log").read_text().splitlines()
+    headers = [line for line in lines if line.startswith("===== rank ")]
+    return {line.split("(node ")[1].split(")")[0] for line in headers}
