@@ -116,6 +116,24 @@ class Candidate(BaseModel):
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
     @property
+    def moving_parts(self) -> tuple[int, ...]:
+        """Where the candidate stands in the simplicity order, lower simpler, compared in
+        this order (docs/architecture.md, "The simplicity order"): how far it offloads
+        (none, cpu, nvme; the farther of optimizer and parameters), whether parameters are
+        offloaded too, activation checkpointing, the ZeRO stage, the accumulation steps,
+        the fine ZeRO knobs it sets. Each adds host memory, traffic or code paths that can
+        fail in production."""
+        reach = {"none": 0, "cpu": 1, "nvme": 2}
+        return (
+            max(reach[self.offload_optimizer], reach[self.offload_param]),
+            reach[self.offload_param],
+            int(self.activation_checkpointing),
+            self.zero_stage,
+            self.gradient_accumulation_steps,
+            len(self.zero_knobs.items()),
+        )
+
+    @property
     def key(self) -> str:
         """Canonical identity used for deduplication across a study."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -137,3 +155,22 @@ class Candidate(BaseModel):
             parts.append("ckpt")
         knobs = self.zero_knobs.label()
         return " ".join([*parts, knobs] if knobs else parts)
+
+
+def simpler_because(simpler: tuple[int, ...], other: tuple[int, ...]) -> str:
+    """Why a candidate with ``simpler`` moving parts (:attr:`Candidate.moving_parts`) is
+    simpler than one with ``other``, from the first place where they differ; "" when it is
+    not simpler."""
+    pairs = enumerate(zip(simpler, other, strict=True))
+    places = [i for i, (mine, theirs) in pairs if mine != theirs]
+    if not places or simpler[places[0]] > other[places[0]]:
+        return ""
+    place, mine, theirs = places[0], simpler[places[0]], other[places[0]]
+    return (
+        "no offload" if mine == 0 else "offloads to CPU, not NVMe",
+        "parameters stay on the device",
+        "no activation checkpointing",
+        f"ZeRO-{mine}, not ZeRO-{theirs}",
+        f"{mine} accumulation step{'s' * (mine != 1)}, not {theirs}",
+        "fewer fine ZeRO knobs",
+    )[place]

@@ -16,7 +16,7 @@
 # Each replay takes 30-60 s on two idle CPU cores (all 11: about 7 min). PYTHON overrides
 # the interpreter (default python). Arguments not given take the defaults of
 # benchmarks/search_efficiency.py: --max-probes 40, --noise 0.03, --confirmation-rule
-# median+steadier, --limit 64GiB.
+# median+simpler+steadier, --limit 64GiB.
 set -euo pipefail
 
 out=${1:-benchmarks/data}
@@ -58,3 +58,7 @@ replay gpt-tiny-amx_bimodal_mean --table "$data/table_gpt-tiny-amx.json" --repea
     --noise 0.075 --bimodal --confirmation-rule mean
 replay gpt-tiny-amx_bimodal_median+steadier --table "$data/table_gpt-tiny-amx.json" \
     --repeats 30 --noise 0.075 --bimodal --confirmation-rule median+steadier
+
+# The simplicity order in the round (2026-12-04): the tuner's rule on the bimodal replay
+replay gpt-tiny-amx_bimodal_median+simpler+steadier --table "$data/table_gpt-tiny-amx.json" \
+    --repeats 30 --noise 0.075 --bimodal --confirmation-rule median+simpler+steadier

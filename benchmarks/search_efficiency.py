@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.search_efficiency_dump import dump
 from benchmarks.search_efficiency_replay import replay
 from benchmarks.search_efficiency_strategies import RULES, use_rule
-from benchmarks.search_efficiency_table import NOISE, Bimodal
+from benchmarks.search_efficiency_table import NOISE, Bimodal, pass_noise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,15 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path)
     r.add_argument(
         "--noise",
-        type=float,
-        default=NOISE,
+        default=str(NOISE),
         help="relative standard deviation of one probe (default 0.03; the AMX table's "
-        "three grid runs measured 0.075)",
+        "three grid runs measured 0.075), or 'measured': the table's own pass-to-pass "
+        "noise (a table of two or more grid runs; search_efficiency_table.pass_noise)",
     )
     r.add_argument(
         "--confirmation-rule",
         choices=list(RULES),
-        default="median+steadier",
+        default="median+simpler+steadier",
         help="how the confirmation round ranks its contenders: the tuner's rule (default), "
         "or an earlier one for comparison",
     )
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             args.repeats,
             args.max_probes,
             args.out,
-            args.noise,
+            pass_noise(args.table) if args.noise == "measured" else float(args.noise),
             Bimodal() if args.bimodal else None,
         )
     return 0

@@ -24,6 +24,7 @@ from benchmarks.search_efficiency_table import NOISE, ROOT, Bimodal, Models, Sea
 
 BUDGETS = (5, 10, 20)
 WITHIN = 0.02
+GOOD_PICK = 0.97  # a confirmed pick at this share of the best or more is a good one
 
 
 def replay(
@@ -133,6 +134,9 @@ def confirmed_scores(table: Table, models: Models, best: float, repeats: int) ->
         "probes_to_within_2pct_median": None,
         "reached_within_2pct": "-",
         "probes_used_median": None,
+        "good_picks": {
+            b: f"{sum(f >= GOOD_PICK for f in confirmed[b])}/{repeats}" for b in BUDGETS
+        },
     }
 
 
@@ -166,3 +170,7 @@ def print_report(report: dict) -> None:
         needed_text = f"{needed:g}" if needed is not None else "-"
         reached = r["reached_within_2pct"]
         print(f"| {name} | " + " | ".join(cells) + f" | {needed_text} ({reached}) |")
+    for name, r in report["results"].items():
+        if "good_picks" in r:
+            counts = ", ".join(f"{r['good_picks'][b]} at {b}" for b in BUDGETS)
+            print(f"{name}: a pick at >= {GOOD_PICK} of the best in {counts} probes")

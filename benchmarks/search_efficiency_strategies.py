@@ -163,9 +163,15 @@ def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> 
         return 0.0
     estimates = [(search.measured[k], 1.96 * table.noise * search.measured[k]) for k in ranked]
     keys = [ranked[i] for i in confirm.pick_contenders(estimates)]
+    simpler_rule = RULE_IN_USE[0] == RULES[0]  # the earlier rules know no simplicity order
     verdict = confirm.Confirmation(
         contenders=[
-            confirm.Contender(trial=i, label=k, samples_per_s=[search.measured[k]])
+            confirm.Contender(
+                trial=i,
+                label=k,
+                samples_per_s=[search.measured[k]],
+                moving_parts=list(table.candidate(k).moving_parts) if simpler_rule else [],
+            )
             for i, k in enumerate(keys)
         ]
     )
@@ -189,17 +195,17 @@ def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> 
     return table.truth(winner)
 
 
-# The confirmation round's rule: the tuner's (median, and the steadier within noise), or
-# earlier ones, to compare them on the same replays.
-RULES = ("median+steadier", "median", "mean")
-RULE_IN_USE = ["median+steadier"]
+# The confirmation round's rule: the tuner's (median, the simpler and the steadier within
+# noise), or earlier ones, to compare them on the same replays.
+RULES = ("median+simpler+steadier", "median+steadier", "median", "mean")
+RULE_IN_USE = ["median+simpler+steadier"]
 
 
 def use_rule(rule: str) -> None:
     """Make :mod:`autotune.study.confirmation` rank by ``rule`` (for comparisons only)."""
     RULE_IN_USE[0] = rule
-    if rule == "median+steadier":
-        return
+    if rule in ("median+simpler+steadier", "median+steadier"):
+        return  # the contenders carry a simplicity order or not (autotune_confirmed)
     confirm.MIN_SPREAD = math.inf  # nobody is steadier: the highest estimate wins
     if rule == "mean":
         summarize = confirm.Contender.summarize

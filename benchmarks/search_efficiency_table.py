@@ -21,6 +21,23 @@ ROOT = Path(__file__).resolve().parents[1]
 NOISE = 0.03
 
 
+def pass_noise(path: Path) -> float:
+    """The table's own probe noise: per candidate measured ``ok`` in every grid run, the
+    standard deviation of its runs over their mean; the median over candidates (rounded
+    to 0.1%, so that a replay's arguments say it). A table of one run has none."""
+    import statistics
+
+    rows = json.loads(path.read_text())["rows"]
+    spreads = [
+        statistics.stdev(runs) / statistics.fmean(runs)
+        for runs in (row.get("samples_per_s_runs", []) for row in rows)
+        if len(runs) >= 2 and min(runs) > 0
+    ]
+    if not spreads:
+        raise SystemExit(f"{path}: --noise measured needs a table of two or more grid runs")
+    return round(statistics.median(spreads), 3)
+
+
 def relative(ref: str) -> str:
     """A file path (or ``path.py:function``) under the repository, made relative to it, so
     that a table does not hold the path of the machine that measured it."""

@@ -263,6 +263,12 @@ def _confirmed_how(decided: Best, verdict: Confirmation | None, goal: TrainingGo
             f"The confirmation round's best feasible contender (its winner, trial "
             f"{verdict.winner}, is not feasible now): {estimate}"
         )
+    if verdict is not None and verdict.simpler_over is not None:
+        return (
+            f"Chosen by the confirmation round as the simpler: within noise of trial "
+            f"{verdict.simpler_over}'s higher median, with fewer moving parts "
+            f"({verdict.simpler_reason()}); {estimate}"
+        )
     if verdict is not None and verdict.steadier_over is not None:
         return (
             f"Chosen by the confirmation round as the steadier: within noise of trial "
@@ -363,7 +369,15 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
         mark = " (chosen)" if contender.trial == chosen else ""
         lines.append(f"- trial {contender.trial} {contender.describe(verdict.goal)}{mark}")
     by_trial = {c.trial: c for c in verdict.contenders}
-    if verdict.steadier_over is not None and verdict.steadier_over in by_trial:
+    if verdict.simpler_over is not None and verdict.simpler_over in by_trial:
+        winner, faster = verdict.contenders[0], by_trial[verdict.simpler_over]
+        lines.append(
+            f"- {winner.label}: {winner.estimate:.1f} samples/s; {faster.label}: "
+            f"{faster.estimate:.1f} — within noise of each other: chose the simpler "
+            f"({verdict.simpler_reason()}), which needs less host memory and fails in fewer "
+            "ways; a contender ahead by more than its noise would have won."
+        )
+    elif verdict.steadier_over is not None and verdict.steadier_over in by_trial:
         winner, faster = verdict.contenders[0], by_trial[verdict.steadier_over]
         lines.append(
             f"- {winner.label}: {winner.estimate:.1f} samples/s, spread "

@@ -78,6 +78,7 @@ class ConfirmationRounds:
                     label=t.label,
                     gpus=t.candidate.data_parallel_size,
                     samples_per_s=[float(t.value or 0)],
+                    moving_parts=list(t.candidate.moving_parts),
                 )
                 for t in chosen
             ],

@@ -113,6 +113,8 @@ def _decided(
         reason += f"; the round's winner, trial {verdict.winner}, trains differently"
     elif leader.trial != verdict.winner:
         reason += f"; the round's winner, trial {verdict.winner}, is not feasible now"
+    elif verdict.simpler_over is not None:
+        reason += f", the simpler within noise of the fastest ({verdict.simpler_reason()})"
     elif verdict.steadier_over is not None:
         reason += ", the steadier within noise of the fastest"
     return Best(

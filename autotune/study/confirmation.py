@@ -7,9 +7,10 @@ candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) 
 again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them
 alike. Each probe's samples/s is one sample; a contender's estimate is the median of its
 samples (one lucky or unlucky probe moves it little), with a 95% interval and its spread
-between probes; the winner is the highest median unless a markedly steadier contender is
-within noise of it (:class:`Confirmation`). Under a cost or deadline objective across world
-sizes, "highest" is the goal's score of the median (:meth:`TrainingGoal.score
+between probes; the winner is the highest median unless a simpler contender
+(:attr:`Candidate.moving_parts <autotune.candidate.Candidate.moving_parts>`) or a markedly
+steadier one is within noise of it (:class:`Confirmation`). Under a cost or deadline
+objective across world sizes, "highest" is the goal's score of the median (:meth:`TrainingGoal.score
 <autotune.training_goal.TrainingGoal.score>`: samples/s per GPU for cost), and intervals
 compare in the same units.
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from autotune.candidate import simpler_because
 from autotune.timing import mean_interval, t95
 from autotune.training_goal import TrainingGoal
 
@@ -56,6 +58,11 @@ MAX_MEAN_LOSS = 0.05
 # a 95% interval of fewer probes is too wide, or of two equal ones too narrow, to race on
 MIN_PROBES_TO_RACE = 3
 MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank by it
+# Within noise of the leader, a simpler contender wins if its median gives up at most this
+# share of the leader's: a production user takes fewer moving parts over a difference the
+# machine's noise cannot resolve, but not over one that a pick's quality would show (the
+# benchmarks judge a pick at 0.97 of the best: benchmarks/search_efficiency.py).
+SIMPLER_MAX_LOSS = 0.02
 STEADIER_CONFIDENCE_Z = 1.645  # one-sided 95%
 
 
@@ -71,6 +78,11 @@ class Contender(BaseModel):
     step_spreads: list[float] = Field(
         default_factory=list,
         description="Each re-probe's own spread over its timed steps, (max - min) / median.",
+    )
+    moving_parts: list[int] = Field(
+        default_factory=list,
+        description="Its place in the simplicity order (Candidate.moving_parts; lower is "
+        "simpler); empty in rounds stored before the order, which never rank by it.",
     )
     estimate: float = Field(default=0.0, description="Median of the probes' samples/s.")
     half_width: float = Field(default=0.0, description="95% interval of the median, samples/s.")
@@ -136,9 +148,11 @@ class Confirmation(BaseModel):
     """The round's outcome, stored as a study user attr and read by the decision of the
     best (:mod:`autotune.study.best`).
 
-    The winner has the highest median, unless a contender within noise of it is markedly
-    steadier (:func:`markedly_steadier`): a config taken to production for weeks should be
-    fast every time, not the one whose probes were sometimes lucky (CPU offload, for one,
+    The winner has the highest median, unless a contender within noise of it is simpler
+    (:func:`simpler_within_noise`: fewer moving parts fail in fewer ways, and an offload
+    that ties on one machine is usually slower on another) or markedly steadier
+    (:func:`markedly_steadier`): a config taken to production for weeks should be fast
+    every time, not the one whose probes were sometimes lucky (CPU offload, for one,
     measures bimodal here)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -157,6 +171,10 @@ class Confirmation(BaseModel):
         default=None,
         description="The trial with the higher median that the steadier winner was chosen over.",
     )
+    simpler_over: int | None = Field(
+        default=None,
+        description="The trial with the higher median that the simpler winner was chosen over.",
+    )
     goal: TrainingGoal | None = Field(
         default=None, description="The goal the round ranked by; None: throughput."
     )
@@ -167,18 +185,27 @@ class Confirmation(BaseModel):
         return self.goal or TrainingGoal()
 
     def decide(self) -> None:
+        """Rank the contenders: the highest median (in the goal's units) leads; the simplest
+        contender within its noise (:func:`simpler_within_noise`) wins over it, else a
+        markedly steadier one (:func:`markedly_steadier`)."""
         for contender in self.contenders:
             contender.summarize()
         goal = self.ranking
         ranked = sorted(self.contenders, key=lambda c: goal.score(c.estimate, c.gpus), reverse=True)
-        self.steadier_over = None
+        self.steadier_over = self.simpler_over = None
         if ranked:
             leader = ranked[0]
+            simpler = [c for c in ranked[1:] if simpler_within_noise(c, leader, goal)]
             steadier = [c for c in ranked[1:] if markedly_steadier(c, leader, goal)]
-            if steadier:
-                ranked.remove(steadier[0])
-                ranked.insert(0, steadier[0])
+            if simpler:
+                chosen = min(simpler, key=lambda c: c.moving_parts)  # ties: the higher median
+                self.simpler_over = leader.trial
+            elif steadier:
+                chosen = steadier[0]
                 self.steadier_over = leader.trial
+            if simpler or steadier:
+                ranked.remove(chosen)
+                ranked.insert(0, chosen)
         self.contenders = ranked
         self.winner = ranked[0].trial if ranked else None
 
@@ -207,14 +234,24 @@ class Confirmation(BaseModel):
         return self.rounds > 0 and bool(self.closest())
 
     def closest(self) -> list[int]:
-        """The winner and the contender within its noise whose spread is widest (the one
-        least ranked), for the extra rounds; empty when the winner stands apart."""
+        """The pair whose extra rounds decide the pick, while the winner overlaps another
+        contender: the winner and the leader it was chosen over (as the simpler or the
+        steadier); else the winner and the simplest contender within its noise that is
+        simpler than it (more rounds may show it within :data:`SIMPLER_MAX_LOSS`); else the
+        winner and the one within its noise whose spread is widest (the one least ranked).
+        Empty when the winner stands apart."""
         if len(self.contenders) < 2:
             return []
         winner = self.contenders[0]
         near = [c for c in self.contenders[1:] if c.overlaps(winner, self.ranking)]
         if not near:
             return []
+        over = self.simpler_over if self.simpler_over is not None else self.steadier_over
+        if over is not None and any(c.trial == over for c in near):
+            return [winner.trial, over]
+        simpler = [c for c in near if c.moving_parts and c.moving_parts < winner.moving_parts]
+        if simpler:
+            return [winner.trial, min(simpler, key=lambda c: c.moving_parts).trial]
         return [winner.trial, max(near, key=lambda c: c.spread).trial]
 
     def describe(self) -> str:
@@ -232,7 +269,12 @@ class Confirmation(BaseModel):
             )
         if self.tie_rounds:
             lines.append(f"{self.tie_rounds} more round(s) of the two closest to rank them")
-        if self.steadier_over is not None:
+        if self.simpler_over is not None:
+            lines.append(
+                f"within noise of trial {self.simpler_over}'s higher median and "
+                f"simpler ({self.simpler_reason()}): chose the simpler"
+            )
+        elif self.steadier_over is not None:
             lines.append(
                 f"within noise of trial {self.steadier_over}'s higher median and markedly "
                 "steadier: chose the steadier"
@@ -240,6 +282,36 @@ class Confirmation(BaseModel):
         elif self.tie:
             lines.append("the best two overlap within noise: the higher median was taken")
         return "; ".join(lines)
+
+    def simpler_reason(self) -> str:
+        """What makes the winner simpler than the leader it was chosen over ("" if not)."""
+        over = [c for c in self.contenders if c.trial == self.simpler_over]
+        if not over or not self.contenders:
+            return ""
+        return simpler_because(tuple(self.contenders[0].moving_parts), tuple(over[0].moving_parts))
+
+
+def simpler_within_noise(
+    contender: Contender, leader: Contender, goal: TrainingGoal | None = None
+) -> bool:
+    """``contender`` is simpler than ``leader`` (both with a place in the simplicity order),
+    both have the probes to race (:data:`MIN_PROBES_TO_RACE`), their 95% intervals overlap
+    in ``goal``'s units, and its median gives up at most :data:`SIMPLER_MAX_LOSS` of the
+    leader's."""
+    goal = goal or TrainingGoal()
+    if not contender.moving_parts or not leader.moving_parts:
+        return False
+    if contender.moving_parts >= leader.moving_parts:
+        return False
+    if min(len(contender.samples_per_s), len(leader.samples_per_s)) < MIN_PROBES_TO_RACE:
+        return False
+    if not contender.overlaps(leader, goal):
+        return False
+    tier = goal.tier(leader.estimate)  # the contender's too: they overlap
+    leader_score = leader.estimate * goal.factor(leader.gpus, tier)
+    return contender.estimate * goal.factor(contender.gpus, tier) >= leader_score * (
+        1.0 - SIMPLER_MAX_LOSS
+    )
 
 
 def f_quantile(d1: int, d2: int, z: float = STEADIER_CONFIDENCE_Z) -> float:

@@ -12,7 +12,7 @@ from autotune.backends.deepspeed import (
     DEFAULT_PARAM_BUFFER_SIZE,
     validate_ds_config,
 )
-from autotune.candidate import ZERO_KNOB_STAGES, Candidate, ZeroKnobs
+from autotune.candidate import ZERO_KNOB_STAGES, Candidate, ZeroKnobs, simpler_because
 from autotune.errors import ExportError
 from autotune.space.search_space import combination_problem
 
@@ -257,3 +257,34 @@ def test_wrong_world_size_is_rejected_by_deepspeed() -> None:
     validate_ds_config(DEEPSPEED.render_config(c), world_size=2)
     with pytest.raises(ExportError, match="train_batch_size is not equal"):
         validate_ds_config(DEEPSPEED.render_config(c), world_size=4)
+
+
+def test_the_simplicity_order_ranks_offload_then_checkpointing_stage_and_accumulation() -> None:
+    def make(**changes: object) -> Candidate:
+        base = {"precision": "bf16", "zero_stage": 1, "micro_batch_size": 4,
+                "gradient_accumulation_steps": 2, "data_parallel_size": 2}  # fmt: skip
+        return Candidate(**{**base, **changes})
+
+    simplest_first = [
+        make(zero_stage=0, gradient_accumulation_steps=1),
+        make(zero_stage=0),
+        make(),
+        make(zero_stage=3),
+        make(activation_checkpointing=True, zero_stage=0),
+        make(offload_optimizer="cpu", zero_stage=0),
+        make(zero_stage=3, offload_optimizer="cpu", offload_param="cpu"),
+        make(zero_stage=3, offload_optimizer="nvme"),
+    ]
+    parts = [c.moving_parts for c in simplest_first]
+    assert parts == sorted(parts) and len(set(parts)) == len(parts)
+    because = [simpler_because(a, b) for a, b in itertools.pairwise(parts)]
+    assert because == [
+        "1 accumulation step, not 2",
+        "ZeRO-0, not ZeRO-1",
+        "ZeRO-1, not ZeRO-3",
+        "no activation checkpointing",
+        "no offload",
+        "parameters stay on the device",
+        "offloads to CPU, not NVMe",
+    ]
+    assert simpler_because(parts[1], parts[0]) == "" and simpler_because(parts[0], parts[0]) == ""

@@ -193,6 +193,35 @@ def test_the_tuner_exports_the_steadier_of_two_within_noise(tmp_path) -> None:
     assert "chose the steadier" in text and "z1 fp32 mb8x1 opt:cpu" in text
 
 
+def test_the_tuner_exports_the_simpler_of_two_within_noise(tmp_path) -> None:
+    """Scripted probes: a CPU-offload config leads by its median, 1% ahead of a config
+    without offload, within each other's noise. The one without offload is exported, the
+    tie rounds go to that pair, and summary.md says what makes it simpler."""
+    offload = [200.0, 192.0, 205.0, 196.0, 203.0, 194.0, 201.0, 198.0, 199.0, 197.0, 200.0]
+    plain = [196.0, 195.0, 198.0, 197.0, 196.0, 194.0, 197.0, 196.0, 195.0, 197.0, 196.0]
+    scripted = ScriptedExecutor(
+        {"z1 fp32 mb8x1 opt:cpu": offload, "z0 fp32 mb8x1": plain, "z1 fp32 mb8x1": [120.0]}
+    )
+    tuner = make_tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none, cpu]\n"
+        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
+        "activation_checkpointing: [false]\n",
+        scripted,
+        budget_s=600,
+        early_stop=False,
+    )
+    summary = tuner.run()
+    assert summary.best is not None and summary.best.label == "z0 fp32 mb8x1"
+    verdict = confirm.load(load_study(tmp_path))
+    assert verdict is not None and verdict.simpler_over is not None
+    assert verdict.steadier_over is None and verdict.tie_rounds > 0
+    counts = {c.label: len(c.samples_per_s) for c in verdict.contenders}
+    assert counts["z0 fp32 mb8x1"] == counts["z1 fp32 mb8x1 opt:cpu"] > 4  # the deciding pair
+    text = (tmp_path / "trials" / "gpt-tiny" / "best" / "summary.md").read_text()
+    assert "chose the simpler (no offload)" in text and "z1 fp32 mb8x1 opt:cpu" in text
+
+
 def test_under_a_cost_objective_the_round_confirms_the_cheapest_world_size(tmp_path) -> None:
     """Two world sizes of one configuration: 2 ranks faster, 1 rank cheaper per GPU. The
     second probe's early stop asks what matches the first per GPU; the round ranks per GPU;

@@ -300,3 +300,79 @@ def test_a_contender_that_misses_the_deadline_never_joins_by_overlap() -> None:
     assert by_deadline[-1].value < 100.0
     assert [t.label for t in confirm.contenders(by_throughput)] == ["a", "c", "d", "b"]
     assert [t.label for t in confirm.contenders(by_deadline, goal)] == ["a", "c", "d"]
+
+
+OFFLOAD = [1, 0, 0, 1, 1, 0]  # z1 opt:cpu mb16x1 (Candidate.moving_parts)
+PLAIN = [0, 0, 0, 0, 2, 0]  # z0 mb8x2
+
+
+def _pair(leader: list[float], plain: list[float], rounds: int = 3) -> confirm.Confirmation:
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(
+                trial=4, label="z1 opt:cpu", samples_per_s=leader, moving_parts=OFFLOAD
+            ),
+            confirm.Contender(trial=7, label="z0 mb8x2", samples_per_s=plain, moving_parts=PLAIN),
+        ],
+        rounds=rounds,
+    )
+    verdict.decide()
+    return verdict
+
+
+def test_within_noise_the_simpler_contender_wins_and_its_pair_gets_the_tie_rounds() -> None:
+    verdict = _pair([100.0, 92.0, 104.0, 95.0], [98.0, 97.0, 99.0, 96.0])
+    assert verdict.winner == 7 and verdict.simpler_over == 4 and verdict.steadier_over is None
+    assert verdict.simpler_reason() == "no offload"
+    assert "higher median and simpler (no offload): chose the simpler" in verdict.describe()
+    assert verdict.tie and verdict.closest() == [7, 4]  # the pair that decides the pick
+
+
+@pytest.mark.parametrize(
+    ("leader", "plain", "why"),
+    [
+        ([100.0, 100.5, 99.5, 100.0], [95.0, 95.5, 94.5, 95.0], "ahead by more than its noise"),
+        ([100.0, 90.0, 110.0, 100.0], [94.0, 95.0, 93.0, 94.0], "within noise, 6% ahead"),
+        ([100.0, 92.0, 104.0], [98.0, 97.0], "too few probes of the simpler to race"),
+    ],
+)
+def test_the_faster_contender_keeps_the_win(
+    leader: list[float], plain: list[float], why: str
+) -> None:
+    verdict = _pair(leader, plain)
+    assert verdict.winner == 4 and verdict.simpler_over is None, why
+
+
+def test_a_round_stored_without_the_simplicity_order_never_ranks_by_it() -> None:
+    steady = _pair([100.0, 97.0, 102.0, 98.0], [98.0, 97.0, 99.0, 96.0])
+    assert steady.winner == 7 and steady.simpler_over == 4
+    stored = steady.model_dump(mode="json")
+    for contender in stored["contenders"]:
+        del contender["moving_parts"]
+    verdict = confirm.Confirmation.model_validate(stored)
+    verdict.decide()
+    assert verdict.winner == 4 and verdict.simpler_over is None
+
+
+def test_the_tie_rounds_go_to_the_simpler_contender_not_yet_within_the_loss_bound() -> None:
+    """A simpler contender within noise but more than the bound behind: more rounds of the
+    leader and it may show it within the bound, or apart."""
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(
+                trial=1, label="a", samples_per_s=[100.0, 90.0, 110.0, 100.0], moving_parts=OFFLOAD
+            ),
+            confirm.Contender(
+                trial=2,
+                label="b",
+                samples_per_s=[99.0, 80.0, 118.0, 99.0],
+                moving_parts=[1, 1, 0, 3, 1, 0],
+            ),
+            confirm.Contender(
+                trial=3, label="c", samples_per_s=[94.0, 95.0, 93.0, 94.0], moving_parts=PLAIN
+            ),
+        ],
+        rounds=3,
+    )
+    verdict.decide()
+    assert verdict.winner == 1 and verdict.closest() == [1, 3]

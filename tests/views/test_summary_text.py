@@ -92,6 +92,36 @@ def test_summary_says_how_the_round_chose_and_on_how_many_probes(
         "- Chosen by the confirmation round as the steadier: within noise of trial 1's "
         "higher median and markedly steadier; 90.0 samples/s"
     ) in summary
+    # within noise and at most 2% behind, trial 0 has fewer moving parts than trial 1
+    simpler = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(
+                trial=1,
+                label="a",
+                samples_per_s=[96.0, 92, 97, 94],
+                moving_parts=[1, 0, 0, 1, 1, 0],
+            ),
+            confirm.Contender(
+                trial=0,
+                label="b",
+                samples_per_s=[94.0, 93, 94, 95],
+                moving_parts=[0, 0, 0, 0, 2, 0],
+            ),
+        ],
+        rounds=3,
+        after_trial=9,
+    )
+    simpler.decide()
+    assert (simpler.winner, simpler.simpler_over) == (0, 1)
+    confirm.store(study, simpler)
+    best.store(study, best.of_study(study))
+    assert "the simpler within noise of the fastest (no offload)" in best.of_study(study).reason
+    summary = Path(export(study, tmp_path / "simpler").summary).read_text()
+    assert (
+        "- Chosen by the confirmation round as the simpler: within noise of trial 1's higher "
+        "median, with fewer moving parts (no offload); 94.0 samples/s"
+    ) in summary
+    assert "chose the simpler (no offload), which needs less host memory" in summary
 
 
 def test_an_early_stopped_probe_over_the_limit_is_infeasible(synthetic: str) -> None:
