@@ -62,3 +62,10 @@ replay gpt-tiny-amx_bimodal_median+steadier --table "$data/table_gpt-tiny-amx.js
 # The simplicity order in the round (2026-12-04): the tuner's rule on the bimodal replay
 replay gpt-tiny-amx_bimodal_median+simpler+steadier --table "$data/table_gpt-tiny-amx.json" \
     --repeats 30 --noise 0.075 --bimodal --confirmation-rule median+simpler+steadier
+
+# DiT table (2026-12-04): two grid runs on this session's CPUs; 3% noise, the table's own
+# pass-to-pass noise (--noise measured: 1.7%), and a limit that rules out ZeRO-1/2's buckets
+replay dit-cpu_unlimited --table "$data/table_dit-cpu.json" --limit 64GiB --repeats 30
+replay dit-cpu_unlimited_noise-measured --table "$data/table_dit-cpu.json" --limit 64GiB \
+    --repeats 30 --noise measured
+replay dit-cpu_512MiB --table "$data/table_dit-cpu.json" --limit 512MiB --repeats 30

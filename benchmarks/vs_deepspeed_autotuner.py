@@ -104,6 +104,28 @@ def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str
     }
 
 
+def recheck(data: dict[str, Any], top: int, rounds: int) -> None:
+    """Measure the grid's ``top`` fastest and every tuner's pick ``rounds`` more times,
+    interleaved (:func:`harness`); their samples join the run's, so a best that three rounds
+    ranked by chance is ranked again on more."""
+    from autotune.candidate import Candidate
+
+    measured = data["harness"]
+    grid_keys = [Candidate.model_validate(c).key for c in data["grid"]]
+    fastest = sorted(grid_keys, key=lambda k: -measured[k]["median"])[:top]
+    picks = [Candidate.model_validate(run["candidate"]).key for run in data["runs"]]
+    keys = list(dict.fromkeys(fastest + picks))
+    merge_recheck(data, harness([measured[k]["candidate"] for k in keys], rounds), rounds)
+
+
+def merge_recheck(data: dict[str, Any], extra: dict[str, dict[str, Any]], rounds: int) -> None:
+    """Add a recheck's samples (:func:`harness`'s result) to the run's harness."""
+    for key, row in extra.items():
+        rates = data["harness"][key]["samples_per_s"] + row["samples_per_s"]
+        data["harness"][key].update(samples_per_s=rates, median=statistics.median(rates))
+    data["recheck"] = {"labels": [row["label"] for row in extra.values()], "rounds": rounds}
+
+
 def grid() -> list[dict[str, Any]]:
     from autotune.hardware import detect
     from autotune.space import load_space
@@ -127,6 +149,11 @@ def report(data: dict[str, Any]) -> None:
         f"({data['rounds']} interleaved rounds); autotune's budget: "
         f"{data.get('budget_fraction', 1.0):g} x DeepSpeed's wall time of the same repeat\n"
     )
+    if "recheck" in data:
+        print(
+            f"rechecked in {data['recheck']['rounds']} more interleaved rounds (their medians "
+            f"over all rounds): {', '.join(data['recheck']['labels'])}\n"
+        )
     print(
         "| repeat | tuner | wall | probes | per probe (overhead) | pick | samples/s (min..max) "
         "| of best |"
@@ -153,12 +180,20 @@ def report(data: dict[str, Any]) -> None:
         print(f"| {measured[key]['label']} | {measured[key]['median']:.2f} | {spread} |")
 
 
-def main() -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3, help="harness rounds")
     parser.add_argument("--out", type=Path, default=HERE / "data" / "vs_deepspeed_autotuner.json")
     parser.add_argument("--report", type=Path, help="print the tables of an earlier run")
+    parser.add_argument(
+        "--recheck",
+        type=Path,
+        help="an earlier run: measure its grid's --recheck-top fastest and every pick "
+        "--recheck-rounds more times, write the run back with those samples and report",
+    )
+    parser.add_argument("--recheck-top", type=int, default=2)
+    parser.add_argument("--recheck-rounds", type=int, default=9)
     parser.add_argument(
         "--no-full-space", action="store_true", help="skip autotune on its full space"
     )
@@ -174,9 +209,20 @@ def main() -> int:
         default=1.0,
         help="autotune's --budget as a fraction of DeepSpeed's wall time (at most 1)",
     )
+    return parser
+
+
+def main() -> int:
+    parser = arguments()
     args = parser.parse_args()
     if args.report:
         report(json.loads(args.report.read_text()))
+        return 0
+    if args.recheck:
+        data = json.loads(args.recheck.read_text())
+        recheck(data, args.recheck_top, args.recheck_rounds)
+        args.recheck.write_text(json.dumps(data, indent=1))
+        report(data)
         return 0
     if shutil.which("deepspeed", path=f"{Path(sys.executable).parent}") is None:
         raise SystemExit("the deepspeed launcher is not installed beside this Python")

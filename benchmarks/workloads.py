@@ -15,7 +15,7 @@ def gpt2_seq32() -> CausalLMWorkload:
 
 
 def dit_cpu() -> DiTWorkload:
-    """A DiT of DiT-S's width at a quarter of its depth (3 blocks of hidden 384, ~6M
+    """A DiT of DiT-S's width at a quarter of its depth (3 blocks of hidden 384, 9M
     parameters) on a 16 x 16 x 4 latent at patch 2 (64 tokens), 10 classes: the patch
     embedding, adaLN modulation and diffusion loss of DiT, at a size whose CPU probes take
     seconds."""

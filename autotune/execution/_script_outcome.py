@@ -9,6 +9,7 @@ trial folder and the end of the probe's log.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,11 +84,16 @@ def _with_tail(error: str, tail: str) -> str:
     return f"{error}; its last lines: {tail}" if tail and tail not in error else error
 
 
-def warm_fallback_note(warm: ProbeResult) -> str:
-    """What a probe's line says when the script failed in warm ranks where a cold launch of
-    the same candidate measured: the study's later script probes are cold launches."""
-    first = (warm.error or "").splitlines()[0][:200] if warm.error else warm.status
-    return (
-        f"run again in warm ranks the script failed ({first}) where a cold launch measured: "
-        "its probes are cold launches from here on"
-    )
+def again_cold(warm: ProbeResult, probe_cold: Callable[[], ProbeResult]) -> ProbeResult:
+    """A script's warm run (not its group's first) failed: ``probe_cold()`` probes it again
+    in a fresh group. Where that one measures, the script cannot run twice in one process
+    (its module-level state, a side effect), the result says so (``warm_fallback``) and the
+    caller stops running the script warm; else the cold failure is the probe's."""
+    cold = probe_cold()
+    if cold.status == "ok":
+        first = (warm.error or "").splitlines()[0][:200] if warm.error else warm.status
+        cold.warm_fallback = (
+            f"run again in warm ranks the script failed ({first}) where a cold launch "
+            "measured: its probes are cold launches from here on"
+        )
+    return cold

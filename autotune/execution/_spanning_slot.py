@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.execution._rank_actor import Placement, RankArtifacts, RankState
-from autotune.execution._script_outcome import explain, warm_fallback_note
+from autotune.execution._script_outcome import again_cold, explain
 from autotune.execution.launch import ProbeJob, prepare_trial_dir, unclean_bytes
 from autotune.protocol import NODE_ENV, ProbeResult, RankReport
 from autotune.rank_outcome import aggregate
@@ -200,15 +200,13 @@ class SpanningSlot:
         return job.spec.script is None or (self.warm and self.script_warm)
 
     def _script_again_cold(self, job: ProbeJob, warm: ProbeResult) -> ProbeResult:
-        """A script's warm run (not its group's first) failed: probe it again in a fresh
-        group; where that one measures, the script's later probes are cold launches (as
-        :meth:`autotune.execution._worker.WarmWorker._script_again_cold` decides)."""
+        """A script's warm run failed: probe it again cold (:func:`again_cold`); where that
+        one measures, the script's later probes are cold launches."""
         if self._cancel.is_set():
             return warm
-        cold, _ = self._attempt(job, cold=True)
-        if cold.status == "ok":
+        cold = again_cold(warm, lambda: self._attempt(job, cold=True)[0])
+        if cold.warm_fallback:
             self.script_warm = False
-            cold.warm_fallback = warm_fallback_note(warm)
         return cold
 
     def _ranks(self, world_size: int) -> list[Any]:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from autotune.execution._held_folder import HeldFolder
-from autotune.execution._script_outcome import warm_fallback_note
+from autotune.execution._script_outcome import again_cold
 from autotune.execution.launch import (
     ProbeJob,
     kill_process_group,
@@ -177,15 +177,13 @@ class WarmWorker:
         return result, 0 if cancelled or cold_start else leaked
 
     def _script_again_cold(self, job: ProbeJob, warm: ProbeResult) -> ProbeResult:
-        """A script's warm run (not its group's first) failed: probe it again in a fresh
-        group. Where that one measures, the script cannot run twice in one process (its
-        module-level state, a side effect), and its later probes are cold launches."""
+        """A script's warm run failed: probe it again cold (:func:`again_cold`); where that
+        one measures, the script's later probes are cold launches."""
         if self._cancel.is_set():
             return warm
-        cold, _ = self._attempt(job, cold_start=True)
-        if cold.status == "ok":
+        cold = again_cold(warm, lambda: self._attempt(job, cold_start=True)[0])
+        if cold.warm_fallback:
             self.script_warm = False
-            cold.warm_fallback = warm_fallback_note(warm)
             self._kill()
         return cold
 

@@ -82,3 +82,54 @@ def test_deepspeed_fast_keeps_the_users_precision_and_no_offload(precision: str)
     stages = [c.zero_stage for c in probed]
     assert stages == sorted(stages)
     assert all(stages.count(s) <= 3 for s in set(stages))
+
+
+def test_the_replay_counts_good_picks_and_reads_a_tables_own_noise(tmp_path: Path) -> None:
+    """A confirmed pick at >= 0.97 of the best is counted per budget; ``--noise measured``
+    is the median over candidates of their grid runs' spread (a one-run table has none)."""
+    from benchmarks.search_efficiency_table import pass_noise
+
+    report = replay.replay(TABLE, 64 * 2**30, repeats=2, max_probes=10, out=None)
+    confirmed = report["results"]["autotune, confirmed"]
+    for budget in replay.BUDGETS:
+        good, repeats = map(int, confirmed["good_picks"][budget].split("/"))
+        fractions_ok = confirmed["worst"][budget] >= replay.GOOD_PICK
+        assert repeats == 2 and (good == 2 if fractions_ok else good < 2)
+    rows = [
+        {"samples_per_s_runs": [100.0, 110.0]},  # spread 0.0673
+        {"samples_per_s_runs": [50.0, 50.0]},  # 0
+        {"samples_per_s_runs": [10.0, 12.0, 11.0]},  # 0.0909
+        {"samples_per_s_runs": [0.0, 30.0]},  # failed once: not a spread
+        {"samples_per_s_runs": [80.0]},
+    ]
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"rows": rows}))
+    assert pass_noise(table) == 0.067
+    table.write_text(json.dumps({"rows": rows[-1:]}))
+    with pytest.raises(SystemExit, match="two or more grid runs"):
+        pass_noise(table)
+
+
+def test_the_earlier_rule_replays_without_the_simplicity_order() -> None:
+    """``--confirmation-rule median+steadier`` gives the contenders no place in the order
+    (the rule before it); the tuner's rule gives them their candidate's."""
+    table = Table.load(TABLE, 64 * 2**30)
+    models = Models(table)
+    seen: list[list[list[int]]] = []
+    real = strategies.confirm.run_rounds
+
+    def spy(verdict, one_round):
+        seen.append([c.moving_parts for c in verdict.contenders])
+        real(verdict, one_round)
+
+    try:
+        strategies.confirm.run_rounds = spy
+        for rule in ("median+steadier", "median+simpler+steadier"):
+            strategies.RULE_IN_USE[0] = rule
+            strategies.autotune_confirmed(table, models, seed=0, budget=20)
+    finally:
+        strategies.confirm.run_rounds = real
+        strategies.RULE_IN_USE[0] = strategies.RULES[0]
+    earlier, tuners = seen
+    assert all(parts == [] for parts in earlier)
+    assert tuners and all(len(parts) == 6 for parts in tuners)
