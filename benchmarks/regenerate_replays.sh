@@ -13,7 +13,7 @@
 # or by regenerating in place (the default folder, benchmarks/data) and checking that
 # `git diff benchmarks/data` is empty.
 #
-# Each replay takes 30-60 s on two idle CPU cores (all 11: about 7 min). PYTHON overrides
+# Each replay takes 30-60 s on two idle CPU cores (all 15: 5-7 min). PYTHON overrides
 # the interpreter (default python). Arguments not given take the defaults of
 # benchmarks/search_efficiency.py: --max-probes 40, --noise 0.03, --confirmation-rule
 # median+simpler+steadier, --limit 64GiB.
