@@ -13,7 +13,7 @@
 # or by regenerating in place (the default folder, benchmarks/data) and checking that
 # `git diff benchmarks/data` is empty.
 #
-# Each replay takes 30-60 s on two idle CPU cores (all 15: 5-7 min). PYTHON overrides
+# Each replay takes 30-60 s on two idle CPU cores (all 17: 5-7 min). PYTHON overrides
 # the interpreter (default python). Arguments not given take the defaults of
 # benchmarks/search_efficiency.py: --max-probes 40, --noise 0.03, --confirmation-rule
 # median+simpler+steadier, --limit 64GiB.
@@ -69,3 +69,9 @@ replay dit-cpu_unlimited --table "$data/table_dit-cpu.json" --limit 64GiB --repe
 replay dit-cpu_unlimited_noise-measured --table "$data/table_dit-cpu.json" --limit 64GiB \
     --repeats 30 --noise measured
 replay dit-cpu_512MiB --table "$data/table_dit-cpu.json" --limit 512MiB --repeats 30
+
+# A script study's table (2026-12-04): examples/vision_deepspeed/train.py, unedited
+replay vision-script_unlimited --table "$data/table_vision-script.json" --limit 64GiB \
+    --repeats 30
+replay vision-script_unlimited_noise-measured --table "$data/table_vision-script.json" \
+    --limit 64GiB --repeats 30 --noise measured

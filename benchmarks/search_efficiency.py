@@ -10,8 +10,11 @@
             --study table-gpt-tiny --out benchmarks/data/table_gpt-tiny.json
 
     The same grid measured several times (``--study A --study B ...``) gives a table of
-    medians. ``dump`` also records this CPU's matmul rate per precision (the cost model's
-    compute prior, as a run measures it), so dump on the machine that measured the table.
+    medians. A script study's grid (``autotune run --script train.py ... --sampler grid``)
+    dumps the same way, with the parameters its probes reported for the cost model; it
+    replays without a memory limit (its memory model is learned by a run's own probes).
+    ``dump`` also records this CPU's matmul rate per precision (the cost model's compute
+    prior, as a run measures it), so dump on the machine that measured the table.
 
 (b) Replays: each strategy searches the table many times (different seeds, and a 3%
     Gaussian noise on every looked-up throughput, about what a short probe measures here),

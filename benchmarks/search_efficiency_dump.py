@@ -42,6 +42,8 @@ def dump(storage: str, study_names: list[str], out: Path) -> None:
         "space": relative(flags.get("space") or "default"),
         "rows": rows,
     }
+    if config.script is not None:
+        table["script_params"] = script_params(storage, study_names[0])
     if config.accelerator == "cpu":
         # The cost model's compute prior per precision comes from this CPU's matmul rates
         # (a run measures them at its start; a grid run does not need them). Dump on the
@@ -54,6 +56,22 @@ def dump(storage: str, study_names: list[str], out: Path) -> None:
     out.write_text(json.dumps(table, indent=1) + "\n")
     ok = [r for r in rows if r["status"] == "ok"]
     print(f"{out}: {len(rows)} candidates, {len(ok)} measured ok")
+
+
+def script_params(storage: str, study_name: str) -> int:
+    """The parameters of the model a script study's probes reported handing to
+    ``deepspeed.initialize`` (the cost model's facts for a script: its model exists only in
+    its ranks)."""
+    import optuna
+
+    from autotune.memory import read_probe
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    for trial in records.views(study):
+        model = read_probe(trial.record.trial_dir)[0] if trial.record.trial_dir else None
+        if model is not None:
+            return model.params
+    raise SystemExit(f"no probe of script study {study_name!r} reported its model")
 
 
 def add_runs(storage: str, study_name: str, runs: dict[str, list[dict]]) -> StudyConfig:

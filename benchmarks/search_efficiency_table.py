@@ -169,12 +169,25 @@ class Models:
         from autotune.workloads import get_workload
 
         self.table = table
-        self.workload = get_workload(absolute(table.meta["workload"]))
-        self.memory = MemoryModel(self.workload)
         self.threshold = table.limit_bytes * (1 - margin)
         self._fits: dict[str, bool] = {}
+        self.script_params: int | None = table.meta.get("script_params")
+        if self.script_params is not None:
+            # A script's memory model is learned from a run's own probes, which a replay
+            # does not have: a script table replays where every candidate fits.
+            largest = max(row.get("peak_bytes", 0) for row in table.rows.values())
+            if largest > self.threshold:
+                raise SystemExit(
+                    f"{table.meta['workload']}: a script table replays without a memory limit "
+                    f"(its largest peak is {largest} bytes); drop --limit"
+                )
+            return
+        self.workload = get_workload(absolute(table.meta["workload"]))
+        self.memory = MemoryModel(self.workload)
 
     def may_fit(self, candidate: Candidate) -> bool:
+        if self.script_params is not None:
+            return True
         if candidate.key not in self._fits:
             estimate = self.memory.predict(candidate)
             self._fits[candidate.key] = (
@@ -186,7 +199,12 @@ class Models:
         from autotune.memory import model_facts
         from autotune.run import CostModel, WorkloadFacts, compute_scale_from
 
-        facts = WorkloadFacts(model_facts(self.workload, 0).params, self.workload.tokens_per_sample)
+        if self.script_params is not None:  # a script's rates are in samples, not tokens
+            facts = WorkloadFacts(params=self.script_params, tokens_per_sample=1)
+        else:
+            facts = WorkloadFacts(
+                model_facts(self.workload, 0).params, self.workload.tokens_per_sample
+            )
         # Tables measured before the dump recorded the CPU's rates replay on nominal priors.
         scale = compute_scale_from(self.table.meta.get("cpu_matmul_flops", {}))
         return CostModel(

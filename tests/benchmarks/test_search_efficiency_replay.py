@@ -133,3 +133,16 @@ def test_the_earlier_rule_replays_without_the_simplicity_order() -> None:
     earlier, tuners = seen
     assert all(parts == [] for parts in earlier)
     assert tuners and all(len(parts) == 6 for parts in tuners)
+
+
+def test_a_script_table_replays_on_the_model_its_probes_reported() -> None:
+    """A script study's table carries the parameters its probes reported (the cost model's
+    facts); without a run's own probes there is no memory model, so it replays only where
+    every candidate fits."""
+    table = ROOT / "benchmarks" / "data" / "table_vision-script.json"
+    assert json.loads(table.read_text())["script_params"] > 0
+    report = replay.replay(table, 64 * 2**30, repeats=2, max_probes=10, out=None)
+    assert report["feasible"] == report["candidates"]
+    assert 0 < report["results"]["autotune, confirmed"]["worst"][10] <= 1
+    with pytest.raises(SystemExit, match="replays without a memory limit"):
+        Models(Table.load(table, 1 * MiB))
