@@ -1,6 +1,7 @@
 """autotune against DeepSpeed's own autotuner, side by side, on the same workload and ranks.
 
-Each repeat runs, back to back on 2 CPU ranks (gpt-tiny, bf16, global batch 16):
+Each repeat runs, back to back on 2 CPU ranks (gpt-tiny or, with ``--workload dit-cpu``, a DiT;
+bf16, global batch 16):
 
 1. DeepSpeed's autotuner, ``deepspeed --autotuning tune --num_gpus 2
    benchmarks/ds_autotuner_train.py ...`` (``DS_ACCELERATOR=cpu``, ``LOCAL_SIZE=2``, and a
@@ -36,7 +37,13 @@ over its experiments), "overhead" what of it was not timed steps.
     python benchmarks/vs_deepspeed_autotuner.py --script --repeats 2 --budget-fraction 0.9 \
         --out benchmarks/data/vs_deepspeed_autotuner_script.json
 
-Targets (issues 7 and 13): autotune's pick >= 0.97 of the grid's best in every repeat, in no
+``--workload dit-cpu`` runs the same comparison on a DiT (``benchmarks/workloads.py:dit_cpu``:
+patch embedding, adaLN modulation, diffusion loss) instead of gpt-tiny:
+
+    python benchmarks/vs_deepspeed_autotuner.py --workload dit-cpu --repeats 5 \
+        --budget-fraction 0.5 --out benchmarks/data/vs_deepspeed_autotuner_dit.json
+
+Targets (issues 7, 13 and 38): autotune's pick >= 0.97 of the grid's best in every repeat, in no
 more wall time than DeepSpeed's autotuner.
 """
 
@@ -58,6 +65,7 @@ from vs_deepspeed_tuners import (
     HERE,
     RANKS,
     WORKLOAD,
+    WORKLOADS,
     run_autotune,
     run_deepspeed_autotuner,
     threads_per_rank,
@@ -65,8 +73,11 @@ from vs_deepspeed_tuners import (
 )
 
 
-def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str, Any]]:
-    """Samples/s of each candidate by the same fixed-length probe, interleaved in rounds."""
+def harness(
+    candidates: list[dict[str, Any]], rounds: int, workload: str = WORKLOAD
+) -> dict[str, dict[str, Any]]:
+    """Samples/s of each candidate by the same fixed-length probe, interleaved in rounds
+    (``workload``: a name of :data:`WORKLOADS`)."""
     from probe_jobs import cpu_probe_jobs
 
     from autotune.candidate import Candidate
@@ -80,7 +91,7 @@ def harness(candidates: list[dict[str, Any]], rounds: int) -> dict[str, dict[str
         order = ordered[shift:] + ordered[:shift]
         with tempfile.TemporaryDirectory(prefix="autotune-vs-ds-") as tmp:
             jobs = cpu_probe_jobs(
-                WORKLOAD,
+                WORKLOADS.get(workload, workload),
                 order,
                 Path(tmp),
                 warmup_steps=3,
@@ -115,7 +126,8 @@ def recheck(data: dict[str, Any], top: int, rounds: int) -> None:
     fastest = sorted(grid_keys, key=lambda k: -measured[k]["median"])[:top]
     picks = [Candidate.model_validate(run["candidate"]).key for run in data["runs"]]
     keys = list(dict.fromkeys(fastest + picks))
-    merge_recheck(data, harness([measured[k]["candidate"] for k in keys], rounds), rounds)
+    again = harness([measured[k]["candidate"] for k in keys], rounds, data["workload"])
+    merge_recheck(data, again, rounds)
 
 
 def merge_recheck(data: dict[str, Any], extra: dict[str, dict[str, Any]], rounds: int) -> None:
@@ -144,7 +156,7 @@ def report(data: dict[str, Any]) -> None:
     best_key = max(grid_keys, key=lambda k: measured[k]["median"])
     best = measured[best_key]["median"]
     print(
-        f"\nworkload {WORKLOAD}, {RANKS} CPU ranks, bf16 grid of {len(grid_keys)} configs; "
+        f"\nworkload {data['workload']}, {RANKS} CPU ranks, bf16 grid of {len(grid_keys)} configs; "
         f"best {measured[best_key]['label']} at {best:.2f} samples/s "
         f"({data['rounds']} interleaved rounds); autotune's budget: "
         f"{data.get('budget_fraction', 1.0):g} x DeepSpeed's wall time of the same repeat\n"
@@ -183,6 +195,12 @@ def report(data: dict[str, Any]) -> None:
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default=WORKLOAD,
+        help="what both tuners train: gpt-tiny, or dit-cpu (benchmarks/workloads.py:dit_cpu)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="harness rounds")
     parser.add_argument("--out", type=Path, default=HERE / "data" / "vs_deepspeed_autotuner.json")
     parser.add_argument("--report", type=Path, help="print the tables of an earlier run")
@@ -231,9 +249,10 @@ def main() -> int:
     for repeat in range(1, args.repeats + 1):
         runs += run_repeat(args, scratch, repeat)
     grid_candidates = grid()
-    measured = harness(grid_candidates + [run["candidate"] for run in runs], args.rounds)
+    picks = [run["candidate"] for run in runs]
+    measured = harness(grid_candidates + picks, args.rounds, args.workload)
     data = {
-        "workload": WORKLOAD,
+        "workload": args.workload,
         "ranks": RANKS,
         "global_batch": GLOBAL_BATCH,
         "threads_per_rank": threads_per_rank(),
@@ -254,7 +273,8 @@ def main() -> int:
 def run_repeat(args: argparse.Namespace, scratch: Path, repeat: int) -> list[dict[str, Any]]:
     """One repeat: DeepSpeed's autotuner, then autotune on each space within its wall time."""
     load = os.getloadavg()[0]  # other work on the machine, for the record
-    ds = run_deepspeed_autotuner(scratch / f"r{repeat}-deepspeed")
+    workload = WORKLOADS[args.workload]
+    ds = run_deepspeed_autotuner(scratch / f"r{repeat}-deepspeed", workload)
     runs = [{"repeat": repeat, "load_before": load, **ds}]
     print(
         f"repeat {repeat}: deepspeed {ds['wall_s']:.0f} s, {ds['probes']} experiments, "
@@ -269,7 +289,7 @@ def run_repeat(args: argparse.Namespace, scratch: Path, repeat: int) -> list[dic
         load = os.getloadavg()[0]
         at = run_autotune(
             scratch / f"r{repeat}-{name}", space, budget_s, seed=repeat,
-            script_config=script_config,
+            script_config=script_config, workload=workload,
         )  # fmt: skip
         runs.append({"repeat": repeat, "load_before": load, **at})
         print(

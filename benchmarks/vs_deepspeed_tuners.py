@@ -20,6 +20,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORKLOAD = "gpt-tiny"
+# The second workload of the comparison: a DiT (patch embedding, adaLN, diffusion loss).
+WORKLOADS = {"gpt-tiny": WORKLOAD, "dit-cpu": f"{HERE / 'workloads.py'}:dit_cpu"}
 RANKS = 2
 GLOBAL_BATCH = 16
 COMPARABLE_SPACE = HERE / "spaces" / "ds_comparable.yaml"
@@ -42,7 +44,7 @@ def threads_per_rank() -> int:
     return max(1, (os.cpu_count() or RANKS) // RANKS)
 
 
-def run_deepspeed_autotuner(workdir: Path) -> dict[str, Any]:
+def run_deepspeed_autotuner(workdir: Path, workload: str = WORKLOAD) -> dict[str, Any]:
     """DeepSpeed's autotuner, fast mode, every ZeRO stage; its pick and what it cost."""
     workdir.mkdir(parents=True)
     bin_dir = workdir / "bin"
@@ -69,7 +71,7 @@ def run_deepspeed_autotuner(workdir: Path) -> dict[str, Any]:
         str(RANKS),
         str(HERE / "ds_autotuner_train.py"),
         "--workload",
-        WORKLOAD,
+        workload,
         "--deepspeed_config",
         str(config_path),
     ]
@@ -143,13 +145,18 @@ def user_config(workdir: Path) -> Path:
 
 
 def run_autotune(
-    workdir: Path, space: str, budget_s: float, seed: int, script_config: Path | None = None
+    workdir: Path,
+    space: str,
+    budget_s: float,
+    seed: int,
+    script_config: Path | None = None,
+    workload: str = WORKLOAD,
 ) -> dict[str, Any]:
     """``autotune run`` as a user types it (with ``script_config``: on the same unmodified
     script DeepSpeed's autotuner ran, ``--script``); its pick (the exported trial) and cost."""
     workdir.mkdir(parents=True)
     storage = f"sqlite:///{workdir / 'autotune.db'}"
-    command = autotune_command(storage, space, budget_s, seed, script_config)
+    command = autotune_command(storage, space, budget_s, seed, script_config, workload)
     started = time.monotonic()
     with open(workdir / "autotune.log", "wb") as log:
         returncode = subprocess.run(
@@ -168,9 +175,14 @@ def run_autotune(
 
 
 def autotune_command(
-    storage: str, space: str, budget_s: float, seed: int, script_config: Path | None
+    storage: str,
+    space: str,
+    budget_s: float,
+    seed: int,
+    script_config: Path | None,
+    workload: str = WORKLOAD,
 ) -> list[str]:
-    source = ["--workload", WORKLOAD]
+    source = ["--workload", workload]
     if script_config is not None:
         source = ["--script", str(HERE / "ds_autotuner_train.py")]
     command = [
@@ -195,7 +207,7 @@ def autotune_command(
         storage,
     ]
     if script_config is not None:  # no Ray: each probe is a launch of the script anyway
-        command += ["--executor", "local", "--", "--workload", WORKLOAD]
+        command += ["--executor", "local", "--", "--workload", workload]
         command += ["--deepspeed_config", str(script_config)]
     return command
 
