@@ -1,7 +1,7 @@
 """autotune against DeepSpeed's own autotuner, side by side, on the same workload and ranks.
 
-Each repeat runs, back to back on 2 CPU ranks (gpt-tiny or, with ``--workload dit-cpu``, a DiT;
-bf16, global batch 16):
+Each repeat runs, back to back on 2 CPU ranks (gpt-tiny or, with ``--workload dit-tiny`` or
+``dit-cpu``, a DiT; bf16, global batch 16):
 
 1. DeepSpeed's autotuner, ``deepspeed --autotuning tune --num_gpus 2
    benchmarks/ds_autotuner_train.py ...`` (``DS_ACCELERATOR=cpu``, ``LOCAL_SIZE=2``, and a
@@ -37,11 +37,12 @@ over its experiments), "overhead" what of it was not timed steps.
     python benchmarks/vs_deepspeed_autotuner.py --script --repeats 2 --budget-fraction 0.9 \
         --out benchmarks/data/vs_deepspeed_autotuner_script.json
 
-``--workload dit-cpu`` runs the same comparison on a DiT (``benchmarks/workloads.py:dit_cpu``:
-patch embedding, adaLN modulation, diffusion loss) instead of gpt-tiny:
+``--workload dit-tiny`` runs the same comparison on a DiT (patch embedding, adaLN
+modulation, diffusion loss; ``dit-cpu``, ``benchmarks/workloads.py:dit_cpu``, a larger one)
+instead of gpt-tiny:
 
-    python benchmarks/vs_deepspeed_autotuner.py --workload dit-cpu --repeats 5 \
-        --budget-fraction 0.5 --out benchmarks/data/vs_deepspeed_autotuner_dit.json
+    python benchmarks/vs_deepspeed_autotuner.py --workload dit-tiny --repeats 5 \
+        --budget-fraction 0.5 --out benchmarks/data/vs_deepspeed_autotuner_dit_5repeats.json
 
 Targets (issues 7, 13 and 38): autotune's pick >= 0.97 of the grid's best in every repeat, in no
 more wall time than DeepSpeed's autotuner.
@@ -199,7 +200,8 @@ def arguments() -> argparse.ArgumentParser:
         "--workload",
         choices=WORKLOADS,
         default=WORKLOAD,
-        help="what both tuners train: gpt-tiny, or dit-cpu (benchmarks/workloads.py:dit_cpu)",
+        help="what both tuners train: gpt-tiny, dit-tiny or dit-cpu "
+        "(benchmarks/workloads.py:dit_cpu)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="harness rounds")
     parser.add_argument("--out", type=Path, default=HERE / "data" / "vs_deepspeed_autotuner.json")

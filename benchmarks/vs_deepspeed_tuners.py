@@ -20,8 +20,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORKLOAD = "gpt-tiny"
-# The second workload of the comparison: a DiT (patch embedding, adaLN, diffusion loss).
-WORKLOADS = {"gpt-tiny": WORKLOAD, "dit-cpu": f"{HERE / 'workloads.py'}:dit_cpu"}
+# Other workloads of the comparison: DiTs (patch embedding, adaLN, diffusion loss). dit-tiny
+# is the one whose five repeats fit an afternoon: on these CPUs each of DeepSpeed's
+# experiments on dit-cpu takes ~80 s and its model profiling 4 min (RESULTS.md).
+WORKLOADS = {
+    "gpt-tiny": WORKLOAD,
+    "dit-tiny": "dit-tiny",
+    "dit-cpu": f"{HERE / 'workloads.py'}:dit_cpu",
+}
 RANKS = 2
 GLOBAL_BATCH = 16
 COMPARABLE_SPACE = HERE / "spaces" / "ds_comparable.yaml"
