@@ -10,10 +10,15 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 Precision = Literal["fp32", "bf16", "fp16"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
+# The training libraries a candidate can train with (autotune.backends registers them).
+BackendName = Literal["deepspeed", "fsdp2"]
+# FSDP2's unit of sharding: each transformer block and the root (torchtitan's default),
+# or the whole model as one unit.
+FsdpWrap = Literal["block", "model"]
 
 # Fine ZeRO knobs and the stages whose DeepSpeed code reads them (runtime/zero/config.py;
 # stage 0 reduces gradients with the engine's fixed-size buckets). Unset knobs keep the base
@@ -79,6 +84,39 @@ class ZeroKnobs(BaseModel):
         return " ".join(parts)
 
 
+class FsdpKnobs(BaseModel):
+    """How a candidate of the ``fsdp2`` backend calls ``fully_shard``
+    (torch.distributed.fsdp; the precision's dtype is ``MixedPrecisionPolicy.param_dtype``,
+    offloading to CPU is ``CPUOffloadPolicy``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reshard_after_forward: bool | PositiveInt = Field(
+        default=True,
+        description="Free each unit's gathered parameters after its forward (True, like "
+        "ZeRO-3), keep them until backward (False, like ZeRO-2), or reshard to groups of "
+        "this many ranks (an int: hybrid sharding).",
+    )
+    reduce_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="MixedPrecisionPolicy.reduce_dtype: the dtype gradients are reduced in.",
+    )
+    wrap: FsdpWrap = Field(
+        default="block",
+        description="The unit fully_shard is applied to: each transformer block then the "
+        "root, or the whole model at once.",
+    )
+
+    def label(self) -> str:
+        reshard = self.reshard_after_forward
+        parts = [f"reshard:{'yes' if reshard is True else 'no' if reshard is False else reshard}"]
+        if self.reduce_dtype != "fp32":
+            parts.append(f"reduce:{self.reduce_dtype}")
+        if self.wrap != "block":
+            parts.append(f"wrap:{self.wrap}")
+        return " ".join(parts)
+
+
 class Candidate(BaseModel):
     """Frozen and hashable: the study never probes the same candidate twice (see ``key``)."""
 
@@ -109,11 +147,44 @@ class Candidate(BaseModel):
     zero_knobs: ZeroKnobs = Field(
         default_factory=ZeroKnobs, description="Fine ZeRO knobs this candidate sets."
     )
+    backend: BackendName = Field(
+        default="deepspeed", description="The training library: deepspeed or fsdp2."
+    )
+    fsdp: FsdpKnobs | None = Field(
+        default=None, description="How fully_shard is called (the fsdp2 backend only)."
+    )
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> Candidate:
+        """An fsdp2 candidate states its sharding in ``fsdp``: FSDP2 shards parameters,
+        gradients and optimizer states as ZeRO-3 does (``zero_stage`` 3, no ZeRO knobs),
+        and ``CPUOffloadPolicy`` moves all three to the host together."""
+        if self.backend == "deepspeed":
+            if self.fsdp is not None:
+                raise ValueError("fsdp knobs apply to backend fsdp2 only")
+            return self
+        if self.zero_stage != 3 or self.zero_knobs.items():
+            raise ValueError("an fsdp2 candidate shards as ZeRO-3: zero_stage 3, no zero_knobs")
+        offload = {self.offload_optimizer, self.offload_param}
+        if len(offload) != 1 or offload - {"none", "cpu"} or self.offload_optimizer_ratio < 1:
+            raise ValueError(
+                "fsdp2 offloads parameters, gradients and optimizer states to CPU together "
+                "(CPUOffloadPolicy): offload_optimizer and offload_param both none or both cpu"
+            )
+        if self.fsdp is None:
+            object.__setattr__(self, "fsdp", FsdpKnobs())
+        return self
 
     @property
     def train_batch_size(self) -> int:
         """Global batch: micro-batch x accumulation x data-parallel ranks."""
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
+
+    @property
+    def fsdp_cpu_offload(self) -> bool:
+        """An fsdp2 candidate's ``CPUOffloadPolicy``: parameters, gradients and the
+        optimizer step on the host."""
+        return self.fsdp is not None and self.offload_param == "cpu"
 
     @property
     def moving_parts(self) -> tuple[int, ...]:
@@ -135,17 +206,24 @@ class Candidate(BaseModel):
 
     @property
     def key(self) -> str:
-        """Canonical identity used for deduplication across a study."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Canonical identity used for deduplication across a study. A DeepSpeed candidate
+        leaves out the backend fields, so that its key is the one studies stored before
+        there was a second backend."""
+        values = self.model_dump(mode="json")
+        if self.backend == "deepspeed":
+            del values["backend"], values["fsdp"]
+        return json.dumps(values, sort_keys=True)
 
     @property
     def label(self) -> str:
-        """Short human label, e.g. ``z2 bf16 mb8x2 opt:cpu``."""
-        parts = [
-            f"z{self.zero_stage}",
-            self.precision,
-            f"mb{self.micro_batch_size}x{self.gradient_accumulation_steps}",
-        ]
+        """Short human label, e.g. ``z2 bf16 mb8x2 opt:cpu`` or ``fsdp2 bf16 mb8x1
+        reshard:no cpu``."""
+        split = f"mb{self.micro_batch_size}x{self.gradient_accumulation_steps}"
+        if self.fsdp is not None:
+            offload = ["cpu"] if self.offload_param == "cpu" else []
+            ckpt = ["ckpt"] if self.activation_checkpointing else []
+            return " ".join(["fsdp2", self.precision, split, self.fsdp.label(), *offload, *ckpt])
+        parts = [f"z{self.zero_stage}", self.precision, split]
         if self.offload_optimizer != "none":
             ratio = f"@{self.offload_optimizer_ratio:g}" if self.offload_optimizer_ratio < 1 else ""
             parts.append(f"opt:{self.offload_optimizer}{ratio}")

@@ -242,6 +242,21 @@ class BuildInfo(BaseModel):
     model_param_count: int = Field(description="Parameters of the whole model.")
 
 
+class ShardingState(BaseModel):
+    """How FSDP2 sharded the model, read from its modules after ``fully_shard``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    units: int = Field(description="Modules fully_shard was applied to, the root included.")
+    resharded_units: int = Field(description="Units that free their parameters after forward.")
+    post_forward_ranks: int = Field(description="Ranks a resharded unit keeps its shard over.")
+    param_dtype: str = Field(description="MixedPrecisionPolicy.param_dtype of the root.")
+    reduce_dtype: str = Field(description="MixedPrecisionPolicy.reduce_dtype of the root.")
+    offload: str = Field(description="The root's offload policy class (CPUOffloadPolicy ...).")
+    shard_device: str = Field(description="Where this rank's parameter shards live.")
+    checkpointed: bool = Field(description="The model recomputes its blocks in backward.")
+
+
 class RankReport(BaseModel):
     """What one rank measured; written to ``rank-<r>.json`` before the rank exits."""
 
@@ -312,6 +327,9 @@ class RankReport(BaseModel):
         "unclean.",
     )
     build: BuildInfo | None = Field(default=None, description="How the model was built.")
+    sharding: ShardingState | None = Field(
+        default=None, description="FSDP2 probes: how fully_shard sharded the model."
+    )
     model: ModelInfo | None = Field(
         default=None, description="Script probes: the model handed to deepspeed.initialize."
     )

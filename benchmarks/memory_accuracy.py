@@ -14,6 +14,10 @@ Reproduce:
         # the measured peaks of an earlier run against the current model (no probes)
     python benchmarks/memory_accuracy.py --workloads dit-s-8 dit-s-2 dit-b-8 \
         --stages 1 2 --precisions bf16 --out /tmp/z12.json   # a part of the grid
+    python benchmarks/memory_accuracy.py --backend fsdp2 --workloads gpt-tiny gpt2-seq32 \
+        dit-s-8 --out benchmarks/data/memory_accuracy_fsdp2.json
+        # FSDP2: fp32/bf16 x micro-batches x checkpointing x (reshard after forward, keep
+        # gathered, one unit) x CPU offload off/on
 
 Targets: language models median relative error <= 5%, worst <= 15%, no candidate
 under-predicted by more than 5%; DiT median <= 2%, worst <= 5%, under-prediction <= 2%.
@@ -54,9 +58,13 @@ def candidates(
     micro_batches: tuple[int, ...],
     stages: tuple[int, ...] = (0, 1, 2, 3),
     precisions: tuple[str, ...] = ("fp32", "bf16"),
+    backend: str = "deepspeed",
 ):
     from autotune.candidate import Candidate
 
+    if backend == "fsdp2":
+        yield from fsdp2_candidates(global_batch, micro_batches, precisions)
+        return
     for stage, precision, mb, ckpt in itertools.product(
         stages, precisions, micro_batches, (False, True)
     ):
@@ -70,6 +78,33 @@ def candidates(
         )
 
 
+def fsdp2_candidates(
+    global_batch: int, micro_batches: tuple[int, ...], precisions: tuple[str, ...]
+):
+    from autotune.candidate import Candidate, FsdpKnobs
+
+    shardings = [
+        FsdpKnobs(reshard_after_forward=True),
+        FsdpKnobs(reshard_after_forward=False),
+        FsdpKnobs(reshard_after_forward=False, wrap="model"),
+    ]
+    for precision, mb, ckpt, knobs, offload in itertools.product(
+        precisions, micro_batches, (False, True), shardings, ("none", "cpu")
+    ):
+        yield Candidate(
+            backend="fsdp2",
+            precision=precision,
+            zero_stage=3,
+            micro_batch_size=mb,
+            gradient_accumulation_steps=global_batch // (2 * mb),
+            data_parallel_size=2,
+            activation_checkpointing=ckpt,
+            offload_optimizer=offload,
+            offload_param=offload,
+            fsdp=knobs,
+        )
+
+
 def measure(
     ref: str,
     batch: int,
@@ -78,6 +113,7 @@ def measure(
     warmup_steps: int = 2,
     stages: tuple[int, ...] = (0, 1, 2, 3),
     precisions: tuple[str, ...] = ("fp32", "bf16"),
+    backend: str = "deepspeed",
 ) -> list[tuple]:
     from probe_jobs import cpu_probe_jobs
 
@@ -86,7 +122,7 @@ def measure(
     from autotune.workloads import get_workload
 
     model = MemoryModel(get_workload(ref))
-    chosen = list(candidates(batch, mbs, stages, precisions))
+    chosen = list(candidates(batch, mbs, stages, precisions, backend))
     predictions = []
     for candidate in chosen:
         started = time.perf_counter()
@@ -143,6 +179,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"]
     )
+    parser.add_argument(
+        "--backend",
+        default="deepspeed",
+        choices=["deepspeed", "fsdp2"],
+        help="the training backend whose candidates are probed (fsdp2: no --stages)",
+    )
     return parser.parse_args()
 
 
@@ -159,6 +201,7 @@ def measure_workload(name: str, args: argparse.Namespace) -> list[dict]:
             args.warmup_steps,
             tuple(args.stages),
             tuple(args.precisions),
+            args.backend,
         )
     print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
     print("| candidate | phase | predicted MiB | measured MiB | error |")

@@ -12,8 +12,6 @@ from autotune.execution import ProbeJob
 from autotune.protocol import ProbeSpec
 from autotune.workloads import get_workload
 
-DEEPSPEED = get_backend("deepspeed")
-
 
 def cpu_probe_jobs(
     workload: str,
@@ -35,7 +33,9 @@ def cpu_probe_jobs(
             spec=ProbeSpec(
                 workload=workload,
                 candidate=candidate,
-                ds_config=DEEPSPEED.render_config(candidate, nvme_path=nvme_path),
+                ds_config=get_backend(candidate.backend).render_config(
+                    candidate, nvme_path=nvme_path
+                ),
                 accelerator="cpu",
                 # generous: these probes measure, the host's RAM is the only limit
                 vram_limit_bytes=20 * 2**30,

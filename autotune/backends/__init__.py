@@ -18,8 +18,15 @@ def _deepspeed() -> TrainingBackend:
     return DeepSpeedBackend()
 
 
+def _fsdp2() -> TrainingBackend:
+    from autotune.backends.fsdp2 import Fsdp2Backend
+
+    return Fsdp2Backend()
+
+
 # The built-in backends; each package is imported when its backend is first asked for.
 register_backend("deepspeed", _deepspeed)
+register_backend("fsdp2", _fsdp2)
 
 __all__ = [
     "BACKENDS",

@@ -1,9 +1,10 @@
 """The interface a training backend implements, and the registry that names them.
 
-A backend is everything specific to one training library. Today there is one, DeepSpeed
-(:mod:`autotune.backends.deepspeed`); a second one (torch FSDP2, say) is a new package that
-implements :class:`TrainingBackend` and one :func:`register_backend` call, not edits across
-the probe, the memory model and the export.
+A backend is everything specific to one training library: DeepSpeed
+(:mod:`autotune.backends.deepspeed`) and torch's FSDP2 (:mod:`autotune.backends.fsdp2`),
+each a package that implements :class:`TrainingBackend`, registered by one
+:func:`register_backend` call. A candidate names its backend (``Candidate.backend``); the
+probe, the memory model and the export ask :func:`get_backend` for it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class TrainingBackend(Protocol):
       the library needs of the process (for DeepSpeed, op loads under kernel locks with the
       environment's build tools). ``start_process_group()``: on the rank, join the ranks'
       process group the library's own way (it picks the communication backend).
+    - ``parameter_precision(candidate)``: the precision the model's parameters are built
+      and held in on the rank (DeepSpeed: the candidate's; FSDP2: fp32, computing in the
+      candidate's); its batches are made in it too.
     - ``initialize_engine(model, config)``: on a probe's rank, the training engine over
       ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe times.
     - ``model_states(candidate, facts)``: the (device, host) bytes per rank of parameters,
@@ -59,13 +63,18 @@ class TrainingBackend(Protocol):
       can offload a share of the optimizer states (``offload_optimizer_ratio`` < 1).
     - ``config_for_script(config, script)``: the rendered config as the user's own script
       is given it (probes and the export), for that script's kind.
-    - ``launch_script(origin, ranks, accelerator, threads_per_rank, env)``: the export's
-      ``launch.sh`` that starts the user's script (its first argument) with the config and
-      exports ``env`` (what production must set to compute as the probes did);
+    - ``launch_script(origin, ranks, accelerator, threads_per_rank, env, config)``: the
+      export's ``launch.sh`` that starts the user's script (its first argument) with the
+      exported ``config`` and exports ``env`` (what production must set to compute as the
+      probes did);
       ``script_launch_script(...)`` the one for a study of the user's own script, run with
       its tuned arguments; ``config_usage_lines(ranks, script_name)`` the summary's lines on
       how to use the config and ``launch.sh``. ``origin`` and ``script_name`` arrive
       printable, the arguments quoted for bash.
+    - ``export_files(config, ranks, accelerator, block_class)``: the files the export writes
+      beside the config (name to text; FSDP2's accelerate config), ``block_class`` naming
+      the class of the model's transformer blocks; ``code_lines(config)`` the lines of
+      code summary.md shows for a plain-torch script (none for DeepSpeed).
     """
 
     name: str
@@ -94,6 +103,8 @@ class TrainingBackend(Protocol):
     def prepare_rank_process(self) -> None: ...
 
     def start_process_group(self) -> None: ...
+
+    def parameter_precision(self, candidate: Candidate) -> str: ...
 
     def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any: ...
 
@@ -133,6 +144,7 @@ class TrainingBackend(Protocol):
         accelerator: str,
         threads_per_rank: int,
         env: Mapping[str, str] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> str: ...
 
     def script_launch_script(
@@ -152,8 +164,15 @@ class TrainingBackend(Protocol):
 
     def config_usage_lines(self, ranks: int, script_name: str | None) -> list[str]: ...
 
+    def export_files(
+        self, config: dict[str, Any], ranks: int, accelerator: str, block_class: str
+    ) -> dict[str, str]: ...
 
-# The backend a study trains with; the one place it is chosen until a flag names another.
+    def code_lines(self, config: dict[str, Any]) -> list[str]: ...
+
+
+# The backend of what has no candidate to name one: a script's probes (a script that calls
+# deepspeed.initialize), the compiled ops built before a run.
 DEFAULT_BACKEND = "deepspeed"
 
 # Registered backends by name, each made on first use (its package is imported then).

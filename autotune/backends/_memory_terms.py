@@ -51,6 +51,12 @@ class ModelFacts(BaseModel):
         "a DiT's without its per-sample conditioning): compute and cost, not model states; "
         "0 when unknown (then all).",
     )
+    block_params: int = Field(
+        default=0, description="Parameters in the transformer blocks (FSDP2's units)."
+    )
+    largest_block_params: int = Field(
+        default=0, description="Parameters of the largest transformer block."
+    )
 
 
 class ActivationProfile(BaseModel):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from autotune.backends import DEFAULT_BACKEND, get_backend
+from autotune.backends import get_backend
 from autotune.errors import ExportError
 from autotune.study import best, records, study_config
 
@@ -52,7 +52,7 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
         from autotune.workloads import get_workload
 
         largest = model_facts(get_workload(config.workload), 0).largest_param
-    backend = get_backend(DEFAULT_BACKEND)
+    backend = get_backend(trial.candidate.backend)
     rendered = backend.render_config(
         trial.candidate, config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
     )
@@ -61,6 +61,22 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     if backend.uses_fallback_optimizer(trial.record.ds_config or {}):
         rendered = backend.with_fallback_optimizer(rendered)
     return rendered
+
+
+def _block_class(trial: TrialView, config: StudyConfig) -> str:
+    """The class name of the workload's transformer blocks, FSDP2's units, from its model
+    built on the meta device ("" for a DeepSpeed trial, a script's model or a model
+    without blocks)."""
+    if config.script is not None or trial.candidate.backend != "fsdp2":
+        return ""
+    import torch
+
+    from autotune.workloads import get_workload
+    from autotune.workloads.blocks import block_units
+
+    with torch.device("meta"):
+        units = block_units(get_workload(config.workload).build_model())
+    return type(units[0]).__name__ if units else ""
 
 
 def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Best | None]:
@@ -114,10 +130,12 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         from autotune.export._script_export import without_autos
 
         checked = without_autos(ds_config)
-    backend = get_backend(DEFAULT_BACKEND)
-    backend.validate_config(checked, trial.candidate.data_parallel_size, config.accelerator)
+    backend = get_backend(trial.candidate.backend)
+    ranks = trial.candidate.data_parallel_size
+    backend.validate_config(checked, ranks, config.accelerator)
     files = {
         backend.config_file_name: json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
+        **backend.export_files(ds_config, ranks, config.accelerator, _block_class(trial, config)),
         "launch.sh": render_launch(study.study_name, trial, config),
         "summary.md": render_summary(study, trial, config, decided),
     }

@@ -15,10 +15,11 @@ from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from autotune.export._loss_check_lines import loss_check_lines, printable, set_aside_lines
-from autotune.export._numerics import numerics_actions
+from autotune.export._setting_lines import setting_rows, user_actions_of
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.settings import format_bytes
 from autotune.study import records
+from autotune.study.backend_comparison import backend_lines
 
 if TYPE_CHECKING:
     import optuna
@@ -39,16 +40,18 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
         from autotune.export._script_export import render_script_launch
 
         return render_script_launch(study_name, trial, config)
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
+    from autotune.export._exporter import production_config
     from autotune.export._numerics import production_env
 
     origin = printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
-    return get_backend(DEFAULT_BACKEND).launch_script(
+    return get_backend(trial.candidate.backend).launch_script(
         origin,
         trial.candidate.data_parallel_size,  # the world size it was chosen for
         config.accelerator,
         config.threads_per_rank,
         production_env(config),
+        production_config(trial, config),
     )
 
 
@@ -92,87 +95,11 @@ def _host_memory_line(record: TrialRecord) -> str:
     return line + "."
 
 
-def _actions(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
-    actions = []
-    script = config.script
-    if script is not None and "activation_checkpointing" in script.flags:
-        state = "on" if candidate.activation_checkpointing else "off"
-        flag = script.flags["activation_checkpointing"]
-        actions.append(f"Activation checkpointing is {state}: launch.sh sets `{flag}` so.")
-    elif candidate.activation_checkpointing:
-        actions.append(
-            "Turn activation checkpointing on in your model: for a transformers model call "
-            "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-            '{"use_reentrant": False})` before `deepspeed.initialize`; otherwise wrap each '
-            "transformer block in "
-            "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
-            "ds_config.json cannot switch this on for you."
-        )
-    else:
-        actions.append("Keep activation checkpointing off (it was off in the probes).")
-    if candidate.precision == "fp16":
-        actions.append(
-            "fp16 uses DeepSpeed's dynamic loss scaling (ds_config.json); do not add your own "
-            "GradScaler."
-        )
-    if candidate.precision == "bf16":
-        actions.append("DeepSpeed casts the model to bf16; do not call `model.half()` yourself.")
-    actions += numerics_actions(config)
-    if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
-        actions.append(
-            "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "
-            f"processes reached {_peaks(trial.record.host_peak_bytes_per_rank)} per rank "
-            f"({HOST_PEAK_WORDS[trial.record.host_peak_method]}); leave that much free per "
-            "rank on each node."
-        )
-    if "nvme" in (candidate.offload_optimizer, candidate.offload_param):
-        actions.append(
-            f"NVMe offload writes to {config.nvme_path}: that folder must exist, on an NVMe "
-            "disk, on every node."
-        )
-    if config.global_batch is None:
-        actions.append(
-            f"The global batch was searched (--global-batch auto, up to "
-            f"{config.max_global_batch}): the chosen one is {candidate.train_batch_size}. "
-            "If it differs from the batch your learning rate was tuned for, rescale the "
-            "learning rate (e.g. linearly with the batch) and re-check convergence."
-        )
-    if config.accelerator == "cpu":
-        actions.append(
-            f"These are CPU ranks (DeepSpeed's CPU accelerator); run with "
-            f"OMP_NUM_THREADS={config.threads_per_rank} as the probes did (launch.sh does)."
-        )
-    return actions
-
-
 def _searched(config: StudyConfig) -> str:
     """ " (chosen among world sizes 1, 2, 4)" for a study that searched them."""
     if not config.world_sizes:
         return ""
     return f" (chosen among world sizes {', '.join(map(str, config.world_sizes))})"
-
-
-def _setting_rows(candidate: Candidate, *, searched: bool = False) -> list[str]:
-    ratio = (
-        f" (ratio {candidate.offload_optimizer_ratio:g})"
-        if candidate.offload_optimizer_ratio < 1
-        else ""
-    )
-    knobs = ", ".join(f"{k}={v}" for k, v in candidate.zero_knobs.items()) or "DeepSpeed defaults"
-    return [
-        "| setting | value |",
-        "| --- | --- |",
-        f"| precision | {candidate.precision} |",
-        f"| ZeRO stage | {candidate.zero_stage} |",
-        f"| optimizer offload | {candidate.offload_optimizer}{ratio} |",
-        f"| parameter offload | {candidate.offload_param} |",
-        f"| micro-batch per rank | {candidate.micro_batch_size} |",
-        f"| gradient accumulation | {candidate.gradient_accumulation_steps} |",
-        *([f"| data-parallel ranks (GPUs) | {candidate.data_parallel_size} |"] if searched else []),
-        f"| global batch | {candidate.train_batch_size} |",
-        f"| activation checkpointing | {'on' if candidate.activation_checkpointing else 'off'} |",
-        f"| fine ZeRO knobs | {knobs} |",
-    ]
 
 
 def standings(
@@ -305,7 +232,7 @@ def render_summary(
         "",
         "## Chosen configuration",
         "",
-        *_setting_rows(candidate, searched=bool(config.world_sizes)),
+        *setting_rows(candidate, searched=bool(config.world_sizes)),
         "",
         "## Why",
         "",
@@ -320,6 +247,10 @@ def render_summary(
     lines.append(f"- {runner_up_distance(rows, verdict, goal)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
+    backends = backend_lines(trials)
+    if backends:
+        lines += ["", "## DeepSpeed or FSDP2", "", "The fastest measured with each backend:"]
+        lines += ["", *backends]
     front = records.world_size_lines(trials, goal)
     if front:
         lines += ["", "## World sizes", "", "The fastest measured at each world size searched:"]
@@ -334,16 +265,38 @@ def render_summary(
         lines += ["", *script_summary_lines(trial, config)]
     lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
     lines += ["", "## What you must do", ""]
-    lines += [f"- {action}" for action in _actions(candidate, trial, config)]
-    lines += ["", "## Files", "", *_file_lines(config, candidate.data_parallel_size), ""]
+    lines += [f"- {action}" for action in user_actions_of(candidate, trial, config)]
+    lines += ["", "## Files", "", *_file_lines(config, candidate), ""]
+    lines += _code_lines(trial, config)
     return "\n".join(lines)
 
 
-def _file_lines(config: StudyConfig, ranks: int) -> list[str]:
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+def _file_lines(config: StudyConfig, candidate: Candidate) -> list[str]:
+    from autotune.backends import get_backend
 
     name = printable(config.script.name) if config.script is not None else None
-    return get_backend(DEFAULT_BACKEND).config_usage_lines(ranks, name)
+    return get_backend(candidate.backend).config_usage_lines(candidate.data_parallel_size, name)
+
+
+def _code_lines(trial: TrialView, config: StudyConfig) -> list[str]:
+    """The backend's lines of code for a plain-torch script (FSDP2's ``fully_shard``
+    calls), under their own heading; none for DeepSpeed."""
+    from autotune.backends import get_backend
+    from autotune.export._exporter import production_config
+
+    code = get_backend(trial.candidate.backend).code_lines(production_config(trial, config))
+    if not code:
+        return []
+    return [
+        "## In a plain-torch script",
+        "",
+        "The tuned settings as `fully_shard` calls, for a script that does not use accelerate:",
+        "",
+        "```python",
+        *code,
+        "```",
+        "",
+    ]
 
 
 def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
@@ -424,7 +377,7 @@ def _search_lines(evaluated: list[TrialView], screened: set[str]) -> list[str]:
 
 def user_actions(trial: TrialView, config: StudyConfig) -> list[str]:
     """What the user must do in their own code to run ``trial``'s configuration."""
-    return _actions(trial.candidate, trial, config)
+    return user_actions_of(trial.candidate, trial, config)
 
 
 def runner_up_distance(

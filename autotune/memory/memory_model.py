@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from autotune.backends import DEFAULT_BACKEND, Breakdown, ModelFacts, get_backend
+from autotune.backends import Breakdown, ModelFacts, get_backend
 from autotune.backends.deepspeed import (
     DEFAULT_MAX_LIVE,
     DEFAULT_PERSISTENCE_THRESHOLD,
@@ -34,6 +34,7 @@ from autotune.backends.deepspeed import (
 )
 from autotune.candidate import Candidate
 from autotune.hardware import Accelerator
+from autotune.workloads.blocks import block_params
 
 if TYPE_CHECKING:
     from autotune.backends import TrainingBackend
@@ -90,7 +91,10 @@ def _counted(workload: Workload, persistence_threshold: int) -> ModelFacts:
     unique = {id(p): p for p in model.parameters()}.values()
     numels = [p.numel() for p in unique]
     active = getattr(workload, "active_params", None)  # user workloads may predate it
+    in_blocks, largest_block = block_params(model)
     return ModelFacts(
+        block_params=in_blocks,
+        largest_block_params=largest_block,
         params=sum(numels),
         largest_param=max(numels),
         small_params=sum(n for n in numels if n < persistence_threshold),
@@ -99,7 +103,8 @@ def _counted(workload: Workload, persistence_threshold: int) -> ModelFacts:
 
 
 class Calibration(BaseModel):
-    """Measured / predicted peak ratios of a study's probes, by (stage, precision)."""
+    """Measured / predicted peak ratios of a study's probes, by (stage or FSDP2,
+    precision)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -107,7 +112,8 @@ class Calibration(BaseModel):
 
     @staticmethod
     def key(candidate: Candidate) -> str:
-        return f"z{candidate.zero_stage}-{candidate.precision}"
+        sharding = "fsdp2" if candidate.backend == "fsdp2" else f"z{candidate.zero_stage}"
+        return f"{sharding}-{candidate.precision}"
 
     def add(self, candidate: Candidate, predicted_bytes: int, measured_bytes: int) -> None:
         if predicted_bytes > 0 and measured_bytes > 0:
@@ -136,7 +142,7 @@ class MemoryModel:
     ) -> None:
         self.workload = workload
         self.accelerator = accelerator
-        self.backend = backend or get_backend(DEFAULT_BACKEND)
+        self.backend = backend  # None: each candidate's own
         self.base_zero = dict((base_config or {}).get("zero_optimization") or {})
         self.calibration = calibration or Calibration()
         self._facts: ModelFacts | None = None
@@ -153,9 +159,13 @@ class MemoryModel:
         )
         return model_facts(self.workload, threshold)
 
+    def backend_of(self, candidate: Candidate) -> TrainingBackend:
+        """The backend that states ``candidate``'s memory terms."""
+        return self.backend or get_backend(candidate.backend)
+
     def model_states(self, candidate: Candidate) -> tuple[Breakdown, Breakdown]:
         """Steady (device, host) model states per rank after the first optimizer step."""
-        return self.backend.model_states(candidate, self.facts(candidate))
+        return self.backend_of(candidate).model_states(candidate, self.facts(candidate))
 
     def _bucket(self, candidate: Candidate) -> float:
         elements = self._knob(candidate, "reduce_bucket_size", DEFAULT_REDUCE_BUCKET)
@@ -169,7 +179,7 @@ class MemoryModel:
         facts = self.facts(candidate)
         stage = candidate.zero_stage
         device, host = self.model_states(candidate)
-        if stage == 3:
+        if stage == 3 and candidate.backend == "deepspeed":
             device.buckets += self._bucket(candidate)
         correction = self.calibration.factor(candidate)
         if stop_above is not None and device.total * correction > stop_above:
@@ -199,7 +209,9 @@ class MemoryModel:
                 ("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET),
             )
         }
-        phases, host = self.backend.transient_phases(candidate, facts, act, knobs, host)
+        phases, host = self.backend_of(candidate).transient_phases(
+            candidate, facts, act, knobs, host
+        )
         phase, extra = max(phases.items(), key=lambda item: item[1].total)
         return MemoryEstimate(
             device=device.plus(extra), host=host, phase=phase, correction=correction

@@ -55,6 +55,8 @@ def host_tensor_bytes(optimizer: Any) -> tuple[int, int]:
     seen: set[int] = set()
     pinned = pageable = 0
     for tensor in _tensors(optimizer):
+        if hasattr(tensor, "to_local"):  # a DTensor (FSDP2): this rank's shard
+            tensor = tensor.to_local()
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
             continue
         storage = tensor.untyped_storage()

@@ -40,7 +40,8 @@ def build_model(
         with sharded:
             model = workload.build_model()
     else:
-        with device, _default_dtype(_target_dtype(spec.candidate.precision)):
+        held_in = backend.parameter_precision(spec.candidate)
+        with device, _default_dtype(_target_dtype(held_in)):
             model = workload.build_model()
     return model, _build_info(model, zero_init)
 

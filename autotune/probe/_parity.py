@@ -41,11 +41,11 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     optimizer steps and put what they recorded on ``report``."""
     import torch
 
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
     from autotune.workloads import get_workload
 
     assert spec.parity is not None
-    backend = get_backend(DEFAULT_BACKEND)
+    backend = get_backend(spec.candidate.backend)
     start_candidate(spec, report, device)
     candidate, parity = spec.candidate, spec.parity
     workload = get_workload(spec.workload)

@@ -91,10 +91,10 @@ def start_candidate(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     group, its numeric settings, and the versions and threads its report states."""
     import torch
 
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
 
     quiet_libraries()
-    get_backend(DEFAULT_BACKEND).start_process_group()
+    get_backend(spec.candidate.backend).start_process_group()
     # Explicit for every candidate: production's setting, never the previous candidate's.
     torch.set_float32_matmul_precision(spec.float32_matmul_precision)
     report.versions = versions(device)

@@ -87,12 +87,12 @@ def run_rank(
     """Build, initialise, warm up, time; fill ``report``. Every reference to the engine lives
     in this frame (helpers hold it only while they run) and is gone when it returns, so the
     caller's collection frees it."""
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
 
     if spec.parity is not None:
         run_parity(spec, report, device)
         return
-    backend = get_backend(DEFAULT_BACKEND)
+    backend = get_backend(spec.candidate.backend)
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     tracker, cuda = _set_up(spec, report, device)
@@ -113,7 +113,8 @@ def run_rank(
         engine = backend.initialize_engine(model, spec.ds_config)
         report.init_s = time.perf_counter() - started
         report.loss_scale_at_start = engine_state.loss_scale(engine)
-        batch = make_batch(workload, candidate.micro_batch_size, device, candidate.precision)
+        held_in = backend.parameter_precision(candidate)
+        batch = make_batch(workload, candidate.micro_batch_size, device, held_in)
         _inject(spec.fault, rank, world_size)
         step = functools.partial(timed_step, engine, workload, batch, candidate, device)
         if cuda is not None:  # DeepSpeed's groups connect in the first step: measure again
@@ -141,6 +142,8 @@ def _record_engine_state(report: RankReport, engine: Any) -> None:
     """What the engine did, read from it after the timed steps: the optimizer that
     stepped, its fp16 loss scale, where its host tensors live."""
     report.optimizer = engine_state.optimizer_name(engine)
+    if hasattr(engine, "sharding_state"):  # FSDP2's engine says how it sharded the model
+        report.sharding = engine.sharding_state()
     report.loss_scale_at_end = engine_state.loss_scale(engine)
     pinned, pageable = engine_state.host_tensor_bytes(engine_state.stepping_optimizer(engine))
     report.offloaded_pinned_bytes, report.offloaded_pageable_bytes = pinned, pageable

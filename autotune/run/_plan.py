@@ -53,9 +53,9 @@ class Plan:
 
     def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
-        from autotune.backends import DEFAULT_BACKEND, get_backend
+        from autotune.backends import get_backend
 
-        backend = get_backend(DEFAULT_BACKEND)
+        backend = get_backend(candidate.backend)
         config = backend.render_config(
             candidate,
             self.config.base_config,
@@ -354,13 +354,12 @@ def _script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> _Inpu
 
 
 def _check_base(base: dict[str, Any], bound: BoundSpace, source: str, nvme: str | None) -> None:
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
     from autotune.space import check_conflicts, find_auto_values
 
     check_conflicts(base, bound, source)
-    rendered = get_backend(DEFAULT_BACKEND).render_config(
-        next(bound.candidates()), base, nvme_path=nvme
-    )
+    first = next(bound.candidates())
+    rendered = get_backend(first.backend).render_config(first, base, nvme_path=nvme)
     autos = find_auto_values(rendered)
     if autos:
         raise SettingsError(

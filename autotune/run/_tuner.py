@@ -405,18 +405,19 @@ class Tuner:
         return len(screened)
 
     def _prepare_ops(self) -> float:
-        """Build the backend's ops the probes need (once per environment, with progress);
-        where its optimizer cannot be built, the probes use its fallback (for DeepSpeed,
-        torch's Adam in place of FusedAdam). Returns the seconds spent compiling (0 when
-        every op was built already): the budget leaves them out."""
-        from autotune.backends import DEFAULT_BACKEND, get_backend
+        """Build the ops DeepSpeed's candidates need (once per environment, with progress);
+        where its optimizer cannot be built, the probes use its fallback (torch's Adam in
+        place of FusedAdam). Returns the seconds spent compiling (0 when every op was built
+        already, or no candidate trains with DeepSpeed): the budget leaves them out."""
+        from autotune.backends import get_backend
 
+        deepspeed = [c for c in self.plan.space.candidates() if c.backend == "deepspeed"]
+        if not deepspeed:
+            return 0.0  # FSDP2 is torch's own: nothing to build
         targets = {
-            device
-            for c in self.plan.space.candidates()
-            for device in (c.offload_optimizer, c.offload_param)
+            device for c in deepspeed for device in (c.offload_optimizer, c.offload_param)
         } - {"none"}
-        report = get_backend(DEFAULT_BACKEND).ensure_ops(
+        report = get_backend("deepspeed").ensure_ops(
             self.plan.hardware, offload_targets=targets, emit=self.emit
         )
         if report.built:

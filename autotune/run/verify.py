@@ -262,16 +262,18 @@ def _jobs(
     workload: Any,
 ) -> list[ProbeJob]:
     """One loss-parity job per role, in its own folder under ``folder``."""
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
     from autotune.execution import ProbeJob
     from autotune.protocol import ParityRun, ProbeSpec
     from autotune.run._dispatch import workload_folders
 
-    backend = get_backend(DEFAULT_BACKEND)
-    fallback = backend.uses_fallback_optimizer(chosen.record.ds_config or {})
+    fallback = get_backend(chosen.candidate.backend).uses_fallback_optimizer(
+        chosen.record.ds_config or {}
+    )
     jobs = []
     for role in roles:
         candidate = chosen.candidate if role == "winner" else reference.candidate
+        backend = get_backend(candidate.backend)
         trial_dir = folder / role.replace(" ", "-")
         ds_config = backend.render_config(candidate, config.base_config, nvme_path=config.nvme_path)
         if fallback:

@@ -7,7 +7,8 @@ from autotune.space._base_config import (
     find_auto_values,
     load_base_config,
 )
-from autotune.space.search_space import BoundSpace, SpaceSpec, load_space
+from autotune.space._space_file import load_space, parse_space
+from autotune.space.search_space import BoundSpace, SpaceSpec
 
 __all__ = [
     "BoundSpace",
@@ -17,4 +18,5 @@ __all__ = [
     "find_auto_values",
     "load_base_config",
     "load_space",
+    "parse_space",
 ]

@@ -34,6 +34,18 @@ def combination_problem(zero_stage: int, offload_optimizer: str, offload_param: 
     return None
 
 
+def keep_backends(listed: list[str], fsdp2_unavailable: str | None, notes: list[str]) -> list[str]:
+    """The listed training backends this study can train with."""
+    if "fsdp2" not in listed or fsdp2_unavailable is None:
+        return listed
+    if listed == ["fsdp2"]:
+        raise SpaceError(
+            f"space lists backend [fsdp2] only, but {fsdp2_unavailable}; add deepspeed to 'backend'"
+        )
+    notes.append(f"backend fsdp2 dropped: {fsdp2_unavailable}")
+    return [b for b in listed if b != "fsdp2"]
+
+
 def keep_precisions(listed: list[str], hardware: Hardware, notes: list[str]) -> list[str]:
     """The listed precisions the hardware supports."""
     precisions = [p for p in listed if p in hardware.precisions]

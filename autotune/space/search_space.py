@@ -15,20 +15,28 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
 
-from autotune.candidate import ZERO_KNOB_STAGES, Candidate, OffloadDevice, Precision, ZeroKnobs
+from autotune.candidate import (
+    ZERO_KNOB_STAGES,
+    BackendName,
+    Candidate,
+    OffloadDevice,
+    Precision,
+    ZeroKnobs,
+)
 from autotune.errors import SpaceError
 from autotune.space._files import builtin_space_names as builtin_space_names  # re-exported
-from autotune.space._files import key_lines, resolve_space_path
+from autotune.space._fsdp_choices import FsdpChoices, bind_fsdp, decide_fsdp
 from autotune.space._rules import (
     combination_problem,
+    keep_backends,
     keep_micro_batches,
     keep_offload_targets,
     keep_precisions,
     keep_stages,
 )
+from autotune.space._zero_knob_choices import ZeroKnobChoices, non_empty_unique
 
 if TYPE_CHECKING:
     import optuna
@@ -36,57 +44,6 @@ if TYPE_CHECKING:
     from autotune.hardware import Hardware
 
 Chooser = Callable[[str, Sequence[Any], str], Any]
-
-
-def _non_empty_unique(values: list[Any] | None) -> list[Any] | None:
-    if values is None:
-        return None
-    if not values:
-        raise ValueError("must list at least one value")
-    if len(set(values)) != len(values):
-        raise ValueError(f"lists a value twice: {values}")
-    return values
-
-
-class ZeroKnobChoices(BaseModel):
-    """Fine ZeRO knobs to search; an absent knob keeps DeepSpeed's (or the base's) value."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    overlap_comm: list[bool] | None = Field(default=None, description="ZeRO 1-3.")
-    contiguous_gradients: list[bool] | None = Field(default=None, description="ZeRO 1-3.")
-    reduce_bucket_size: list[PositiveInt] | None = Field(
-        default=None, description="Elements, ZeRO 1-3."
-    )
-    allgather_bucket_size: list[PositiveInt] | None = Field(
-        default=None, description="Elements, ZeRO 1-2."
-    )
-    stage3_prefetch_bucket_size: list[PositiveInt] | None = Field(
-        default=None, description="Elements, ZeRO 3."
-    )
-    stage3_param_persistence_threshold: list[PositiveInt] | None = Field(
-        default=None, description="Elements, ZeRO 3."
-    )
-    stage3_max_live_parameters: list[PositiveInt] | None = Field(
-        default=None, description="Elements, ZeRO 3."
-    )
-    sub_group_size: list[PositiveInt] | None = Field(default=None, description="Elements, ZeRO 3.")
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _non_empty(cls, values: list[Any] | None) -> list[Any] | None:
-        return _non_empty_unique(values)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _floats_to_ints(cls, values: Any) -> Any:
-        # YAML reads 5.0e+8 as a float; bucket sizes are element counts.
-        if isinstance(values, list):
-            return [int(v) if isinstance(v, float) and v.is_integer() else v for v in values]
-        return values
-
-    def items(self) -> list[tuple[str, list[Any]]]:
-        return [(k, v) for k, v in self.model_dump().items() if v is not None]
 
 
 class SpaceSpec(BaseModel):
@@ -125,8 +82,18 @@ class SpaceSpec(BaseModel):
         default_factory=ZeroKnobChoices,
         description="Fine ZeRO knobs to search (off by default).",
     )
+    backend: list[BackendName] = Field(
+        default=["deepspeed"],
+        description="Training libraries to try: deepspeed (ZeRO) and/or fsdp2 (torch's "
+        "fully_shard).",
+    )
+    fsdp: FsdpChoices = Field(
+        default_factory=FsdpChoices,
+        description="fully_shard settings to search for backend fsdp2.",
+    )
 
     @field_validator(
+        "backend",
         "precision",
         "zero_stage",
         "offload_optimizer",
@@ -138,7 +105,7 @@ class SpaceSpec(BaseModel):
     )
     @classmethod
     def _lists(cls, values: list[Any]) -> list[Any]:
-        return _non_empty_unique(values) or []
+        return non_empty_unique(values) or []
 
     @field_validator("offload_optimizer_ratio")
     @classmethod
@@ -162,6 +129,7 @@ class SpaceSpec(BaseModel):
         nvme_unavailable: str | None = None,
         partial_offload_supported: bool = True,
         world_sizes: tuple[int, ...] = (),
+        fsdp2_unavailable: str | None = None,
     ) -> BoundSpace:
         """Keep what this machine, batch and disk allow; raise SpaceError if nothing is left.
 
@@ -169,7 +137,9 @@ class SpaceSpec(BaseModel):
         and micro x accumulation x ranks may be anything up to ``max_global_batch``.
         ``world_sizes`` (``--gpus 1-8``): the ranks of a probe become a dimension, each
         size with the micro-batches its share of the global batch allows; a size that
-        allows none is dropped with a note.
+        allows none is dropped with a note. ``fsdp2_unavailable``: why this study cannot
+        train with FSDP2 (a script that calls ``deepspeed.initialize``); the backend is
+        then dropped with that note.
         """
         notes: list[str] = []
         precisions = keep_precisions(list(self.precision), hardware, notes)
@@ -192,8 +162,17 @@ class SpaceSpec(BaseModel):
         )
         micro_batches = sorted({m for sizes in by_world.values() for m in sizes})
         zero_stages = keep_stages(list(self.zero_stage), offload_optimizer, offload_param)
+        backends = keep_backends(list(self.backend), fsdp2_unavailable, notes)
+        fsdp, fsdp_precisions = self.fsdp, tuple(precisions)
+        if "fsdp2" in backends:
+            fsdp, fsdp_precisions = bind_fsdp(
+                self.fsdp, precisions, tuple(by_world), notes
+            )  # fmt: skip
         return BoundSpace(
             spec=self,
+            backends=tuple(backends),
+            fsdp=fsdp,
+            fsdp_precisions=fsdp_precisions,
             precisions=tuple(precisions),
             zero_stages=tuple(zero_stages),
             offload_optimizer=tuple(offload_optimizer),
@@ -250,6 +229,15 @@ class BoundSpace(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     spec: SpaceSpec
+    backends: tuple[str, ...] = Field(
+        default=("deepspeed",), description="Training libraries kept."
+    )
+    fsdp: FsdpChoices = Field(
+        default_factory=FsdpChoices, description="fully_shard settings kept (fsdp2)."
+    )
+    fsdp_precisions: tuple[str, ...] = Field(
+        default=(), description="Precisions an fsdp2 candidate may take."
+    )
     precisions: tuple[str, ...] = Field(description="Precisions the hardware supports.")
     zero_stages: tuple[int, ...] = Field(description="Stages with at least one valid candidate.")
     offload_optimizer: tuple[str, ...] = Field(description="Optimizer offload targets kept.")
@@ -316,6 +304,8 @@ class BoundSpace(BaseModel):
 
     def _decide(self, choose: Chooser) -> Candidate:
         """Every decision, in define-by-run order; ``choose(name, choices, attribute)``."""
+        if choose("backend", self.backends, "backend") == "fsdp2":
+            return self._decide_fsdp2(choose)
         precision = choose("precision", self.precisions, "precision")
         stage = choose("zero_stage", self.zero_stages, "zero_stage")
         offload_optimizer = "none"
@@ -357,6 +347,33 @@ class BoundSpace(BaseModel):
             data_parallel_size=ranks,
             activation_checkpointing=checkpointing,
             zero_knobs=ZeroKnobs(**knobs),
+        )
+
+    def _decide_fsdp2(self, choose: Chooser) -> Candidate:
+        """An fsdp2 candidate's decisions: its precision (under its own name where FSDP2
+        takes fewer than DeepSpeed), the ``fully_shard`` settings, the split and
+        activation checkpointing."""
+        name = "precision" if self.fsdp_precisions == self.precisions else "precision_fsdp2"
+        precision = choose(name, self.fsdp_precisions, "precision")
+        cpu_offload, knobs = decide_fsdp(choose, self.fsdp)
+        ranks, micro_batch, accumulation = self._decide_split(choose)
+        checkpointing = choose(
+            "activation_checkpointing",
+            self.spec.activation_checkpointing,
+            "activation_checkpointing",
+        )
+        offload = "cpu" if cpu_offload else "none"
+        return Candidate(
+            backend="fsdp2",
+            precision=precision,
+            zero_stage=3,
+            offload_optimizer=offload,
+            offload_param=offload,
+            micro_batch_size=micro_batch,
+            gradient_accumulation_steps=accumulation,
+            data_parallel_size=ranks,
+            activation_checkpointing=checkpointing,
+            fsdp=knobs,
         )
 
     def suggest(self, trial: optuna.Trial) -> Candidate:
@@ -421,51 +438,12 @@ class BoundSpace(BaseModel):
             values = candidate.model_dump(mode="json")
             knobs = values.pop("zero_knobs")
             values.update({f"zero.{k}": v for k, v in knobs.items() if v is not None})
+            values.update({f"fsdp.{k}": v for k, v in (values.pop("fsdp") or {}).items()})
+            if len(self.backends) == 1:
+                values.pop("backend")
             if len(self.world_sizes) == 1:
                 values.pop("data_parallel_size")
             for name, value in values.items():
                 bucket = counts.setdefault(name, {})
                 bucket[str(value)] = bucket.get(str(value), 0) + 1
         return counts
-
-
-def load_space(ref: str) -> SpaceSpec:
-    """Load and validate a space; errors name the file, the key and what is allowed."""
-    name, text = resolve_space_path(ref)
-    return parse_space(text, source=name)
-
-
-def parse_space(text: str, *, source: str = "<space>") -> SpaceSpec:
-    try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpaceError(f"{where}: not valid YAML ({problem}); fix the syntax") from None
-    if not isinstance(data, dict):
-        raise SpaceError(
-            f"{source}: a space is a mapping of dimension -> list of values, got "
-            f"{type(data).__name__}; see search_spaces/default.yaml"
-        )
-    lines = key_lines(node)
-    try:
-        return SpaceSpec.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = [str(part) for part in error["loc"]]
-        key = loc[0] if loc else "?"
-        line = lines.get(".".join(loc[:2])) or lines.get(key)
-        where = f"{source}:{line}" if line else source
-        if error["type"] == "extra_forbidden":
-            model: type[BaseModel] = ZeroKnobChoices if len(loc) > 1 else SpaceSpec
-            allowed = ", ".join(model.model_fields)
-            name = loc[-1]
-            raise SpaceError(f"{where}: unknown key {name!r}; allowed keys: {allowed}") from None
-        field = SpaceSpec.model_fields.get(key)
-        hint = f" ({field.description})" if field is not None and field.description else ""
-        path = key + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in loc[1:])
-        raise SpaceError(
-            f"{where}: {path}: {error['msg']}, got {error.get('input')!r}{hint}"
-        ) from None

@@ -136,7 +136,7 @@ def study_note(data: ReportData, optuna_best: int | None) -> str:
                 "round below (repeated, interleaved probes).",
             ]
     if data.goal_lines:
-        lines += ["", "## Objective and world sizes", ""]
+        lines += ["", "## Objective, world sizes and backends", ""]
         lines += [line if line.startswith("- ") else f"- {line}" for line in data.goal_lines]
     check = data.verification
     if check is not None:

@@ -57,12 +57,12 @@ def _decision(data: ReportData) -> str:
 
 
 def _goal_section(data: ReportData) -> str:
-    """The objective, the best's time and cost to train and the fastest at each world size
-    (the front of GPUs, time and cost), where the study has them."""
+    """The objective, the best's time and cost to train, the fastest at each world size
+    (the front of GPUs, time and cost) and of each backend, where the study has them."""
     if not data.goal_lines:
         return ""
     items = "".join(f"<li>{escape(line.removeprefix('- '))}</li>" for line in data.goal_lines)
-    return f'<h2>Objective and world sizes</h2><ul id="goal">{items}</ul>'
+    return f'<h2>Objective, world sizes and backends</h2><ul id="goal">{items}</ul>'
 
 
 def _header(data: ReportData) -> str:

@@ -80,9 +80,11 @@ def trials_table(study: optuna.Study) -> Table:
 
 def goal_lines(study: optuna.Study) -> list[str]:
     """The objective the study ranks by and the best's time and cost to train, where the
-    study's goal says more than speed; then the fastest at each world size searched."""
+    study's goal says more than speed; then the fastest at each world size searched and of
+    each training backend measured."""
     from autotune import training_goal
     from autotune.study import best, records
+    from autotune.study.backend_comparison import backend_lines
 
     goal = training_goal.of_study(study)
     trials = records.views(study)
@@ -95,7 +97,7 @@ def goal_lines(study: optuna.Study) -> list[str]:
             lines[-1] += f"; the best, trial {decided.trial}, " + (
                 outcome or "is the " + goal.noun(decided.samples_per_s)
             )
-    return lines + records.world_size_lines(trials, goal)
+    return lines + records.world_size_lines(trials, goal) + backend_lines(trials)
 
 
 def verification_lines(study: optuna.Study) -> list[str]:

@@ -49,7 +49,7 @@ def test_the_default_backend_is_deepspeed() -> None:
 
 
 def test_an_unknown_backend_is_one_error_listing_the_valid_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown training backend 'fsdp'; valid: deepspeed"):
+    with pytest.raises(ValueError, match=r"backend 'fsdp'; valid: deepspeed, fsdp2"):
         get_backend("fsdp")
 
 
@@ -57,5 +57,5 @@ def test_a_registered_backend_is_picked_up(toy: None) -> None:
     backend: TrainingBackend = get_backend("toy")
     assert backend.name == "toy"
     assert backend.render_config(CANDIDATE) == {"batch": 2}
-    with pytest.raises(ValueError, match="valid: deepspeed, toy"):
+    with pytest.raises(ValueError, match="valid: deepspeed, fsdp2, toy"):
         get_backend("nope")

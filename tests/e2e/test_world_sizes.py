@@ -94,7 +94,7 @@ def test_a_study_over_world_sizes_probes_each_and_exports_the_one_chosen(
     assert "(chosen among world sizes 1, 2)" in summary
     assert f"| data-parallel ranks (GPUs) | {ranks} |" in summary
     assert "## World sizes" in summary and "- 2 GPU(s): z0 fp32 mb4x1" in summary
-    assert "Objective and world sizes" in (folder / "report.html").read_text()
+    assert "Objective, world sizes and backends" in (folder / "report.html").read_text()
 
     _continue_under_other_objectives(tmp_path, rates)
     _predicted_from_one_rank_against_the_probe_at_two(tmp_path, document)

@@ -12,7 +12,7 @@ from autotune import timing as steps
 from autotune.candidate import Candidate
 from autotune.run.cost_model import TERMS, CostModel, WorkloadFacts
 from autotune.run.sampler import CandidatePolicy, CandidateSampler, History, shape_key
-from autotune.space.search_space import load_space
+from autotune.space import load_space
 from tests.support.hardware import CPU
 
 FACTS = WorkloadFacts(params=4_000_000, tokens_per_sample=64)

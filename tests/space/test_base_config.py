@@ -9,13 +9,13 @@ import pytest
 
 from autotune.backends import get_backend
 from autotune.errors import SettingsError
+from autotune.space import load_space, parse_space
 from autotune.space._base_config import (
     base_global_batch,
     check_conflicts,
     find_auto_values,
     load_base_config,
 )
-from autotune.space.search_space import load_space, parse_space
 from tests.support.hardware import CPU
 
 DEEPSPEED = get_backend("deepspeed")

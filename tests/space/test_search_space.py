@@ -8,13 +8,8 @@ import pytest
 from autotune.backends import get_backend
 from autotune.candidate import Candidate
 from autotune.errors import SpaceError
-from autotune.space.search_space import (
-    SpaceSpec,
-    builtin_space_names,
-    combination_problem,
-    load_space,
-    parse_space,
-)
+from autotune.space import load_space, parse_space
+from autotune.space.search_space import SpaceSpec, builtin_space_names, combination_problem
 from tests.support.hardware import CPU
 
 AMPERE = CPU.model_copy(

@@ -18,6 +18,7 @@ from autotune.backends.deepspeed import (
 
 if TYPE_CHECKING:
     from autotune.backends.deepspeed.ops import OpsReport
+    from autotune.candidate import Candidate
     from autotune.hardware import Hardware
 
 
@@ -50,6 +51,23 @@ class DeepSpeedBackend:
         from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
 
         return ensure_deepspeed_ops(hardware, offload_targets=offload_targets, emit=emit)
+
+    def parameter_precision(self, candidate: Candidate) -> str:
+        """DeepSpeed holds the parameters in the candidate's precision after
+        ``initialize`` (its fp32 master copy lives in the optimizer)."""
+        return candidate.precision
+
+    def export_files(
+        self, config: dict[str, Any], ranks: int, accelerator: str, block_class: str
+    ) -> dict[str, str]:
+        """Nothing beside ``ds_config.json``."""
+        del config, ranks, accelerator, block_class
+        return {}
+
+    def code_lines(self, config: dict[str, Any]) -> list[str]:
+        """None: ``deepspeed.initialize(config=...)`` takes the config as it is."""
+        del config
+        return []
 
     def prepare_rank_process(self) -> None:
         from autotune.backends.deepspeed.ops import guard_op_loads

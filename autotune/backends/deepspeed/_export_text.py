@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from typing import Any
 
 
 def _exports(accelerator: str, env: Mapping[str, str]) -> str:
@@ -29,8 +30,11 @@ def launch_script(
     accelerator: str,
     threads_per_rank: int,
     env: Mapping[str, str] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> str:
-    """``launch.sh`` that starts the user's script (its first argument) with the config."""
+    """``launch.sh`` that starts the user's script (its first argument) with the config
+    (``config``: the exported one, which the script reads from ``ds_config.json``)."""
+    del config
     device = "GPU(s)" if accelerator == "cuda" else "CPU rank(s)"
     return f"""#!/usr/bin/env bash
 # autotune export: {origin},

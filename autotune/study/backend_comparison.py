@@ -1,0 +1,58 @@
+"""DeepSpeed or FSDP2: the fastest feasible configuration of each training backend a study
+measured, side by side in speed and peak memory, whichever wins (status, report.html, the
+dashboard's note and summary.md show these lines)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from autotune.settings import format_bytes
+
+if TYPE_CHECKING:
+    from autotune.study.records import TrialView
+
+BACKEND_NAMES = {"deepspeed": "DeepSpeed", "fsdp2": "FSDP2"}
+
+
+def best_per_backend(trials: list[TrialView]) -> list[TrialView]:
+    """The fastest feasible trial measured in full of each backend, fastest first."""
+    best: dict[str, TrialView] = {}
+    for trial in trials:
+        if not trial.feasible:
+            continue
+        held = best.get(trial.candidate.backend)
+        if held is None or (trial.value or 0.0) > (held.value or 0.0):
+            best[trial.candidate.backend] = trial
+    return sorted(best.values(), key=lambda t: t.value or 0.0, reverse=True)
+
+
+def backend_lines(trials: list[TrialView]) -> list[str]:
+    """One line per backend measured, where there are two: its fastest configuration, its
+    samples/s and peak memory per rank, against the faster backend's."""
+    front = best_per_backend(trials)
+    if len(front) < 2:
+        return []
+    lead = front[0]
+    lead_rate, lead_peak = float(lead.value or 0.0), _peak(lead)
+    lines = []
+    for trial in front:
+        rate, peak = float(trial.value or 0.0), _peak(trial)
+        name = BACKEND_NAMES.get(trial.candidate.backend, trial.candidate.backend)
+        if trial is lead:
+            against = "the faster backend"
+        else:
+            memory = f"{peak / lead_peak:.2f}x its peak" if lead_peak else "its peak unknown"
+            against = f"{rate / lead_rate:.0%} of {_name(lead)}'s speed at {memory}"
+        lines.append(
+            f"- {name}: {trial.candidate.label} (trial {trial.number}), {rate:.1f} samples/s, "
+            f"peak {format_bytes(peak)} per rank; {against}"
+        )
+    return lines
+
+
+def _name(trial: TrialView) -> str:
+    return BACKEND_NAMES.get(trial.candidate.backend, trial.candidate.backend)
+
+
+def _peak(trial: TrialView) -> int:
+    return max(trial.record.peak_bytes_per_rank, default=trial.record.peak_bytes)

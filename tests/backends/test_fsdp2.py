@@ -1,0 +1,142 @@
+"""The FSDP2 backend's pure parts: a candidate as its config and the check of an exported
+one, its memory terms, accelerate's config file as accelerate itself reads it, and the
+summary's ``fully_shard`` lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.backends import ActivationProfile, Breakdown, ModelFacts, get_backend
+from autotune.candidate import Candidate, FsdpKnobs
+from autotune.errors import ExportError
+
+FSDP2 = get_backend("fsdp2")
+FACTS = ModelFacts(
+    params=1_000_000, largest_param=200_000, small_params=0, block_params=800_000,
+    largest_block_params=200_000,
+)  # fmt: skip
+NO_ACTIVATIONS = ActivationProfile(
+    forward_peak_bytes=0, backward_peak_bytes=0, at_first_grad_bytes=0
+)
+
+
+def _fsdp2(**fields: object) -> Candidate:
+    values = {
+        "backend": "fsdp2", "precision": "bf16", "zero_stage": 3, "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1, "data_parallel_size": 2, **fields,
+    }  # fmt: skip
+    return Candidate.model_validate(values)
+
+
+def test_a_candidate_renders_its_fully_shard_settings_and_the_base_optimizer() -> None:
+    candidate = _fsdp2(
+        gradient_accumulation_steps=2, offload_optimizer="cpu", offload_param="cpu",
+        fsdp=FsdpKnobs(reshard_after_forward=False, reduce_dtype="bf16"),
+    )  # fmt: skip
+    base = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95]}}}
+    config = FSDP2.render_config(candidate, base)
+    assert config["fully_shard"] == {
+        "reshard_after_forward": False, "param_dtype": "bf16", "reduce_dtype": "bf16",
+        "cpu_offload": True, "wrap": "block",
+    }  # fmt: skip
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (
+        4,
+        2,
+    )
+    assert config["train_batch_size"] == 16
+    assert config["optimizer"] == base["optimizer"]
+    FSDP2.validate_config(config, 2)
+    with pytest.raises(ExportError, match="not micro-batch x accumulation x 4 ranks"):
+        FSDP2.validate_config(config, 4)
+    with pytest.raises(ExportError, match=r"optimizer type 'Lamb' has no torch\.optim class"):
+        FSDP2.validate_config({**config, "optimizer": {"type": "Lamb"}}, 2)
+    with pytest.raises(ExportError, match=r"fully_shard\.wrap"):
+        FSDP2.validate_config({**config, "fully_shard": {**config["fully_shard"], "wrap": "x"}}, 2)
+
+
+def test_fp32_reduces_in_fp32_whatever_the_knob_says() -> None:
+    candidate = _fsdp2(precision="fp32", fsdp=FsdpKnobs(reduce_dtype="bf16"))
+    assert FSDP2.render_config(candidate)["fully_shard"]["reduce_dtype"] == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"zero_stage": 2}, "zero_stage 3"),
+        ({"offload_optimizer": "cpu"}, "both none or both cpu"),
+        ({"offload_optimizer": "nvme", "offload_param": "nvme"}, "both none or both cpu"),
+    ],
+)
+def test_an_fsdp2_candidate_states_fsdp2_sharding(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _fsdp2(**fields)
+
+
+def test_deepspeed_candidates_keep_their_key_and_take_no_fsdp_knobs() -> None:
+    deepspeed = Candidate(
+        precision="bf16", zero_stage=1, micro_batch_size=4, gradient_accumulation_steps=1,
+        data_parallel_size=2,
+    )  # fmt: skip
+    assert '"backend"' not in deepspeed.key and '"fsdp"' not in deepspeed.key
+    assert '"backend": "fsdp2"' in _fsdp2().key
+    assert _fsdp2().fsdp == FsdpKnobs()  # the defaults, filled in
+    with pytest.raises(ValueError, match="fsdp knobs apply to backend fsdp2 only"):
+        Candidate.model_validate({**deepspeed.model_dump(), "fsdp": {}})
+    assert _fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False)).label == (
+        "fsdp2 bf16 mb4x1 reshard:no"
+    )
+
+
+def _phases(candidate: Candidate) -> tuple[dict[str, Breakdown], Breakdown]:
+    return FSDP2.transient_phases(candidate, FACTS, NO_ACTIVATIONS, {}, Breakdown())
+
+
+def test_memory_terms_follow_the_sharding() -> None:
+    shard = FACTS.params / 2
+    device, host = FSDP2.model_states(_fsdp2(), FACTS)
+    assert (device.params, device.optimizer_states, device.grads) == (4 * shard, 8 * shard, 0)
+    assert host.total == 0
+    device, host = FSDP2.model_states(_fsdp2(offload_optimizer="cpu", offload_param="cpu"), FACTS)
+    assert device.total == 0 and host.total == 12 * shard
+    resharded = _phases(_fsdp2())[0]["forward"].params
+    kept = _phases(_fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False)))[0]["forward"].params
+    whole = _phases(_fsdp2(fsdp=FsdpKnobs(wrap="model")))[0]["forward"].params
+    # root (200k) + two blocks in flight (2 x 200k), or every block kept, in bf16
+    assert resharded == 2 * (200_000 + 400_000)
+    assert kept == whole == 2 * FACTS.params
+    single = _phases(_fsdp2())[0]["backward"].grads
+    accumulating = _phases(_fsdp2(gradient_accumulation_steps=2))[0]["backward"].grads
+    assert accumulating - single == 4 * FACTS.params  # unreduced fp32 gradients of all
+
+
+def test_accelerate_reads_the_exported_config(tmp_path: Path) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    candidate = _fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False))
+    config = FSDP2.render_config(candidate)
+    files = FSDP2.export_files(config, 2, "cuda", "GPT2Block")
+    path = tmp_path / "accelerate_config.yaml"
+    path.write_text(files["accelerate_config.yaml"])
+    loaded = load_config_from_file(str(path))
+    assert loaded.distributed_type == "FSDP" and loaded.num_processes == 2
+    assert loaded.mixed_precision == "bf16"
+    assert loaded.fsdp_config["fsdp_version"] == 2
+    assert loaded.fsdp_config["fsdp_reshard_after_forward"] is False
+    assert loaded.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "GPT2Block"
+    launch = FSDP2.launch_script(
+        "study 's'", 2, "cuda", 4, {}, {**config, "gradient_accumulation_steps": 3}
+    )
+    assert "--gradient_accumulation_steps 3" in launch and "LAUNCHER:-accelerate" in launch
+    assert "LAUNCHER:-torchrun" in FSDP2.launch_script("study 's'", 2, "cpu", 1, {}, config)
+
+
+def test_code_lines_show_the_fully_shard_calls() -> None:
+    candidate = _fsdp2(activation_checkpointing=True, offload_optimizer="cpu", offload_param="cpu")
+    code = "\n".join(FSDP2.code_lines(FSDP2.render_config(candidate)))
+    assert "reshard_after_forward=True" in code
+    assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in code
+    assert "offload_policy=CPUOffloadPolicy()" in code
+    assert "fully_shard(block, **policy)" in code and "gradient_checkpointing_enable" in code
+    compile(code.replace("torch.optim", "optim"), "<summary>", "exec")  # valid Python
