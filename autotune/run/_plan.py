@@ -67,6 +67,13 @@ class Plan:
         return config
 
 
+# Why a script study drops FSDP2 from its space.
+SCRIPT_WITHOUT_FSDP2 = (
+    "a script is probed with the DeepSpeed engine it builds (deepspeed.initialize, or the "
+    "Trainer's DeepSpeed config); autotune does not hand a script FSDP2"
+)
+
+
 def bind_space(
     spec: SpaceSpec,
     hardware: Hardware,
@@ -76,8 +83,10 @@ def bind_space(
     max_global_batch: int | None,
     nvme_path: str | None,
     world_sizes: tuple[int, ...] = (),
+    script: bool = False,
 ) -> BoundSpace:
-    """Bind a space, asking the backend what it supports only where the space needs it."""
+    """Bind a space, asking the backend what it supports only where the space needs it;
+    a ``script`` study trains with the engine the script builds, DeepSpeed's."""
     from autotune.backends import DEFAULT_BACKEND, get_backend
 
     backend = get_backend(DEFAULT_BACKEND)
@@ -93,6 +102,7 @@ def bind_space(
         nvme_unavailable=nvme_unavailable,
         partial_offload_supported=backend.partial_offload_supported(),
         world_sizes=world_sizes,
+        fsdp2_unavailable=SCRIPT_WITHOUT_FSDP2 if script else None,
     )
 
 
@@ -136,6 +146,7 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         max_global_batch=settings.max_global_batch,
         nvme_path=nvme_path,
         world_sizes=settings.world_sizes,
+        script=settings.script is not None,
     )
     notes = [*whole_nodes, *inputs.notes, *bound.notes]
     if inputs.base is not None and settings.script is None:
