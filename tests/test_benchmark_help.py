@@ -12,6 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 COMMANDS = [
     ["-m", "benchmarks.gpu_check"],
+    ["backends_side_by_side.py"],
     ["launch_cost.py"],
     ["memory_accuracy.py"],
     ["memory_vs_table.py"],

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
 from autotune.backends import get_backend
 from autotune.errors import ExportError
+from autotune.export._production_config import production_config
 from autotune.study import best, records, study_config
 
 if TYPE_CHECKING:
@@ -35,32 +36,6 @@ class Exported(BaseModel):
     ds_config: str
     launch: str
     summary: str
-
-
-def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
-    """The trial's candidate over the user's base config, with the user's NVMe path; with
-    the backend's fallback optimizer where the probe stepped with it (for DeepSpeed, torch's
-    Adam where FusedAdam did not build)."""
-    largest = None
-    if trial.candidate.offload_param == "nvme" and config.script is not None:
-        from autotune.memory import read_probe
-
-        model = read_probe(trial.record.trial_dir)[0]  # the script's model, as probed
-        largest = model.largest_param if model is not None else None
-    elif trial.candidate.offload_param == "nvme":  # its swap buffer must hold a partition
-        from autotune.memory import model_facts
-        from autotune.workloads import get_workload
-
-        largest = model_facts(get_workload(config.workload), 0).largest_param
-    backend = get_backend(trial.candidate.backend)
-    rendered = backend.render_config(
-        trial.candidate, config.base_config, nvme_path=config.nvme_path, largest_param_numel=largest
-    )
-    if config.script is not None:
-        rendered = backend.config_for_script(rendered, config.script)
-    if backend.uses_fallback_optimizer(trial.record.ds_config or {}):
-        rendered = backend.with_fallback_optimizer(rendered)
-    return rendered
 
 
 def _block_class(trial: TrialView, config: StudyConfig) -> str:

@@ -18,29 +18,31 @@ def _peaks(values: list[int]) -> str:
     return ", ".join(format_bytes(v) for v in values) or "n/a"
 
 
-def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
+def _checkpointing_action(candidate: Candidate, config: StudyConfig) -> str:
     from autotune.backends import get_backend
 
-    backend = get_backend(candidate.backend)
-    fsdp2 = candidate.backend == "fsdp2"
-    wrapping = "`fully_shard`" if fsdp2 else "`deepspeed.initialize`"
-    actions = []
     script = config.script
     if script is not None and "activation_checkpointing" in script.flags:
         state = "on" if candidate.activation_checkpointing else "off"
         flag = script.flags["activation_checkpointing"]
-        actions.append(f"Activation checkpointing is {state}: launch.sh sets `{flag}` so.")
-    elif candidate.activation_checkpointing:
-        actions.append(
-            "Turn activation checkpointing on in your model: for a transformers model call "
-            "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-            f'{{"use_reentrant": False}})` before {wrapping}; otherwise wrap each '
-            "transformer block in "
-            "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
-            f"{backend.config_file_name} cannot switch this on for you."
-        )
-    else:
-        actions.append("Keep activation checkpointing off (it was off in the probes).")
+        return f"Activation checkpointing is {state}: launch.sh sets `{flag}` so."
+    if not candidate.activation_checkpointing:
+        return "Keep activation checkpointing off (it was off in the probes)."
+    wrapping = "`fully_shard`" if candidate.backend == "fsdp2" else "`deepspeed.initialize`"
+    return (
+        "Turn activation checkpointing on in your model: for a transformers model call "
+        "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+        f'{{"use_reentrant": False}})` before {wrapping}; otherwise wrap each '
+        "transformer block in "
+        "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
+        f"{get_backend(candidate.backend).config_file_name} cannot switch this on for you."
+    )
+
+
+def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
+    """What the user must do in their own code to train as the trial was probed."""
+    fsdp2 = candidate.backend == "fsdp2"
+    actions = [_checkpointing_action(candidate, config)]
     if candidate.precision == "fp16":
         actions.append(
             "fp16 uses DeepSpeed's dynamic loss scaling (ds_config.json); do not add your own "

@@ -41,8 +41,8 @@ def render_launch(study_name: str, trial: TrialView, config: StudyConfig) -> str
 
         return render_script_launch(study_name, trial, config)
     from autotune.backends import get_backend
-    from autotune.export._exporter import production_config
     from autotune.export._numerics import production_env
+    from autotune.export._production_config import production_config
 
     origin = printable(f"study {study_name!r}, trial {trial.number} ({trial.label})")
     return get_backend(trial.candidate.backend).launch_script(
@@ -247,14 +247,7 @@ def render_summary(
     lines.append(f"- {runner_up_distance(rows, verdict, goal)}")
     if verdict is not None and verdict.contenders:
         lines += ["", *_confirmation_lines(verdict, trial.number)]
-    backends = backend_lines(trials)
-    if backends:
-        lines += ["", "## DeepSpeed or FSDP2", "", "The fastest measured with each backend:"]
-        lines += ["", *backends]
-    front = records.world_size_lines(trials, goal)
-    if front:
-        lines += ["", "## World sizes", "", "The fastest measured at each world size searched:"]
-        lines += ["", *front]
+    lines += _front_lines(trials, goal)
     lines += ["", *loss_check_lines(study, trial.number)]
     others = [row for row in rows if row[0].number != trial.number]
     if others:
@@ -271,6 +264,21 @@ def render_summary(
     return "\n".join(lines)
 
 
+def _front_lines(trials: list[TrialView], goal: TrainingGoal) -> list[str]:
+    """The fastest of each backend and at each world size, where the study measured more
+    than one."""
+    lines = []
+    backends = backend_lines(trials)
+    if backends:
+        lines += ["", "## DeepSpeed or FSDP2", "", "The fastest measured with each backend:"]
+        lines += ["", *backends]
+    front = records.world_size_lines(trials, goal)
+    if front:
+        lines += ["", "## World sizes", "", "The fastest measured at each world size searched:"]
+        lines += ["", *front]
+    return lines
+
+
 def _file_lines(config: StudyConfig, candidate: Candidate) -> list[str]:
     from autotune.backends import get_backend
 
@@ -282,7 +290,7 @@ def _code_lines(trial: TrialView, config: StudyConfig) -> list[str]:
     """The backend's lines of code for a plain-torch script (FSDP2's ``fully_shard``
     calls), under their own heading; none for DeepSpeed."""
     from autotune.backends import get_backend
-    from autotune.export._exporter import production_config
+    from autotune.export._production_config import production_config
 
     code = get_backend(trial.candidate.backend).code_lines(production_config(trial, config))
     if not code:

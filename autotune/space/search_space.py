@@ -162,17 +162,9 @@ class SpaceSpec(BaseModel):
         )
         micro_batches = sorted({m for sizes in by_world.values() for m in sizes})
         zero_stages = keep_stages(list(self.zero_stage), offload_optimizer, offload_param)
-        backends = keep_backends(list(self.backend), fsdp2_unavailable, notes)
-        fsdp, fsdp_precisions = self.fsdp, tuple(precisions)
-        if "fsdp2" in backends:
-            fsdp, fsdp_precisions = bind_fsdp(
-                self.fsdp, precisions, tuple(by_world), notes
-            )  # fmt: skip
         return BoundSpace(
             spec=self,
-            backends=tuple(backends),
-            fsdp=fsdp,
-            fsdp_precisions=fsdp_precisions,
+            **self._bind_fsdp(fsdp2_unavailable, precisions, tuple(by_world), notes),
             precisions=tuple(precisions),
             zero_stages=tuple(zero_stages),
             offload_optimizer=tuple(offload_optimizer),
@@ -186,6 +178,20 @@ class SpaceSpec(BaseModel):
             nvme_path=nvme_path,
             notes=tuple(notes),
         )
+
+    def _bind_fsdp(
+        self,
+        fsdp2_unavailable: str | None,
+        precisions: list[str],
+        sizes: tuple[int, ...],
+        notes: list[str],
+    ) -> dict[str, Any]:
+        """The bound space's backends and FSDP2 choices (FSDP2's only where it is kept)."""
+        backends = keep_backends(list(self.backend), fsdp2_unavailable, notes)
+        fsdp, fsdp_precisions = self.fsdp, tuple(precisions)
+        if "fsdp2" in backends:
+            fsdp, fsdp_precisions = bind_fsdp(self.fsdp, precisions, sizes, notes)
+        return {"backends": tuple(backends), "fsdp": fsdp, "fsdp_precisions": fsdp_precisions}
 
     def _micro_batches_by_world(
         self,
