@@ -230,6 +230,8 @@ def module_grad_norm(module: Any) -> float | None:
         return None
     total = torch.zeros((), dtype=torch.float64)
     for grad in grads:
+        if hasattr(grad, "full_tensor"):  # FSDP2's sharded gradient (a collective)
+            grad = grad.full_tensor()
         total += grad.detach().to(device="cpu", dtype=torch.float64).pow(2).sum()
     return float(total.sqrt())
 

@@ -55,6 +55,9 @@ class Fsdp2Config(BaseModel):
     optimizer: dict[str, Any] = Field(
         description="The optimizer, as a DeepSpeed config states it: type and params."
     )
+    gradient_clipping: float = Field(
+        default=0.0, ge=0.0, description="Max gradient norm before each step; 0: none."
+    )
 
 
 def render_fsdp2_config(
@@ -64,8 +67,9 @@ def render_fsdp2_config(
     nvme_path: str | None = None,
     largest_param_numel: int | None = None,
 ) -> dict[str, Any]:
-    """The candidate as an FSDP2 config; the optimizer is the base config's (a DeepSpeed
-    config's ``optimizer`` block), else AdamW as DeepSpeed's default base has it.
+    """The candidate as an FSDP2 config; the optimizer and gradient clipping are the base
+    config's (a DeepSpeed config's ``optimizer`` block and ``gradient_clipping``), else
+    AdamW as DeepSpeed's default base has it and no clipping.
     ``nvme_path`` and ``largest_param_numel`` size DeepSpeed's buffers: unused here."""
     del nvme_path, largest_param_numel
     assert candidate.fsdp is not None, "an fsdp2 candidate carries its fsdp knobs"
@@ -83,6 +87,7 @@ def render_fsdp2_config(
             wrap=candidate.fsdp.wrap,
         ),
         optimizer=optimizer,
+        gradient_clipping=float((base or {}).get("gradient_clipping") or 0.0),
     )
     return config.model_dump(mode="json")
 

@@ -22,11 +22,32 @@ class Fsdp2Engine:
     accumulates under FSDP2); the loss is divided by the accumulation steps, as DeepSpeed's
     engine does."""
 
-    def __init__(self, module: Any, optimizer: Any, accumulation_steps: int) -> None:
+    def __init__(
+        self, module: Any, optimizer: Any, accumulation_steps: int, clipping: float = 0.0
+    ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
+        self.clipping = clipping
         self.micro_steps = 0
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """Whether the next :meth:`step` steps the optimizer."""
+        return self.micro_steps + 1 == self.accumulation_steps
+
+    def gradient_clipping(self) -> float:
+        return self.clipping
+
+    def get_global_grad_norm(self) -> None:
+        """None: the loss check reads the norm of the module's gradients itself."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -66,6 +87,10 @@ class Fsdp2Engine:
     def step(self) -> None:
         self.micro_steps += 1
         if self.micro_steps == self.accumulation_steps:
+            if self.clipping > 0:
+                import torch
+
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clipping)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.micro_steps = 0
@@ -100,7 +125,10 @@ def initialize_engine(model: Any, config: dict[str, Any]) -> Fsdp2Engine:
     accepted = inspect.signature(kind).parameters
     params = {k: v for k, v in parsed.optimizer.get("params", {}).items() if k in accepted}
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return Fsdp2Engine(model, kind(trainable, **params), parsed.gradient_accumulation_steps)
+    optimizer = kind(trainable, **params)
+    return Fsdp2Engine(
+        model, optimizer, parsed.gradient_accumulation_steps, parsed.gradient_clipping
+    )
 
 
 def fully_shard_arguments(config: Fsdp2Config) -> dict[str, Any]:
