@@ -11,11 +11,17 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
 - forward: the root's own parameters gathered (the root never reshards after forward), the
   running block and the one prefetched; with ``reshard_after_forward=False`` every block
   stays gathered until its backward; one unit (``wrap: model``) is the whole model;
-- backward: as forward, plus the running block's unsharded gradient (param dtype) and its
-  copy in the reduce dtype, and the fp32 gradient shards filling up (4P/N); with gradient
-  accumulation the micro-batches before the last keep every unsharded gradient (no
-  reduce-scatter until the last, ``set_requires_gradient_sync``);
+- backward: as forward, plus the largest unit's unsharded gradient (param dtype) and the
+  flat reduce-scatter input it is copied into (reduce dtype) -- the root's, held from the
+  output layer's gradient to the end of backward, where the root is largest -- the flat
+  all-gather buffer of a block gathered again, and the fp32 gradient shards filling up
+  (4P/N; on the host with CPU offload); with gradient accumulation the micro-batches
+  before the last keep every unsharded gradient (no reduce-scatter until the last,
+  ``set_requires_gradient_sync``);
 - the optimizer step: the gradient shards and AdamW's temporaries (one more shard).
+
+Checked against the probe's tracker on 2 CPU ranks (``benchmarks/memory_accuracy.py
+--backend fsdp2``, RESULTS.md).
 """
 
 from __future__ import annotations
@@ -56,28 +62,47 @@ def fsdp_transient_phases(
     width = _WIDTH[candidate.precision]
     reduce_width = 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
     gathered_forward, gathered_backward = _gathered(candidate, facts, width)
-    running = float(facts.largest_block_params or facts.params)
-    if candidate.fsdp.wrap == "model":
-        running = p
-    grad_shards = 4.0 * p / n
-    unsharded_grads = width * running + (reduce_width * running if reduce_width != width else 0)
+    largest_unit = _largest_unit(candidate, facts)
+    # The largest unit's unsharded gradients and the flat reduce-scatter input they are
+    # copied into; the root's are held from the start of backward (the output layer's
+    # gradient comes first) until the root reduces last.
+    unsharded_grads = (width + reduce_width) * largest_unit
+    if reduce_width != width and candidate.fsdp.wrap == "block":
+        # under mixed precision the gradient is cast to the reduce dtype before the copy
+        # into the reduce-scatter input, while the root's stays held
+        unsharded_grads += reduce_width * largest_unit
     if candidate.gradient_accumulation_steps > 1:
         unsharded_grads += max(reduce_width, width) * p  # kept unreduced until the last
+    # A block resharded after forward is gathered again in backward, through a flat
+    # all-gather buffer beside its unsharded parameters.
+    regathered = candidate.fsdp.wrap == "block" and candidate.fsdp.reshard_after_forward
+    gather_buffer = width * facts.largest_block_params if regathered is not False else 0.0
+    grad_shards = 4.0 * p / n
     on_device = 0.0 if candidate.fsdp_cpu_offload else 1.0
     phases = {
         "forward": Breakdown(params=gathered_forward, activations=act.forward_peak_bytes),
         "backward": Breakdown(
             params=gathered_backward,
             grads=unsharded_grads + on_device * grad_shards,
+            buckets=gather_buffer,
             activations=act.backward_peak_bytes,
         ),
         "optimizer step": Breakdown(
             grads=on_device * grad_shards, workspace=on_device * grad_shards
         ),
     }
-    if candidate.fsdp_cpu_offload:
-        host = host.plus(Breakdown(grads=grad_shards, workspace=grad_shards))
+    if candidate.fsdp_cpu_offload:  # the gradient shards land on the host in backward
+        host = host.plus(Breakdown(grads=grad_shards))
     return phases, host
+
+
+def _largest_unit(candidate: Candidate, facts: ModelFacts) -> float:
+    """Parameters of the largest ``fully_shard`` unit: the whole model as one unit, else
+    the larger of the largest block and the root's own parameters."""
+    p = float(facts.params)
+    if (candidate.fsdp is not None and candidate.fsdp.wrap == "model") or not facts.block_params:
+        return p
+    return max(float(facts.largest_block_params), p - facts.block_params)
 
 
 def _gathered(candidate: Candidate, facts: ModelFacts, width: float) -> tuple[float, float]:
