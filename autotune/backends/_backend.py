@@ -46,8 +46,10 @@ class TrainingBackend(Protocol):
     - ``parameter_precision(candidate)``: the precision the model's parameters are built
       and held in on the rank (DeepSpeed: the candidate's; FSDP2: fp32, computing in the
       candidate's); its batches are made in it too.
-    - ``initialize_engine(model, config)``: on a probe's rank, the training engine over
-      ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe times.
+    - ``initialize_engine(model, config, units)``: on a probe's rank, the training engine
+      over ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe
+      times; ``units`` are the modules a sharding backend wraps one by one (the workload's
+      ``shard_units``).
     - ``model_states(candidate, facts)``: the (device, host) bytes per rank of parameters,
       gradients and optimizer states held between steps.
     - ``transient_phases(candidate, facts, act, knobs, host)``: the device bytes beyond the
@@ -106,7 +108,9 @@ class TrainingBackend(Protocol):
 
     def parameter_precision(self, candidate: Candidate) -> str: ...
 
-    def initialize_engine(self, model: Any, config: dict[str, Any]) -> Any: ...
+    def initialize_engine(
+        self, model: Any, config: dict[str, Any], units: list[Any] | None = None
+    ) -> Any: ...
 
     def whole_parameters(self, model: Any) -> contextlib.AbstractContextManager[Any]: ...
 

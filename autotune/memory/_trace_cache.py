@@ -104,7 +104,7 @@ def entry_name(
 
 def facts_name(persistence_threshold: int) -> str:
     """The name the parameter counts (at a ZeRO-3 persistence threshold) are kept under."""
-    return f"facts-blocks-{persistence_threshold}"
+    return f"facts-units-{persistence_threshold}"
 
 
 def _from_disk(key: str) -> dict[str, Any]:

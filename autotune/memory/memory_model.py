@@ -34,7 +34,7 @@ from autotune.backends.deepspeed import (
 )
 from autotune.candidate import Candidate
 from autotune.hardware import Accelerator
-from autotune.workloads.blocks import block_params
+from autotune.workloads.blocks import block_params, shard_units
 
 if TYPE_CHECKING:
     from autotune.backends import TrainingBackend
@@ -91,7 +91,7 @@ def _counted(workload: Workload, persistence_threshold: int) -> ModelFacts:
     unique = {id(p): p for p in model.parameters()}.values()
     numels = [p.numel() for p in unique]
     active = getattr(workload, "active_params", None)  # user workloads may predate it
-    in_blocks, largest_block = block_params(model)
+    in_blocks, largest_block = block_params(shard_units(workload, model))
     return ModelFacts(
         block_params=in_blocks,
         largest_block_params=largest_block,

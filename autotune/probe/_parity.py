@@ -43,6 +43,7 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
 
     from autotune.backends import get_backend
     from autotune.workloads import get_workload
+    from autotune.workloads.blocks import shard_units
 
     assert spec.parity is not None
     backend = get_backend(spec.candidate.backend)
@@ -60,7 +61,7 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     _check_loaded(source_sq_sum, loaded_sq_sum, candidate.precision)
     dropouts = switch_off_dropout(model)
     model.train()
-    engine = backend.initialize_engine(model, spec.ds_config)
+    engine = backend.initialize_engine(model, spec.ds_config, units=shard_units(workload, model))
     batches = micro_batches(workload, candidate, int(os.environ.get("RANK", "0")), device)
     seed_everything(parity.seed)
     losses, norms, skipped = [], [], []

@@ -101,6 +101,7 @@ def run_rank(
         if report.overhead_left_bytes > leak_tolerance_bytes(spec.vram_limit_bytes):
             return  # earlier candidates left too much outside the allocator: unclean
     from autotune.workloads import get_workload
+    from autotune.workloads.blocks import shard_units
 
     candidate = spec.candidate
     with tracker:
@@ -110,7 +111,8 @@ def run_rank(
             workload.enable_activation_checkpointing(model)
         if spec.fault == "leak" and rank == world_size - 1:
             _keep_alive(model, spec, device)
-        engine = backend.initialize_engine(model, spec.ds_config)
+        units = shard_units(workload, model)
+        engine = backend.initialize_engine(model, spec.ds_config, units=units)
         report.init_s = time.perf_counter() - started
         report.loss_scale_at_start = engine_state.loss_scale(engine)
         held_in = backend.parameter_precision(candidate)

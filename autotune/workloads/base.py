@@ -53,6 +53,15 @@ class Workload(ABC):
         """The training loss of ``model`` on ``batch`` (model may be a DeepSpeed engine)."""
         return model(**batch).loss
 
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The modules FSDP2 applies ``fully_shard`` to, one unit each, inner ones first,
+        before the root: the transformer blocks (:func:`autotune.workloads.blocks.block_units`).
+        A workload whose model calls a module of a block from outside that block's forward
+        lists that module first, as a unit of its own."""
+        from autotune.workloads.blocks import block_units
+
+        return block_units(model)
+
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
         """Recompute every transformer block's activations during backward. A workload
         that does not override this is probed without checkpointing (dropped from the

@@ -23,11 +23,20 @@ def block_units(model: Any) -> list[Any]:
     return list(largest)
 
 
-def block_params(model: Any) -> tuple[int, int]:
-    """(parameters in all blocks, in the largest block), each tensor counted once."""
+def shard_units(workload: Any, model: Any) -> list[Any]:
+    """The modules FSDP2 shards one unit each, inner ones first: the workload's own
+    (``Workload.shard_units``: a DiT's timestep embedding, which its model calls from
+    outside the block that holds it, is a unit of its own), else the blocks."""
+    own = getattr(workload, "shard_units", None)
+    return list(own(model)) if callable(own) else block_units(model)
+
+
+def block_params(units: list[Any]) -> tuple[int, int]:
+    """(parameters in all ``units``, in the largest), each tensor counted once, in the unit
+    that holds it innermost (units are listed inner first)."""
     seen: set[int] = set()
     sizes = []
-    for unit in block_units(model):
+    for unit in units:
         size = 0
         for param in unit.parameters():
             if id(param) not in seen:

@@ -179,6 +179,14 @@ class DiTWorkload(Workload):
         vb = torch.where(t == 0, nll, kl)
         return (mse + vb).mean()
 
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Each block's timestep-and-class embedding, then the blocks: diffusers' DiT calls
+        the first block's embedding from its own forward (for the final layer's
+        conditioning), outside that block, so it is a unit of its own."""
+        blocks = list(model.transformer_blocks)
+        embeddings = [b.norm1.emb for b in blocks if getattr(b.norm1, "emb", None) is not None]
+        return [*embeddings, *blocks]
+
     def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
         # diffusers' own switch: every transformer block recomputed in backward, through
         # torch.utils.checkpoint without reentrancy (works with ZeRO-3's parameter hooks).

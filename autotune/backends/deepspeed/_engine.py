@@ -23,8 +23,10 @@ def sharded_build(
     return deepspeed.zero.Init(config_dict_or_path=config)
 
 
-def initialize_engine(model: Any, config: dict[str, Any]) -> Any:
-    """DeepSpeed's engine over ``model``, stepping its trainable parameters."""
+def initialize_engine(model: Any, config: dict[str, Any], units: list[Any] | None = None) -> Any:
+    """DeepSpeed's engine over ``model``, stepping its trainable parameters (``units`` are
+    FSDP2's: unused)."""
+    del units
     import deepspeed
 
     engine, *_ = deepspeed.initialize(

@@ -106,9 +106,12 @@ def start_process_group() -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 
 
-def initialize_engine(model: Any, config: dict[str, Any]) -> Fsdp2Engine:
-    """``fully_shard`` over ``model``'s units (each block, then the root; or the root
-    alone) with the config's policies, and its optimizer over the sharded parameters."""
+def initialize_engine(
+    model: Any, config: dict[str, Any], units: list[Any] | None = None
+) -> Fsdp2Engine:
+    """``fully_shard`` over ``model``'s units (``units``, inner first, else its blocks;
+    then the root; or the root alone) with the config's policies, and its optimizer over
+    the sharded parameters."""
     import torch
 
     parsed = Fsdp2Config.model_validate(config)
@@ -116,7 +119,7 @@ def initialize_engine(model: Any, config: dict[str, Any]) -> Fsdp2Engine:
     from torch.distributed.fsdp import fully_shard
 
     if parsed.fully_shard.wrap == "block":
-        for unit in block_units(model):
+        for unit in block_units(model) if units is None else units:
             fully_shard(unit, **shard)
     # The root is left to FSDP2's default (None): it keeps its parameters gathered from
     # forward to backward, which would gather them again at once.
