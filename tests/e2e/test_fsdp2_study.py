@@ -35,7 +35,7 @@ def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (workdir / "space.yaml").write_text(SPACE)
     result = run_cli(
         *["run", "--workload", "gpt-tiny", "--gpus", "2", "--global-batch", "16"],
-        *["--space", "space.yaml", "--budget", "4m", "--warmup-steps", "1"],
+        *["--space", "space.yaml", "--budget", "3m", "--warmup-steps", "1"],
         *["--timed-steps", "3", "--max-timed-steps", "6", "--seed", "0"],
         cwd=workdir,
     )

@@ -83,3 +83,15 @@ def test_each_fully_shard_setting_reaches_the_model(tmp_path: Path) -> None:
 def _rank_reports(trial_dir: Path) -> list[RankReport]:
     paths = sorted(trial_dir.glob("rank-*.json"))
     return [RankReport.model_validate_json(path.read_text()) for path in paths]
+
+
+def test_a_dit_is_sharded_per_block_with_its_embeddings_apart(tmp_path: Path) -> None:
+    """diffusers' DiT calls its first block's timestep embedding from outside that block:
+    sharded as a unit of its own (Workload.shard_units), the model trains per block."""
+    job = make_job(tmp_path, candidate=_fsdp2(precision="fp32"))
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={"workload": "dit-tiny"})})
+    (result,) = launch_probes([job])
+    assert result.status == "ok", result.error
+    sharding = _rank_reports(Path(job.trial_dir))[0].sharding
+    assert sharding is not None
+    assert (sharding.units, sharding.resharded_units) == (5, 4)  # 2 embeddings, 2 blocks, root
