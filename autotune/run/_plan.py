@@ -265,7 +265,7 @@ def _study_config(
     """What the study records of the run: the settings every trial of it shares."""
     return StudyConfig(
         workload=inputs.ref,
-        space=inputs.space.model_dump(mode="json"),
+        space=inputs.space.stored(),
         accelerator=hardware.accelerator,
         gpus_per_trial=per_trial,
         world_sizes=list(settings.world_sizes),

@@ -115,6 +115,15 @@ class SpaceSpec(BaseModel):
             raise ValueError(f"ratios must lie in (0, 1], got {bad}")
         return values
 
+    def stored(self) -> dict[str, Any]:
+        """The space as a study stores it (and compares a continued run's against): a
+        space that trains with DeepSpeed only leaves out the FSDP2 keys, as studies stored
+        before there was a second backend did, so that those continue."""
+        values = self.model_dump(mode="json")
+        if self.backend == ["deepspeed"]:
+            del values["backend"], values["fsdp"]
+        return values
+
     def uses(self, device: str) -> bool:
         return device in self.offload_optimizer or device in self.offload_param
 

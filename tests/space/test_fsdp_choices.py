@@ -79,3 +79,13 @@ def test_fsdp2_alone_with_fp16_only_is_refused() -> None:
     spec = parse_space("backend: [fsdp2]\nprecision: [fp16]\nmicro_batch_size: [4]\n")
     with pytest.raises(SpaceError, match="fsdp2 lists no precision"):
         spec.bind(AMPERE, data_parallel_size=2, global_batch=16)
+
+
+def test_a_deepspeed_only_space_is_stored_as_before_fsdp2() -> None:
+    """Studies stored before FSDP2 hold spaces without its keys: a run that continues one
+    with a DeepSpeed-only space compares equal, one that adds fsdp2 does not."""
+    before = parse_space("micro_batch_size: [4]\n").model_dump(mode="json")
+    del before["backend"], before["fsdp"]
+    assert parse_space("micro_batch_size: [4]\n").stored() == before
+    both = parse_space("backend: [deepspeed, fsdp2]\nmicro_batch_size: [4]\n").stored()
+    assert both["backend"] == ["deepspeed", "fsdp2"] and "fsdp" in both
