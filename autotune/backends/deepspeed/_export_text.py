@@ -12,6 +12,8 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.backends._shell_text import export_lines
+
 
 def _exports(accelerator: str, env: Mapping[str, str]) -> str:
     """``export`` lines, each keeping a value the caller's environment already has: the CPU
@@ -19,9 +21,7 @@ def _exports(accelerator: str, env: Mapping[str, str]) -> str:
     compute as the probes did)."""
     wanted = {"DS_ACCELERATOR": "cpu"} if accelerator == "cpu" else {}
     wanted.update(env)
-    return "".join(
-        f'export {name}="${{{name}:-{shlex.quote(value)}}}"\n' for name, value in wanted.items()
-    )
+    return export_lines(wanted)
 
 
 def launch_script(

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from autotune.backends._shell_text import export_lines
 from autotune.backends.fsdp2._config import Fsdp2Config
 
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
@@ -75,10 +76,7 @@ def launch_script(
     # accelerate applies FSDP only on accelerators (on CPU ranks its state is MULTI_CPU,
     # which leaves the model unsharded): CPU ranks launch with torchrun.
     default = "accelerate" if accelerator == "cuda" else "torchrun"
-    exports = "".join(
-        f'export {name}="${{{name}:-{shlex.quote(value)}}}"\n'
-        for name, value in (env or {}).items()
-    )
+    exports = export_lines(env or {})
     return f"""#!/usr/bin/env bash
 # autotune export: {origin},
 # tuned for {ranks} {device} on one node, with FSDP2.
