@@ -111,8 +111,7 @@ def run_rank(
             workload.enable_activation_checkpointing(model)
         if spec.fault == "leak" and rank == world_size - 1:
             _keep_alive(model, spec, device)
-        units = shard_units(workload, model)
-        engine = backend.initialize_engine(model, spec.ds_config, units=units)
+        engine = backend.initialize_engine(model, spec.ds_config, shard_units(workload, model))
         report.init_s = time.perf_counter() - started
         report.loss_scale_at_start = engine_state.loss_scale(engine)
         held_in = backend.parameter_precision(candidate)
