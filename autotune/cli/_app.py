@@ -212,7 +212,7 @@ def build_ops() -> None:
 
 
 def _print_plan(plan: Plan) -> None:
-    console.print(plan.hardware.describe(plan.settings.gpus))
+    console.print(plan.hardware.describe(plan.settings.gpus, plan.space.backends))
     batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
     console.print(
         f"workload {plan.workload.describe()}; global batch {batch}, "

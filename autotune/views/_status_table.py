@@ -226,7 +226,7 @@ def space_facts(
     candidates = list(bound.candidates())
     return SpaceFacts(
         space=space_ref,
-        hardware=hardware.describe(gpus),
+        hardware=hardware.describe(gpus, bound.backends),
         gpus=gpus,
         global_batch=batch,  # type: ignore[arg-type]
         max_global_batch=max_global_batch,

@@ -140,3 +140,14 @@ def test_code_lines_show_the_fully_shard_calls() -> None:
     assert "offload_policy=CPUOffloadPolicy()" in code
     assert "fully_shard(block, **policy)" in code and "gradient_checkpointing_enable" in code
     compile(code.replace("torch.optim", "optim"), "<summary>", "exec")  # valid Python
+
+
+def test_a_script_is_never_handed_fsdp2() -> None:
+    from autotune.errors import AutotuneError
+    from autotune.script_config import ScriptConfig
+
+    script = ScriptConfig(path="/work/train.py", kind="deepspeed", cwd="/work")
+    with pytest.raises(AutotuneError, match="FSDP2 probes of a script are not supported"):
+        FSDP2.config_for_script({}, script)
+    with pytest.raises(AutotuneError, match="drop fsdp2 from the space's backend"):
+        FSDP2.script_launch_script(origin="train.py")

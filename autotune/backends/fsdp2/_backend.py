@@ -8,11 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 from autotune import events
 from autotune.backends.fsdp2 import _config, _engine, _export_text, _memory
+from autotune.errors import SpaceError
 
 if TYPE_CHECKING:
     from autotune.candidate import Candidate
     from autotune.hardware import Hardware
     from autotune.script_config import ScriptConfig
+
+
+# A script's probes train with the engine the script builds; the plan drops fsdp2 from a
+# script study's space before a candidate could reach these.
+NO_SCRIPT_PROBES = "FSDP2 probes of a script are not supported: drop fsdp2 from the space's backend"
 
 
 class Fsdp2Backend:
@@ -72,10 +78,8 @@ class Fsdp2Backend:
 
     def config_for_script(self, config: dict[str, Any], script: ScriptConfig) -> dict[str, Any]:
         del config
-        raise NotImplementedError(
-            f"{script.path}: FSDP2 probes of a script are not supported; drop fsdp2 from the "
-            "space's backend"
-        )
+        raise SpaceError(f"{script.path}: {NO_SCRIPT_PROBES}")
 
     def script_launch_script(self, **kwargs: Any) -> str:
-        raise NotImplementedError("FSDP2 probes of a script are not supported")
+        del kwargs
+        raise SpaceError(NO_SCRIPT_PROBES)
