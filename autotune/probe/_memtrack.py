@@ -8,6 +8,11 @@ storage). This is the same notion of memory as ``torch.distributed._tools.mem_tr
 bytes of live tensor storages, which is what a GPU allocator would have to hold. Kernel
 workspaces that never surface as tensors are not seen.
 
+A storage resized in place from Python (``UntypedStorage.resize_``, which FSDP2 uses to free
+and re-allocate a unit's unsharded parameters around each all-gather) does not pass the
+dispatcher; while a tracker is active that method is wrapped, so that the tracker sees the
+new size as a free or an allocation, as a device allocator would.
+
 The tracker can enforce a limit: crossing it raises ``torch.OutOfMemoryError``, like the
 CUDA caching allocator does under ``torch.cuda.set_per_process_memory_fraction``.
 """
@@ -37,6 +42,23 @@ class TensorMemoryTracker(TorchDispatchMode):
         self._sizes: dict[int, int] = {}
         self._lock = threading.Lock()
 
+    def __enter__(self) -> TensorMemoryTracker:
+        _RESIZE_WATCHERS.append(self)
+        _wrap_storage_resize()
+        try:
+            return super().__enter__()
+        except BaseException:
+            _RESIZE_WATCHERS.remove(self)
+            raise
+
+    def __exit__(self, *exc_info: Any) -> None:
+        try:
+            super().__exit__(*exc_info)
+        finally:
+            _RESIZE_WATCHERS.remove(self)
+            if not _RESIZE_WATCHERS:
+                _unwrap_storage_resize()
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for value in tree_flatten(out)[0]:
@@ -49,6 +71,9 @@ class TensorMemoryTracker(TorchDispatchMode):
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
             return
+        self._track_storage(storage)
+
+    def _track_storage(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         nbytes = storage.nbytes()
         with self._lock:
@@ -67,6 +92,12 @@ class TensorMemoryTracker(TorchDispatchMode):
                 f"rank tensor memory {self.live_bytes} bytes exceeds the limit of "
                 f"{self.limit_bytes} bytes (autotune CPU memory limit)"
             )
+
+    def _resized(self, storage: torch.UntypedStorage) -> None:
+        """``storage`` was resized in place: a storage counted before takes its new size
+        (0: freed); one not seen before counts from now."""
+        if storage.device.type == self.device_type:
+            self._track_storage(storage)
 
     def adopt(self, tensors: Any) -> None:
         """Count the storages of ``tensors`` (alive before the tracker) as live, as a device
@@ -90,6 +121,26 @@ class TensorMemoryTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_bytes = self.live_bytes
+
+
+# The active trackers, told of every in-place storage resize made from Python.
+_RESIZE_WATCHERS: list[TensorMemoryTracker] = []
+_STORAGE_RESIZE = torch.UntypedStorage.resize_
+
+
+def _watched_resize(storage: torch.UntypedStorage, size: int) -> Any:
+    result = _STORAGE_RESIZE(storage, size)
+    for tracker in tuple(_RESIZE_WATCHERS):
+        tracker._resized(storage)
+    return result
+
+
+def _wrap_storage_resize() -> None:
+    torch.UntypedStorage.resize_ = _watched_resize  # type: ignore[method-assign]
+
+
+def _unwrap_storage_resize() -> None:
+    torch.UntypedStorage.resize_ = _STORAGE_RESIZE  # type: ignore[method-assign]
 
 
 # Tensors alive when the heap was frozen (:func:`freeze_heap`), which the collector no

@@ -25,6 +25,31 @@ def test_counts_each_storage_once_and_releases() -> None:
     del a, view, c
 
 
+def test_a_storage_resized_in_place_is_freed_and_allocated_again() -> None:
+    """FSDP2 frees a unit's unsharded parameters with ``UntypedStorage.resize_(0)`` and
+    re-allocates them with ``resize_(n)``, calls that never reach the dispatcher."""
+    original = torch.UntypedStorage.resize_
+    with TensorMemoryTracker() as tracker:
+        held = torch.empty(1024, dtype=torch.float32)  # 4 KiB
+        storage = held.untyped_storage()
+        storage.resize_(0)
+        assert tracker.live_bytes == 0
+        storage.resize_(4096)
+        storage.resize_(0)
+        storage.resize_(4096)
+        assert tracker.live_bytes == 4096 and tracker.peak_bytes == 4096
+        elsewhere = torch.UntypedStorage(0)  # made outside any operator: counted once grown
+        elsewhere.resize_(2048)
+        assert tracker.live_bytes == 4096 + 2048
+        del elsewhere
+        gc.collect()
+        assert tracker.live_bytes == 4096
+    assert torch.UntypedStorage.resize_ is original  # unwrapped with the last tracker
+    storage.resize_(0)  # after the tracker: nothing counts it
+    assert tracker.live_bytes == 4096
+    del held, storage
+
+
 def test_peak_covers_autograd_intermediates() -> None:
     layer = torch.nn.Linear(256, 256)
     x = torch.randn(64, 256)
