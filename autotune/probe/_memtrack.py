@@ -13,6 +13,10 @@ and re-allocate a unit's unsharded parameters around each all-gather) does not p
 dispatcher; while a tracker is active that method is wrapped, so that the tracker sees the
 new size as a free or an allocation, as a device allocator would.
 
+A tensor subclass that wraps others (``DTensor``: one rank's shard of a larger tensor) reports
+a storage of its global size that holds no memory; the tracker counts the storages of the
+tensors it wraps instead (``__tensor_flatten__``), which hold what the rank allocated.
+
 The tracker can enforce a limit: crossing it raises ``torch.OutOfMemoryError``, like the
 CUDA caching allocator does under ``torch.cuda.set_per_process_memory_fraction``.
 """
@@ -26,7 +30,7 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
 
@@ -67,11 +71,8 @@ class TensorMemoryTracker(TorchDispatchMode):
         return out
 
     def _track(self, tensor: torch.Tensor) -> None:
-        try:
-            storage = tensor.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
-            return
-        self._track_storage(storage)
+        for storage in _storages_of(tensor):
+            self._track_storage(storage)
 
     def _track_storage(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
@@ -111,8 +112,8 @@ class TensorMemoryTracker(TorchDispatchMode):
         of them, such as a weight's transpose, then count nothing."""
         with self._lock:
             for tensor in tensors:
-                storage = tensor.untyped_storage()
-                self._sizes.setdefault(storage._cdata, storage.nbytes())
+                for storage in _storages_of(tensor):
+                    self._sizes.setdefault(storage._cdata, storage.nbytes())
 
     def _release(self, key: int) -> None:
         with self._lock:
@@ -121,6 +122,19 @@ class TensorMemoryTracker(TorchDispatchMode):
     def reset_peak(self) -> None:
         with self._lock:
             self.peak_bytes = self.live_bytes
+
+
+def _storages_of(tensor: torch.Tensor) -> list[torch.UntypedStorage]:
+    """The storages that hold ``tensor``'s memory: its own, or for a wrapper subclass
+    (DTensor) those of the tensors it wraps; none for sparse or storage-less tensors."""
+    if is_traceable_wrapper_subclass(tensor):
+        inner_names, _ = tensor.__tensor_flatten__()  # type: ignore[attr-defined]
+        inner = (getattr(tensor, name) for name in inner_names)  # DTensor's include its mesh
+        return [s for t in inner if isinstance(t, torch.Tensor) for s in _storages_of(t)]
+    try:
+        return [tensor.untyped_storage()]
+    except (RuntimeError, NotImplementedError):  # sparse or storage-less tensors
+        return []
 
 
 # The active trackers, told of every in-place storage resize made from Python.

@@ -50,6 +50,32 @@ def test_a_storage_resized_in_place_is_freed_and_allocated_again() -> None:
     del held, storage
 
 
+def test_a_dtensor_counts_its_local_shard_not_its_global_size() -> None:
+    """A DTensor's own storage reports the global tensor's size but holds nothing: FSDP2's
+    optimizer states and gradients are DTensors, and a rank holds only their shards."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    # two ranks in this one process: the fake process group runs no collective
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        weight = distribute_tensor(torch.empty(256, 64), mesh, [Shard(0)])  # 64 KiB whole
+        assert weight.to_local().shape == (128, 64)
+        with TensorMemoryTracker() as tracker:
+            state = torch.zeros_like(weight)  # AdamW's state of a sharded parameter
+            assert tracker.live_bytes == 128 * 64 * 4
+            del state
+            gc.collect()
+            assert tracker.live_bytes == 0
+            tracker.adopt([weight])
+            assert tracker.live_bytes == 128 * 64 * 4
+    finally:
+        dist.destroy_process_group()
+
+
 def test_peak_covers_autograd_intermediates() -> None:
     layer = torch.nn.Linear(256, 256)
     x = torch.randn(64, 256)
