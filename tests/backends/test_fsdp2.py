@@ -100,13 +100,24 @@ def test_memory_terms_follow_the_sharding() -> None:
     assert host.total == 0
     device, host = FSDP2.model_states(_fsdp2(offload_optimizer="cpu", offload_param="cpu"), FACTS)
     assert device.total == 0 and host.total == 12 * shard
-    resharded = _phases(_fsdp2())[0]["forward"].params
-    kept = _phases(_fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False)))[0]["forward"].params
-    whole = _phases(_fsdp2(fsdp=FsdpKnobs(wrap="model")))[0]["forward"].params
-    # root (200k) + two blocks in flight (2 x 200k), or every block kept, in bf16
-    assert resharded == 2 * (200_000 + 400_000)
-    assert kept == whole == 2 * FACTS.params
-    single = _phases(_fsdp2())[0]["backward"].grads
+    resharded = _phases(_fsdp2())[0]
+    kept = _phases(_fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False)))[0]
+    whole = _phases(_fsdp2(fsdp=FsdpKnobs(wrap="model")))[0]
+    # bf16 gathered: at the end of forward the root (200k), or every block kept too; the
+    # last unit's flat all-gather output (a 200k block, or the whole model as one unit)
+    assert resharded["forward"].params == 2 * 200_000
+    assert kept["forward"].params == whole["forward"].params == 2 * FACTS.params
+    assert resharded["forward"].buckets == kept["forward"].buckets == 2 * 200_000
+    assert whole["forward"].buckets == 2 * FACTS.params
+    # in a block's backward the next block is gathered ahead only where blocks reshard
+    assert resharded["backward"].params == 2 * (200_000 + 200_000)
+    assert kept["backward"].params == 2 * FACTS.params
+    # a unit's bf16 gradients, their fp32 cast and the fp32 reduce-scatter input: a block's
+    # in its backward, the root's (or the whole model's) at the end, with the fp32 shards
+    assert resharded["backward"].grads == (2 + 4 + 4) * 200_000
+    assert resharded["backward end"].grads == (2 + 4 + 4) * 200_000 + 4 * FACTS.params / 2
+    assert whole["backward end"].grads == (2 + 4 + 4) * FACTS.params + 4 * FACTS.params / 2
+    single = resharded["backward"].grads
     accumulating = _phases(_fsdp2(gradient_accumulation_steps=2))[0]["backward"].grads
     assert accumulating - single == 4 * FACTS.params  # unreduced fp32 gradients of all
 

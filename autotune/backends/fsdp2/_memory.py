@@ -4,20 +4,24 @@ FSDP2 keeps each parameter as a DTensor sharded over the ranks in the dtype the 
 built in (fp32), all-gathers a unit's shards in ``MixedPrecisionPolicy.param_dtype`` for
 its forward and backward, reduce-scatters its gradients in ``reduce_dtype`` and keeps the
 gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torchtitan's
-``docs/fsdp.md``; torch.distributed.fsdp ``FSDPParam``):
+``docs/fsdp.md``; ``torch.distributed.fsdp._fully_shard``: ``FSDPParamGroup``,
+``foreach_all_gather``, ``foreach_reduce``):
 
 - between steps: fp32 parameter shards (4P/N) and AdamW's two fp32 states (8P/N), on the
   host with ``CPUOffloadPolicy``;
-- forward: the root's own parameters gathered (the root never reshards after forward), the
-  running block and the one prefetched; with ``reshard_after_forward=False`` every block
-  stays gathered until its backward; one unit (``wrap: model``) is the whole model;
-- backward: as forward, plus the largest unit's unsharded gradient (param dtype) and the
-  flat reduce-scatter input it is copied into (reduce dtype) -- the root's, held from the
-  output layer's gradient to the end of backward, where the root is largest -- the flat
-  all-gather buffer of a block gathered again, and the fp32 gradient shards filling up
-  (4P/N; on the host with CPU offload); with gradient accumulation the micro-batches
-  before the last keep every unsharded gradient (no reduce-scatter until the last,
-  ``set_requires_gradient_sync``);
+- forward, at its end (where the activations peak): the root's own parameters gathered (the
+  root never reshards after forward), the blocks kept gathered (every block with
+  ``reshard_after_forward=False``, a 1/k share of each for an int k, none for True), and the
+  flat all-gather output of the last unit, which FSDP2 keeps until the next all-gather
+  (``AllGatherState``); with one unit (``wrap: model``) that is the whole model twice;
+- backward, in a block's backward: as forward without the flat output, plus the next block
+  gathered ahead (prefetch) when blocks reshard, the block's unsharded gradients and the flat
+  reduce-scatter input they are copied into (``reduce_dtype``; a cast of them first under
+  mixed precision); with gradient accumulation the micro-batches before the last keep every
+  unsharded gradient (no reduce-scatter until the last, ``set_requires_gradient_sync``);
+- the end of backward: the last unit (the root, or the whole model as one unit) resharded,
+  its unsharded gradients and reduce-scatter input, and the fp32 gradient shards (4P/N; on
+  the host with CPU offload);
 - the optimizer step: the gradient shards and AdamW's temporaries (one more shard).
 
 Checked against the probe's tracker on 2 CPU ranks (``benchmarks/memory_accuracy.py
@@ -61,63 +65,63 @@ def fsdp_transient_phases(
     p, n = float(facts.params), float(candidate.data_parallel_size)
     width = _WIDTH[candidate.precision]
     reduce_width = 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
-    gathered_forward, gathered_backward = _gathered(candidate, facts, width)
-    largest_unit = _largest_unit(candidate, facts)
-    # The largest unit's unsharded gradients and the flat reduce-scatter input they are
-    # copied into; the root's are held from the start of backward (the output layer's
-    # gradient comes first) until the root reduces last.
-    unsharded_grads = (width + reduce_width) * largest_unit
-    if reduce_width != width and candidate.fsdp.wrap == "block":
-        # under mixed precision the gradient is cast to the reduce dtype before the copy
-        # into the reduce-scatter input, while the root's stays held
-        unsharded_grads += reduce_width * largest_unit
-    if candidate.gradient_accumulation_steps > 1:
-        unsharded_grads += max(reduce_width, width) * p  # kept unreduced until the last
-    # A block resharded after forward is gathered again in backward, through a flat
-    # all-gather buffer beside its unsharded parameters.
-    regathered = candidate.fsdp.wrap == "block" and candidate.fsdp.reshard_after_forward
-    gather_buffer = width * facts.largest_block_params if regathered is not False else 0.0
-    grad_shards = 4.0 * p / n
-    on_device = 0.0 if candidate.fsdp_cpu_offload else 1.0
+    unit, last_unit = _unit_params(candidate, facts)
+    root, kept = _gathered_bytes(candidate, facts, width)
+    # A unit's unsharded gradients, the cast of them to the reduce dtype under mixed
+    # precision, and the flat reduce-scatter input they are copied into.
+    reducing = width + reduce_width + (reduce_width if reduce_width != width else 0.0)
+    # kept unreduced until the last micro-batch, in the wider of the two dtypes
+    accumulated = max(reduce_width, width) * p if candidate.gradient_accumulation_steps > 1 else 0.0
+    prefetched = width * unit if candidate.fsdp.reshard_after_forward is not False else 0.0
+    grad_shards = 0.0 if candidate.fsdp_cpu_offload else 4.0 * p / n
     phases = {
-        "forward": Breakdown(params=gathered_forward, activations=act.forward_peak_bytes),
-        "backward": Breakdown(
-            params=gathered_backward,
-            grads=unsharded_grads + on_device * grad_shards,
-            buckets=gather_buffer,
-            activations=act.backward_peak_bytes,
+        "forward": Breakdown(
+            params=root + kept, buckets=width * unit, activations=act.forward_peak_bytes
         ),
-        "optimizer step": Breakdown(
-            grads=on_device * grad_shards, workspace=on_device * grad_shards
-        ),
+        "backward end": Breakdown(grads=reducing * last_unit + accumulated + grad_shards),
+        "optimizer step": Breakdown(grads=grad_shards, workspace=grad_shards),
     }
+    if _per_block(candidate, facts):  # a block's backward
+        phases["backward"] = Breakdown(
+            params=root + kept + prefetched,
+            grads=reducing * unit + accumulated,
+            activations=act.backward_peak_bytes,
+        )
+    else:  # one unit: gathered from the start of backward to its end
+        phases["backward"] = Breakdown(
+            params=root, grads=accumulated, activations=act.backward_peak_bytes
+        )
     if candidate.fsdp_cpu_offload:  # the gradient shards land on the host in backward
-        host = host.plus(Breakdown(grads=grad_shards))
+        host = host.plus(Breakdown(grads=4.0 * p / n))
     return phases, host
 
 
-def _largest_unit(candidate: Candidate, facts: ModelFacts) -> float:
-    """Parameters of the largest ``fully_shard`` unit: the whole model as one unit, else
-    the larger of the largest block and the root's own parameters."""
+def _unit_params(candidate: Candidate, facts: ModelFacts) -> tuple[float, float]:
+    """Parameters of the unit gathered and reduced at a time (the largest block, or the
+    whole model as one unit) and of the last one reduced (the root, or the whole model)."""
     p = float(facts.params)
-    if (candidate.fsdp is not None and candidate.fsdp.wrap == "model") or not facts.block_params:
-        return p
-    return max(float(facts.largest_block_params), p - facts.block_params)
+    if not _per_block(candidate, facts):
+        return p, p
+    return float(facts.largest_block_params), p - facts.block_params
 
 
-def _gathered(candidate: Candidate, facts: ModelFacts, width: float) -> tuple[float, float]:
-    """Gathered parameter bytes at the peak of forward and of backward."""
+def _per_block(candidate: Candidate, facts: ModelFacts) -> bool:
+    """Whether each block is a unit of its own (else the whole model is one)."""
+    assert candidate.fsdp is not None
+    return candidate.fsdp.wrap == "block" and facts.block_params > 0
+
+
+def _gathered_bytes(candidate: Candidate, facts: ModelFacts, width: float) -> tuple[float, float]:
+    """Gathered parameter bytes from forward to backward: the root's own (the whole model
+    as one unit), and the blocks' kept after their forward."""
     assert candidate.fsdp is not None
     p = float(facts.params)
-    if candidate.fsdp.wrap == "model" or not facts.block_params:
-        return width * p, width * p
+    if not _per_block(candidate, facts):
+        return width * p, 0.0
     root = width * (p - facts.block_params)
-    in_flight = 2.0 * width * facts.largest_block_params  # running + prefetched
     reshard = candidate.fsdp.reshard_after_forward
-    if reshard is False:
-        return root + width * facts.block_params, root + width * facts.block_params
     if reshard is True:
-        return root + in_flight, root + in_flight
-    # An int: each block resharded after forward to groups of that many ranks.
-    kept = width * facts.block_params / reshard
-    return root + in_flight + kept, root + in_flight + kept
+        return root, 0.0
+    if reshard is False:
+        return root, width * facts.block_params
+    return root, width * facts.block_params / reshard  # resharded to groups of k ranks
