@@ -18,7 +18,8 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   gathered ahead (prefetch) when blocks reshard, the block's unsharded gradients and the flat
   reduce-scatter input they are copied into (``reduce_dtype``; a cast of them first under
   mixed precision); with gradient accumulation the micro-batches before the last keep every
-  unsharded gradient (no reduce-scatter until the last, ``set_requires_gradient_sync``);
+  unsharded gradient (no reduce-scatter until the last, ``set_requires_gradient_sync``),
+  already in the reduce dtype, so that the last casts none;
 - the end of backward: the last unit (the root, or the whole model as one unit) resharded,
   its unsharded gradients and reduce-scatter input, and the fp32 gradient shards (4P/N; on
   the host with CPU offload);
@@ -67,11 +68,14 @@ def fsdp_transient_phases(
     reduce_width = 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
     unit, last_unit = _unit_params(candidate, facts)
     root, kept = _gathered_bytes(candidate, facts, width)
-    # A unit's unsharded gradients, the cast of them to the reduce dtype under mixed
-    # precision, and the flat reduce-scatter input they are copied into.
-    reducing = width + reduce_width + (reduce_width if reduce_width != width else 0.0)
-    # kept unreduced until the last micro-batch, in the wider of the two dtypes
-    accumulated = max(reduce_width, width) * p if candidate.gradient_accumulation_steps > 1 else 0.0
+    accumulating = candidate.gradient_accumulation_steps > 1
+    # Kept unreduced until the last micro-batch, in the reduce dtype where it is wider
+    # (``FSDPParam.to_accumulated_grad_if_needed``).
+    accumulated = max(reduce_width, width) * p if accumulating else 0.0
+    # A unit's unsharded gradients and the flat reduce-scatter input they are copied into;
+    # under mixed precision without accumulation, their cast to the reduce dtype first.
+    cast = reduce_width if reduce_width != width and not accumulating else 0.0
+    reducing = width + reduce_width + cast
     prefetched = width * unit if candidate.fsdp.reshard_after_forward is not False else 0.0
     grad_shards = 0.0 if candidate.fsdp_cpu_offload else 4.0 * p / n
     phases = {
