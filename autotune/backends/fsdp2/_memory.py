@@ -13,7 +13,8 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   root never reshards after forward), the blocks kept gathered (every block with
   ``reshard_after_forward=False``, a 1/k share of each for an int k, none for True), and the
   flat all-gather output of the last unit, which FSDP2 keeps until the next all-gather
-  (``AllGatherState``); with one unit (``wrap: model``) that is the whole model twice;
+  (``AllGatherState``); with one unit (``wrap: model``) that is the whole model twice; with
+  gradient accumulation, the gradients of the micro-batches before;
 - backward, in a block's backward: as forward without the flat output, plus the next block
   gathered ahead (prefetch) when blocks reshard, the block's unsharded gradients and the flat
   reduce-scatter input they are copied into (``reduce_dtype``; a cast of them first under
@@ -79,8 +80,11 @@ def fsdp_transient_phases(
     prefetched = width * unit if candidate.fsdp.reshard_after_forward is not False else 0.0
     grad_shards = 0.0 if candidate.fsdp_cpu_offload else 4.0 * p / n
     phases = {
-        "forward": Breakdown(
-            params=root + kept, buckets=width * unit, activations=act.forward_peak_bytes
+        "forward": Breakdown(  # a later micro-batch's forward holds the earlier's gradients
+            params=root + kept,
+            grads=accumulated,
+            buckets=width * unit,
+            activations=act.forward_peak_bytes,
         ),
         "backward end": Breakdown(grads=reducing * last_unit + accumulated + grad_shards),
         "optimizer step": Breakdown(grads=grad_shards, workspace=grad_shards),
