@@ -78,7 +78,8 @@ def fsdp_transient_phases(
     cast = reduce_width if reduce_width != width and not accumulating else 0.0
     reducing = width + reduce_width + cast
     prefetched = width * unit if candidate.fsdp.reshard_after_forward is not False else 0.0
-    grad_shards = 0.0 if candidate.fsdp_cpu_offload else 4.0 * p / n
+    grad_shards = 4.0 * p / n
+    on_device = 0.0 if candidate.fsdp_cpu_offload else grad_shards
     phases = {
         "forward": Breakdown(  # a later micro-batch's forward holds the earlier's gradients
             params=root + kept,
@@ -86,8 +87,8 @@ def fsdp_transient_phases(
             buckets=width * unit,
             activations=act.forward_peak_bytes,
         ),
-        "backward end": Breakdown(grads=reducing * last_unit + accumulated + grad_shards),
-        "optimizer step": Breakdown(grads=grad_shards, workspace=grad_shards),
+        "backward end": Breakdown(grads=reducing * last_unit + accumulated + on_device),
+        "optimizer step": Breakdown(grads=on_device, workspace=on_device),
     }
     if _per_block(candidate, facts):  # a block's backward
         phases["backward"] = Breakdown(
@@ -100,7 +101,7 @@ def fsdp_transient_phases(
             params=root, grads=accumulated, activations=act.backward_peak_bytes
         )
     if candidate.fsdp_cpu_offload:  # the gradient shards land on the host in backward
-        host = host.plus(Breakdown(grads=4.0 * p / n))
+        host = host.plus(Breakdown(grads=grad_shards))
     return phases, host
 
 
