@@ -8,7 +8,7 @@ JSON keys), so that the probe, the memory model and the export all render the sa
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
@@ -106,6 +106,14 @@ class FsdpKnobs(BaseModel):
         description="The unit fully_shard is applied to: each transformer block then the "
         "root, or the whole model at once.",
     )
+    sync_each_micro_batch: bool = Field(
+        default=False,
+        description="With gradient accumulation: reduce-scatter the gradients after every "
+        "micro-batch and accumulate the shards (True: 1/N of the gradient memory, a "
+        "reduce-scatter per micro-batch, as ZeRO-2/3 accumulate), or accumulate unsharded "
+        "gradients and reduce on the last micro-batch only (False: "
+        "set_requires_gradient_sync, accelerate's default).",
+    )
 
     def label(self) -> str:
         reshard = self.reshard_after_forward
@@ -114,6 +122,8 @@ class FsdpKnobs(BaseModel):
             parts.append(f"reduce:{self.reduce_dtype}")
         if self.wrap != "block":
             parts.append(f"wrap:{self.wrap}")
+        if self.sync_each_micro_batch:
+            parts.append("sync:each")
         return " ".join(parts)
 
 
@@ -173,6 +183,8 @@ class Candidate(BaseModel):
             )
         if self.fsdp is None:
             object.__setattr__(self, "fsdp", FsdpKnobs())
+        elif self.fsdp.sync_each_micro_batch and self.gradient_accumulation_steps == 1:
+            raise ValueError("fsdp sync_each_micro_batch applies with gradient accumulation only")
         return self
 
     @property
@@ -213,6 +225,24 @@ class Candidate(BaseModel):
         if self.backend == "deepspeed":
             del values["backend"], values["fsdp"]
         return json.dumps(values, sort_keys=True)
+
+    def dimension_values(self) -> dict[str, Any]:
+        """The value this candidate takes in each dimension of a space, by the space file's
+        name (``zero.<knob>``, ``fsdp.<setting>``). An fsdp2 candidate takes no ZeRO stage,
+        offload target or ratio of its own: its offload is ``fsdp.cpu_offload``."""
+        values = self.model_dump(mode="json", exclude={"zero_knobs", "fsdp"})
+        values.update({f"zero.{name}": value for name, value in self.zero_knobs.items()})
+        if self.fsdp is not None:
+            for name in (
+                "zero_stage",
+                "offload_optimizer",
+                "offload_optimizer_ratio",
+                "offload_param",
+            ):
+                del values[name]
+            values["fsdp.cpu_offload"] = self.fsdp_cpu_offload
+            values.update({f"fsdp.{k}": v for k, v in self.fsdp.model_dump(mode="json").items()})
+        return values
 
     @property
     def label(self) -> str:

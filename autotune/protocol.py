@@ -255,6 +255,11 @@ class ShardingState(BaseModel):
     offload: str = Field(description="The root's offload policy class (CPUOffloadPolicy ...).")
     shard_device: str = Field(description="Where this rank's parameter shards live.")
     checkpointed: bool = Field(description="The model recomputes its blocks in backward.")
+    first_micro_batch_reduced: bool | None = Field(
+        default=None,
+        description="Whether a step's first micro-batch left gradient shards (reduced at "
+        "once) rather than unsharded gradients; None without gradient accumulation.",
+    )
 
 
 class RankReport(BaseModel):

@@ -87,10 +87,14 @@ def fsdp2_candidates(
         FsdpKnobs(reshard_after_forward=True),
         FsdpKnobs(reshard_after_forward=False),
         FsdpKnobs(reshard_after_forward=False, wrap="model"),
+        FsdpKnobs(reshard_after_forward=True, sync_each_micro_batch=True),
+        FsdpKnobs(reshard_after_forward=False, sync_each_micro_batch=True),
     ]
     for precision, mb, ckpt, knobs, offload in itertools.product(
         precisions, micro_batches, (False, True), shardings, ("none", "cpu")
     ):
+        if knobs.sync_each_micro_batch and global_batch == 2 * mb:
+            continue  # one micro-batch per step: nothing to sync between
         yield Candidate(
             backend="fsdp2",
             precision=precision,

@@ -55,6 +55,10 @@ class TrainingBackend(Protocol):
     - ``transient_phases(candidate, facts, act, knobs, host)``: the device bytes beyond the
       model states in each phase of a step (forward, backward, step ...), and the host's
       bytes with what those phases add there.
+      ``host_phases(candidate, facts, host)``: the host's bytes in each phase where they
+      are below its peak (``host``: the steady bytes of ``model_states``); {} where the
+      host holds its peak throughout. A CPU rank keeps device and host in one RAM, so its
+      peak is the most the two hold in one phase.
     - ``validate_config(config, world_size, accelerator)``: check the exported config with
       the library's own parser for ``world_size`` ranks; raise ExportError if it refuses.
     - ``with_fallback_optimizer(config)``: ``config`` stepping with the optimizer the backend
@@ -126,6 +130,10 @@ class TrainingBackend(Protocol):
         knobs: dict[str, int],
         host: Breakdown,
     ) -> tuple[dict[str, Breakdown], Breakdown]: ...
+
+    def host_phases(
+        self, candidate: Candidate, facts: ModelFacts, host: Breakdown
+    ) -> dict[str, Breakdown]: ...
 
     def validate_config(
         self, config: dict[str, Any], world_size: int, accelerator: str = "cpu"

@@ -3,8 +3,9 @@ their own code to train as it was probed, for each backend."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from autotune.export._loss_check_lines import printable
 from autotune.export._numerics import numerics_actions
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.settings import format_bytes
@@ -56,6 +57,8 @@ def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig)
     elif candidate.precision == "bf16":
         actions.append("DeepSpeed casts the model to bf16; do not call `model.half()` yourself.")
     actions += numerics_actions(config)
+    if fsdp2:
+        actions += _fsdp2_actions(candidate, config.base_config or {})
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
             "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "
@@ -125,7 +128,52 @@ def _fsdp2_rows(candidate: Candidate, *, searched: bool) -> list[str]:
         f"| fully_shard units | {units} |",
         f"| micro-batch per rank | {candidate.micro_batch_size} |",
         f"| gradient accumulation | {candidate.gradient_accumulation_steps} |",
+        *_fsdp2_sync_row(candidate),
         *([f"| data-parallel ranks (GPUs) | {candidate.data_parallel_size} |"] if searched else []),
         f"| global batch | {candidate.train_batch_size} |",
         f"| activation checkpointing | {'on' if candidate.activation_checkpointing else 'off'} |",
+    ]
+
+
+# What an FSDP2 config takes of a DeepSpeed base config, besides the keys the search sets.
+_FSDP2_TAKES = {
+    "optimizer", "gradient_clipping", "train_batch_size", "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps", "fp16", "bf16", "zero_optimization",
+}  # fmt: skip
+
+
+def _fsdp2_actions(candidate: Candidate, base: dict[str, Any]) -> list[str]:
+    """An FSDP2 winner's steps the script takes itself: reducing after each micro-batch
+    under accelerate, and the base config's DeepSpeed-only keys."""
+    assert candidate.fsdp is not None
+    actions = []
+    if candidate.fsdp.sync_each_micro_batch and candidate.gradient_accumulation_steps > 1:
+        actions.append(
+            "Reduce gradients after each micro-batch: with accelerate, "
+            "`Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin("
+            f"num_steps={candidate.gradient_accumulation_steps}, sync_each_batch=True))`; "
+            "in a plain-torch loop, do not call `set_requires_gradient_sync(False)`."
+        )
+    left = sorted(set(base) - _FSDP2_TAKES)
+    if left:
+        keys = ", ".join(f"`{printable(key)}`" for key in left)
+        actions.append(
+            "fsdp2_config.json carries your base config's optimizer and gradient clipping, "
+            f"not its DeepSpeed-only keys ({keys}): set those in your script."
+        )
+    return actions
+
+
+def _fsdp2_sync_row(candidate: Candidate) -> list[str]:
+    """When an accumulating FSDP2 candidate reduces its gradients, and how accelerate and
+    the HF Trainer are told to do the same (accelerate's default is the last micro-batch)."""
+    assert candidate.fsdp is not None
+    if candidate.gradient_accumulation_steps == 1:
+        return []
+    if not candidate.fsdp.sync_each_micro_batch:
+        return ["| gradients reduced | on the last micro-batch (unsharded ones accumulated) |"]
+    return [
+        "| gradients reduced | after each micro-batch (their shards accumulated): accelerate's "
+        "`GradientAccumulationPlugin(sync_each_batch=True)`, the HF Trainer's "
+        '`accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` |'
     ]

@@ -52,6 +52,11 @@ class MemoryEstimate(BaseModel):
     host: Breakdown = Field(description="Host memory holding offloaded states and buffers.")
     phase: str = Field(description="Phase of the step where the device peaks.")
     correction: float = Field(default=1.0, description="Calibration factor applied.")
+    one_ram_peak: float | None = Field(
+        default=None,
+        description="The most device and host hold together in one phase (before "
+        "calibration); None: the device's peak beside the host's.",
+    )
 
     @property
     def device_bytes(self) -> int:
@@ -66,7 +71,10 @@ class MemoryEstimate(BaseModel):
         offloaded ones included, lives in the same RAM and is tracked."""
         if accelerator == "cuda":
             return self.device_bytes
-        return int((self.device.total + self.host.total) * self.correction)
+        together = self.one_ram_peak
+        if together is None:
+            together = self.device.total + self.host.total
+        return int(together * self.correction)
 
 
 @functools.lru_cache(maxsize=32)
@@ -209,12 +217,22 @@ class MemoryModel:
                 ("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET),
             )
         }
-        phases, host = self.backend_of(candidate).transient_phases(
-            candidate, facts, act, knobs, host
-        )
+        backend = self.backend_of(candidate)
+        host_at = backend.host_phases(candidate, facts, host)
+        phases, host = backend.transient_phases(candidate, facts, act, knobs, host)
         phase, extra = max(phases.items(), key=lambda item: item[1].total)
+        one_ram = None
+        if host_at:
+            one_ram = max(
+                device.total + extra_at.total + host_at.get(name, host).total
+                for name, extra_at in phases.items()
+            )
         return MemoryEstimate(
-            device=device.plus(extra), host=host, phase=phase, correction=correction
+            device=device.plus(extra),
+            host=host,
+            phase=phase,
+            correction=correction,
+            one_ram_peak=one_ram,
         )
 
 

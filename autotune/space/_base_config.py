@@ -130,9 +130,7 @@ def check_conflicts(base: dict[str, Any], space: BoundSpace, source: str) -> Non
     """Refuse a base config that pins a value the space varies (or never takes)."""
     searched: dict[str, set[Any]] = {}
     for candidate in space.candidates():
-        values = candidate.model_dump()
-        knobs = values.pop("zero_knobs")
-        values.update({f"zero.{k}": v for k, v in knobs.items() if v is not None})
+        values = candidate.dimension_values()
         for name, value in values.items():
             searched.setdefault(name, set()).add(value)
     for dimension, (key, value) in _pinned_values(base).items():

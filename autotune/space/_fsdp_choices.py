@@ -39,6 +39,12 @@ class FsdpChoices(BaseModel):
         description="Units fully_shard is applied to: block (each transformer block, then "
         "the root) or model (one unit).",
     )
+    sync_each_micro_batch: list[bool] = Field(
+        default=[False, True],
+        description="With gradient accumulation: reduce the gradients on the last "
+        "micro-batch only (false: unsharded gradients kept between micro-batches) or after "
+        "each (true: only their shards kept, a reduce-scatter per micro-batch).",
+    )
 
     @field_validator("*")
     @classmethod
@@ -105,3 +111,16 @@ def decide_fsdp(choose: Chooser, choices: FsdpChoices) -> tuple[bool, FsdpKnobs]
     return cpu_offload, FsdpKnobs(
         reshard_after_forward=reshard, reduce_dtype=reduce_dtype, wrap=wrap
     )
+
+
+def decide_sync(
+    choose: Chooser, choices: FsdpChoices, knobs: FsdpKnobs, accumulation: int
+) -> FsdpKnobs:
+    """Whether gradients are reduced after each micro-batch: asked only where the candidate
+    accumulates (with one micro-batch per step both are the same)."""
+    if accumulation == 1:
+        return knobs
+    sync = choose(
+        "fsdp.sync_each_micro_batch", choices.sync_each_micro_batch, "fsdp.sync_each_micro_batch"
+    )
+    return knobs.model_copy(update={"sync_each_micro_batch": sync})

@@ -27,7 +27,7 @@ from autotune.candidate import (
 )
 from autotune.errors import SpaceError
 from autotune.space._files import builtin_space_names as builtin_space_names  # re-exported
-from autotune.space._fsdp_choices import FsdpChoices, bind_fsdp, decide_fsdp
+from autotune.space._fsdp_choices import FsdpChoices, bind_fsdp, decide_fsdp, decide_sync
 from autotune.space._rules import (
     combination_problem,
     keep_backends,
@@ -372,6 +372,7 @@ class BoundSpace(BaseModel):
         precision = choose(name, self.fsdp_precisions, "precision")
         cpu_offload, knobs = decide_fsdp(choose, self.fsdp)
         ranks, micro_batch, accumulation = self._decide_split(choose)
+        knobs = decide_sync(choose, self.fsdp, knobs, accumulation)
         checkpointing = choose(
             "activation_checkpointing",
             self.spec.activation_checkpointing,
@@ -450,10 +451,7 @@ class BoundSpace(BaseModel):
         """For each dimension, how many valid candidates take each value."""
         counts: dict[str, dict[str, int]] = {}
         for candidate in self.candidates():
-            values = candidate.model_dump(mode="json")
-            knobs = values.pop("zero_knobs")
-            values.update({f"zero.{k}": v for k, v in knobs.items() if v is not None})
-            values.update({f"fsdp.{k}": v for k, v in (values.pop("fsdp") or {}).items()})
+            values = candidate.dimension_values()
             if len(self.backends) == 1:
                 values.pop("backend")
             if len(self.world_sizes) == 1:

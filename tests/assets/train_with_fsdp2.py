@@ -53,6 +53,7 @@ if args.fsdp2_config:
     optimizer = torch.optim.AdamW(model.parameters(), **config["optimizer"]["params"])
     accumulation = config["gradient_accumulation_steps"]
     micro_batch = config["train_micro_batch_size_per_gpu"]
+    sync_each = config["sync_each_micro_batch"]
     backward = torch.Tensor.backward
     rank = dist.get_rank()
 else:
@@ -68,7 +69,9 @@ else:
 
 tokens = torch.randint(0, 4096, (micro_batch, 64))
 for _ in range(args.steps):
-    for _ in range(accumulation):
+    for micro_step in range(accumulation):
+        if args.fsdp2_config:  # as summary.md's lines say
+            model.set_requires_gradient_sync(sync_each or micro_step == accumulation - 1)
         loss = model(input_ids=tokens, labels=tokens).loss
         backward(loss / accumulation)
     optimizer.step()

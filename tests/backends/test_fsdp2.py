@@ -124,6 +124,29 @@ def test_memory_terms_follow_the_sharding() -> None:
     assert accumulating - single == 4 * FACTS.params - 4 * 200_000
 
 
+def test_reducing_each_micro_batch_keeps_only_the_gradient_shards() -> None:
+    each = FsdpKnobs(sync_each_micro_batch=True)
+    single = _phases(_fsdp2())[0]
+    synced = _phases(_fsdp2(gradient_accumulation_steps=2, fsdp=each))[0]
+    # the earlier micro-batches' fp32 gradient shards, beside what one micro-batch holds
+    # (the block's gradients cast to the reduce dtype again: none are accumulated unsharded)
+    for phase in ("forward", "backward"):
+        assert synced[phase].grads - single[phase].grads == 4 * FACTS.params / 2
+    assert synced["backward end"].grads == single["backward end"].grads
+    offloaded = _fsdp2(
+        gradient_accumulation_steps=2, fsdp=each, offload_optimizer="cpu", offload_param="cpu"
+    )
+    assert _phases(offloaded)[0]["forward"].grads == 0  # the shards accumulate on the host
+    with pytest.raises(ValueError, match="with gradient accumulation only"):
+        _fsdp2(fsdp=each)
+    label = _fsdp2(gradient_accumulation_steps=2, fsdp=each).label
+    assert label == "fsdp2 bf16 mb4x2 reshard:yes sync:each"
+    code = "\n".join(
+        FSDP2.code_lines(FSDP2.render_config(_fsdp2(gradient_accumulation_steps=2, fsdp=each)))
+    )
+    assert "set_requires_gradient_sync" not in code and "reduced after each" in code
+
+
 def test_accelerate_reads_the_exported_config(tmp_path: Path) -> None:
     from accelerate.commands.config.config_args import load_config_from_file
 
@@ -164,3 +187,35 @@ def test_a_script_is_never_handed_fsdp2() -> None:
         FSDP2.config_for_script({}, script)
     with pytest.raises(AutotuneError, match="drop fsdp2 from the space's backend"):
         FSDP2.script_launch_script(origin="train.py")
+
+
+def test_offloaded_gradient_shards_reach_the_host_after_the_devices_peak() -> None:
+    shard = FACTS.params / 2
+    assert FSDP2.host_phases(_fsdp2(), FACTS, Breakdown()) == {}  # nothing on the host
+    offloaded = _fsdp2(offload_optimizer="cpu", offload_param="cpu")
+    steady = FSDP2.model_states(offloaded, FACTS)[1]
+    _, host_peak = FSDP2.transient_phases(offloaded, FACTS, NO_ACTIVATIONS, {}, steady)
+    at = FSDP2.host_phases(offloaded, FACTS, steady)
+    # the shards (4 bytes each) are all there at the end of backward only
+    assert host_peak.total == steady.total + 4 * shard
+    assert at["forward"].total == at["backward"].total == steady.total
+    assert "backward end" not in at  # at the host's peak
+    # reduced after each micro-batch, the earlier ones' shards are there from the start
+    synced = _fsdp2(
+        gradient_accumulation_steps=2, offload_optimizer="cpu", offload_param="cpu",
+        fsdp=FsdpKnobs(sync_each_micro_batch=True),
+    )  # fmt: skip
+    assert FSDP2.host_phases(synced, FACTS, steady)["forward"].total == steady.total + 4 * shard
+
+
+def test_a_cpu_rank_counts_device_and_host_together_phase_by_phase() -> None:
+    from autotune.memory import MemoryModel
+    from autotune.workloads import get_workload
+
+    model = MemoryModel(get_workload("gpt-tiny"))
+    offloaded = model.predict(_fsdp2(offload_optimizer="cpu", offload_param="cpu"))
+    kept = model.predict(_fsdp2())
+    # one RAM: what moved to the host is counted once, where the two peak together
+    assert offloaded.tracked_bytes("cpu") < offloaded.device.total + offloaded.host.total
+    assert offloaded.tracked_bytes("cpu") == kept.tracked_bytes("cpu")
+    assert offloaded.tracked_bytes("cuda") < kept.tracked_bytes("cuda")

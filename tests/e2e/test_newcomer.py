@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli_study import EXPORTED_CONFIGS
 from tests.support.ops import copy_built_ops
 from tests.support.paths import ROOT
 from tests.support.unit_order import mark_ops_seeded
@@ -96,7 +97,8 @@ def test_readme_command_1_exports_from_an_empty_op_cache_without_activation(
     output = f"{printed[:2000]}\n...\n{printed[-3000:]}"
     assert returncode == 0, output
     assert any(OPS_BUILT in line for line in lines), output
-    assert (work / "trials" / "gpt-tiny" / "best" / "ds_config.json").is_file(), output
+    best = work / "trials" / "gpt-tiny" / "best"
+    assert any((best / name).is_file() for name in EXPORTED_CONFIGS), output  # either backend's
     assert list(ops.glob("fused_adam/*.so")), "the ops were not built in the empty cache"
     # built without debug information (same code, ~45% less compile CPU), optimised as ever
     ninja = (ops / "fused_adam" / "build.ninja").read_text(encoding="utf-8")

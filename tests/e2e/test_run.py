@@ -38,7 +38,16 @@ RUN = [
     "--no-early-stop",  # three COMPLETE trials, so the confirmation round has contenders
     "--base-config",
     "production.json",
+    "--space",
+    "deepspeed.yaml",
 ]
+# The default space with DeepSpeed alone: this is DeepSpeed's path with a production base
+# config and its launchers (a study over both backends is test_fsdp2_study's).
+DEEPSPEED_SPACE = (
+    (ROOT / "search_spaces" / "default.yaml")
+    .read_text()
+    .replace("backend: [deepspeed, fsdp2]", "backend: [deepspeed]")
+)
 # The first run's confirmation round spends what its three probes leave of the budget on
 # noisy contenders; the continue raises the study's total so that it has room for its own.
 FIRST_BUDGET = ["--budget", "4m"]
@@ -63,6 +72,8 @@ def evaluated(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 def study_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("e2e")
     (workdir / "production.json").write_text(json.dumps(PRODUCTION))
+    assert "backend: [deepspeed]" in DEEPSPEED_SPACE
+    (workdir / "deepspeed.yaml").write_text(DEEPSPEED_SPACE)
     result = run_cli(*RUN, *FIRST_BUDGET, "--max-trials", "3", "--seed", "0", cwd=workdir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no CUDA GPU: running 2 CPU rank(s)" in result.stdout

@@ -273,3 +273,23 @@ def test_launch_sh_gives_production_the_probes_matmul_precision(
         assert "launch.sh exports `TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1`" in summary
     else:
         assert "do not turn TF32 on" in summary
+
+
+def test_an_fsdp2_winner_says_what_the_script_does_itself(study, tmp_path: Path) -> None:
+    from autotune.candidate import FsdpKnobs
+
+    fsdp2 = Candidate(
+        backend="fsdp2", precision="bf16", zero_stage=3, micro_batch_size=2,
+        gradient_accumulation_steps=4, data_parallel_size=2,
+        fsdp=FsdpKnobs(sync_each_micro_batch=True),
+    )  # fmt: skip
+    study.add_trial(_trial(fsdp2, "ok", 60.0))
+    exported = export(study, tmp_path)
+    assert exported.trial == 9
+    config = json.loads((tmp_path / "fsdp2_config.json").read_text())
+    assert config["sync_each_micro_batch"] is True and config["gradient_clipping"] == 1.0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| gradients reduced | after each micro-batch" in summary
+    assert "GradientAccumulationPlugin(num_steps=4, sync_each_batch=True)" in summary
+    # the base config's scheduler is DeepSpeed's: FSDP2's config does not carry it
+    assert "not its DeepSpeed-only keys (`scheduler`): set those in your script" in summary

@@ -33,18 +33,19 @@ CASES = [
         ShardingState(
             units=3, resharded_units=2, post_forward_ranks=2, param_dtype="bfloat16",
             reduce_dtype="float32", offload="OffloadPolicy", shard_device="cpu",
-            checkpointed=False,
+            checkpointed=False, first_micro_batch_reduced=False,
         ),
     ),
     (
         _fsdp2(
             precision="fp32", offload_optimizer="cpu", offload_param="cpu",
-            activation_checkpointing=True, fsdp=FsdpKnobs(reshard_after_forward=False),
+            activation_checkpointing=True,
+            fsdp=FsdpKnobs(reshard_after_forward=False, sync_each_micro_batch=True),
         ),
         ShardingState(
             units=3, resharded_units=0, post_forward_ranks=0, param_dtype="float32",
             reduce_dtype="float32", offload="CPUOffloadPolicy", shard_device="cpu",
-            checkpointed=True,
+            checkpointed=True, first_micro_batch_reduced=True,
         ),
     ),
     (

@@ -35,13 +35,18 @@ def test_both_backends_are_searched_with_fsdp2_decisions_of_their_own() -> None:
     fsdp2 = [c for c in candidates if c.backend == "fsdp2"]
     deepspeed = [c for c in candidates if c.backend == "deepspeed"]
     assert len(deepspeed) == 2 * 2 * 2  # precision x stage x micro-batch
-    # per block: 3 reshard choices; one unit: its root never reshards
-    assert len(fsdp2) == 2 * (2 * 3 + 2 * 1)  # micro-batch x (offload x wrap/reshard)
+    # per block: 3 reshard choices; one unit: its root never reshards; mb4 accumulates 2
+    # micro-batches, reduced on the last or after each; mb8 accumulates none
+    assert len(fsdp2) == (2 + 1) * (2 * 3 + 2 * 1)  # sync x (offload x wrap/reshard)
+    synced = {c.fsdp.sync_each_micro_batch for c in fsdp2 if c.gradient_accumulation_steps == 2}
+    assert synced == {False, True}
+    assert not any(c.fsdp.sync_each_micro_batch for c in fsdp2 if c.micro_batch_size == 8)
     assert {c.precision for c in fsdp2} == {"bf16"}
     assert {c.fsdp.reshard_after_forward for c in fsdp2 if c.fsdp.wrap == "model"} == {False}
     assert {c.fsdp.reshard_after_forward for c in fsdp2} == {True, False, 2}
     assert all(c.zero_stage == 3 for c in fsdp2)
-    assert bound.dimensions()["backend"] == {"deepspeed": 8, "fsdp2": 16}
+    assert bound.dimensions()["backend"] == {"deepspeed": 8, "fsdp2": 24}
+    assert bound.dimensions()["fsdp.sync_each_micro_batch"] == {"False": 16, "True": 8}
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(30):  # Optuna's suggestions stay valid and map back to their params
         trial = study.ask()

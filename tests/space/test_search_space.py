@@ -34,7 +34,8 @@ def test_hardware_filters_precision() -> None:
     assert any("fp16 not supported on cpu" in note for note in cpu.notes)
     assert spec.bind(VOLTA, data_parallel_size=2, global_batch=16).precisions == ("fp32", "fp16")
     ampere = spec.bind(AMPERE, data_parallel_size=2, global_batch=64, nvme_path="/nvme")
-    assert ampere.notes == ()
+    assert ampere.notes == ("fp16 dropped for fsdp2: it needs a gradient scaler; bf16 does not",)
+    assert ampere.backends == ("deepspeed", "fsdp2")
 
 
 def test_accumulation_arithmetic() -> None:
@@ -363,7 +364,10 @@ def test_nested_knob_errors_name_the_line() -> None:
 def test_dimensions_count_candidates() -> None:
     bound = load_space("default").bind(CPU, data_parallel_size=2, global_batch=16)
     dims = bound.dimensions()
-    # 2 precisions x (1 + 2 + 2 + 3 x 2 offload combinations) x 4 micro-batches x 2
-    assert sum(dims["precision"].values()) == bound.size() == 176
+    # DeepSpeed: 2 precisions x (1 + 2 + 2 + 3 x 2 offload combinations) x 4 micro-batches
+    # x 2 checkpointing = 176; FSDP2: 2 precisions x 2 reshard x 2 offload x 2 checkpointing
+    # x (3 accumulating micro-batches x 2 sync + 1) = 112
+    assert sum(dims["precision"].values()) == bound.size() == 176 + 112
+    assert dims["backend"] == {"deepspeed": 176, "fsdp2": 112}
     assert dims["zero_stage"] == {"0": 16, "1": 32, "2": 32, "3": 96}
     assert dims["offload_optimizer_ratio"] == {"1.0": 144, "0.5": 32}

@@ -27,3 +27,15 @@ def base_args(workdir: Path, *extra: str) -> list[str]:
     space = workdir / "small.yaml"
     space.write_text(SMALL_SPACE)
     return ["run", "--workload", "gpt-tiny", "--gpus", "2", "--space", str(space), *FAST, *extra]
+
+
+EXPORTED_CONFIGS = {"ds_config.json": "deepspeed", "fsdp2_config.json": "fsdp2"}
+
+
+def exported_config(best_dir: Path) -> tuple[str, dict]:
+    """The backend and config of an export: a study over the default space exports
+    DeepSpeed's ``ds_config.json`` or FSDP2's ``fsdp2_config.json``, exactly one."""
+    import json
+
+    (name,) = [name for name in EXPORTED_CONFIGS if (best_dir / name).is_file()]
+    return EXPORTED_CONFIGS[name], json.loads((best_dir / name).read_text())

@@ -36,6 +36,7 @@ class DeepSpeedBackend:
     whole_parameters = staticmethod(_engine.whole_parameters)
     model_states = staticmethod(_model_states.zero_model_states)
     transient_phases = staticmethod(_zero_phases.transient_phases)
+    host_phases = staticmethod(_zero_phases.host_phases)
     validate_config = staticmethod(_validate.validate_ds_config)
     config_for_script = staticmethod(_ds_config.script_ds_config)
     launch_script = staticmethod(_export_text.launch_script)

@@ -165,3 +165,10 @@ def _zero3(
             workspace=(4.0 if candidate.precision == "fp32" else 6.0) * p / _ranks(candidate)
         ),
     }
+
+
+def host_phases(candidate: Candidate, facts: ModelFacts, host: Breakdown) -> dict[str, Breakdown]:
+    """None apart: the offloaded states and the host optimizer's workspace are counted at
+    the host's peak in every phase."""
+    del candidate, facts, host
+    return {}

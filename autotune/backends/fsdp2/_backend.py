@@ -33,6 +33,7 @@ class Fsdp2Backend:
     start_process_group = staticmethod(_engine.start_process_group)
     model_states = staticmethod(_memory.fsdp_model_states)
     transient_phases = staticmethod(_memory.fsdp_transient_phases)
+    host_phases = staticmethod(_memory.fsdp_host_phases)
     validate_config = staticmethod(_config.validate_fsdp2_config)
     launch_script = staticmethod(_export_text.launch_script)
     config_usage_lines = staticmethod(_export_text.config_usage_lines)

@@ -48,7 +48,12 @@ class Fsdp2Config(BaseModel):
     train_batch_size: PositiveInt = Field(description="Global batch per optimizer step.")
     train_micro_batch_size_per_gpu: PositiveInt = Field(description="Samples per forward.")
     gradient_accumulation_steps: PositiveInt = Field(
-        description="Micro-batches per optimizer step; gradients are reduced on the last."
+        description="Micro-batches per optimizer step."
+    )
+    sync_each_micro_batch: bool = Field(
+        default=False,
+        description="Reduce-scatter gradients after every micro-batch and accumulate their "
+        "shards; false: accumulate unsharded gradients, reduce on the last micro-batch.",
     )
     activation_checkpointing: bool = Field(description="Recompute each block in backward.")
     fully_shard: FullyShard
@@ -78,6 +83,7 @@ def render_fsdp2_config(
         train_batch_size=candidate.train_batch_size,
         train_micro_batch_size_per_gpu=candidate.micro_batch_size,
         gradient_accumulation_steps=candidate.gradient_accumulation_steps,
+        sync_each_micro_batch=candidate.fsdp.sync_each_micro_batch,
         activation_checkpointing=candidate.activation_checkpointing,
         fully_shard=FullyShard(
             reshard_after_forward=candidate.fsdp.reshard_after_forward,

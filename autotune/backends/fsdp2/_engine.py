@@ -19,17 +19,26 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 class Fsdp2Engine:
     """A model under ``fully_shard`` and its optimizer. Gradients are reduced on the last
     micro-batch of an optimizer step only (``set_requires_gradient_sync``, as accelerate
-    accumulates under FSDP2); the loss is divided by the accumulation steps, as DeepSpeed's
-    engine does."""
+    accumulates under FSDP2), or after each with ``sync_each_micro_batch``; the loss is
+    divided by the accumulation steps, as DeepSpeed's engine does."""
 
     def __init__(
-        self, module: Any, optimizer: Any, accumulation_steps: int, clipping: float = 0.0
+        self,
+        module: Any,
+        optimizer: Any,
+        accumulation_steps: int,
+        clipping: float = 0.0,
+        sync_each_micro_batch: bool = False,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.accumulation_steps = accumulation_steps
         self.clipping = clipping
+        self.sync_each_micro_batch = sync_each_micro_batch
         self.micro_steps = 0
+        # Whether the first micro-batch of a step left gradient shards (it was reduced),
+        # read from the parameters; None until a step accumulates.
+        self.first_micro_batch_reduced: bool | None = None
 
     @property
     def device(self) -> Any:
@@ -57,8 +66,12 @@ class Fsdp2Engine:
 
     def backward(self, loss: Any) -> None:
         last = self.micro_steps + 1 == self.accumulation_steps
-        self.module.set_requires_gradient_sync(last)
+        self.module.set_requires_gradient_sync(last or self.sync_each_micro_batch)
         (loss / self.accumulation_steps).backward()
+        if self.micro_steps == 0 and not last:
+            self.first_micro_batch_reduced = any(
+                p.grad is not None for p in self.module.parameters()
+            )
 
     def sharding_state(self) -> ShardingState:
         """How ``fully_shard`` sharded the model, read from its FSDP2 states (the units'
@@ -82,6 +95,7 @@ class Fsdp2Engine:
             checkpointed=any(
                 getattr(m, "gradient_checkpointing", False) is True for m in self.module.modules()
             ),
+            first_micro_batch_reduced=self.first_micro_batch_reduced,
         )
 
     def step(self) -> None:
@@ -130,7 +144,11 @@ def initialize_engine(
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = kind(trainable, **params)
     return Fsdp2Engine(
-        model, optimizer, parsed.gradient_accumulation_steps, parsed.gradient_clipping
+        model,
+        optimizer,
+        parsed.gradient_accumulation_steps,
+        parsed.gradient_clipping,
+        parsed.sync_each_micro_batch,
     )
 
 

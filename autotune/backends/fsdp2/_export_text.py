@@ -146,11 +146,22 @@ def code_lines(config: dict[str, Any]) -> list[str]:
     lines += [
         'fully_shard(model, **{**policy, "reshard_after_forward": None})  # the root: kept',
         "optimizer = torch.optim." + _optimizer_call(parsed.optimizer),
-        f"# {parsed.gradient_accumulation_steps} micro-batch(es) of "
-        f"{parsed.train_micro_batch_size_per_gpu} per step; before each backward:",
-        "# model.set_requires_gradient_sync(is_last_micro_batch)",
+        *_accumulation_lines(parsed),
     ]
     return lines
+
+
+def _accumulation_lines(parsed: Fsdp2Config) -> list[str]:
+    split = (
+        f"# {parsed.gradient_accumulation_steps} micro-batch(es) of "
+        f"{parsed.train_micro_batch_size_per_gpu} per step; "
+    )
+    if parsed.sync_each_micro_batch:
+        return [split + "gradients reduced after each (FSDP2's default)"]
+    return [
+        split + "before each backward:",
+        "# model.set_requires_gradient_sync(is_last_micro_batch)",
+    ]
 
 
 def _optimizer_call(optimizer: dict[str, Any]) -> str:

@@ -20,7 +20,8 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   reduce-scatter input they are copied into (``reduce_dtype``; a cast of them first under
   mixed precision); with gradient accumulation the micro-batches before the last keep every
   unsharded gradient (no reduce-scatter until the last, ``set_requires_gradient_sync``),
-  already in the reduce dtype, so that the last casts none;
+  already in the reduce dtype, so that the last casts none; reduced after each micro-batch
+  (``sync_each_micro_batch``), they keep only the fp32 gradient shards (4P/N);
 - the end of backward: the last unit (the root, or the whole model as one unit) resharded,
   its unsharded gradients and reduce-scatter input, and the fp32 gradient shards (4P/N; on
   the host with CPU offload);
@@ -70,20 +71,24 @@ def fsdp_transient_phases(
     unit, last_unit = _unit_params(candidate, facts)
     root, kept = _gathered_bytes(candidate, facts, width)
     accumulating = candidate.gradient_accumulation_steps > 1
-    # Kept unreduced until the last micro-batch, in the reduce dtype where it is wider
-    # (``FSDPParam.to_accumulated_grad_if_needed``).
-    accumulated = max(reduce_width, width) * p if accumulating else 0.0
-    # A unit's unsharded gradients and the flat reduce-scatter input they are copied into;
-    # under mixed precision without accumulation, their cast to the reduce dtype first.
-    cast = reduce_width if reduce_width != width and not accumulating else 0.0
-    reducing = width + reduce_width + cast
-    prefetched = width * unit if candidate.fsdp.reshard_after_forward is not False else 0.0
+    unsharded = accumulating and not candidate.fsdp.sync_each_micro_batch
     grad_shards = 4.0 * p / n
     on_device = 0.0 if candidate.fsdp_cpu_offload else grad_shards
+    # What earlier micro-batches leave: every gradient unreduced, in the reduce dtype where
+    # it is wider (``FSDPParam.to_accumulated_grad_if_needed``), or only the shards of
+    # those reduced after each micro-batch.
+    accumulated = max(reduce_width, width) * p if unsharded else 0.0
+    earlier = accumulated + (on_device if accumulating and not unsharded else 0.0)
+    # A unit's unsharded gradients and the flat reduce-scatter input they are copied into;
+    # under mixed precision, their cast to the reduce dtype first (none where the
+    # accumulated gradients already are in it).
+    cast = reduce_width if reduce_width != width and not unsharded else 0.0
+    reducing = width + reduce_width + cast
+    prefetched = width * unit if candidate.fsdp.reshard_after_forward is not False else 0.0
     phases = {
         "forward": Breakdown(  # a later micro-batch's forward holds the earlier's gradients
             params=root + kept,
-            grads=accumulated,
+            grads=earlier,
             buckets=width * unit,
             activations=act.forward_peak_bytes,
         ),
@@ -93,16 +98,33 @@ def fsdp_transient_phases(
     if _per_block(candidate, facts):  # a block's backward
         phases["backward"] = Breakdown(
             params=root + kept + prefetched,
-            grads=reducing * unit + accumulated,
+            grads=reducing * unit + earlier,
             activations=act.backward_peak_bytes,
         )
     else:  # one unit: gathered from the start of backward to its end
         phases["backward"] = Breakdown(
-            params=root, grads=accumulated, activations=act.backward_peak_bytes
+            params=root, grads=earlier, activations=act.backward_peak_bytes
         )
     if candidate.fsdp_cpu_offload:  # the gradient shards land on the host in backward
         host = host.plus(Breakdown(grads=grad_shards))
     return phases, host
+
+
+def fsdp_host_phases(
+    candidate: Candidate, facts: ModelFacts, host: Breakdown
+) -> dict[str, Breakdown]:
+    """The host by phase under CPU offload: the gradient shards land there as each unit is
+    reduced, all of them by the end of backward. A block's backward peaks the device at
+    the start of backward, before the shards of this micro-batch arrive; earlier
+    micro-batches' shards (reduced after each) are there from their own backward on."""
+    assert candidate.fsdp is not None
+    if not candidate.fsdp_cpu_offload:
+        return {}
+    earlier = 0.0
+    if candidate.gradient_accumulation_steps > 1 and candidate.fsdp.sync_each_micro_batch:
+        earlier = 4.0 * facts.params / candidate.data_parallel_size
+    before_reduction = host.plus(Breakdown(grads=earlier))
+    return {"forward": before_reduction, "backward": before_reduction}
 
 
 def _unit_params(candidate: Candidate, facts: ModelFacts) -> tuple[float, float]:
