@@ -4,6 +4,7 @@ dashboard's note and summary.md show these lines)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from autotune.settings import format_bytes
@@ -15,22 +16,31 @@ BACKEND_NAMES = {"deepspeed": "DeepSpeed", "fsdp2": "FSDP2"}
 
 
 def best_per_backend(trials: list[TrialView]) -> list[TrialView]:
-    """The fastest feasible trial measured in full of each backend, fastest first."""
-    best: dict[str, TrialView] = {}
+    """The fastest trial of each backend: feasible and measured in full, fastest first;
+    after them, for a backend with none, its fastest stopped early as clearly slower (a
+    partial measurement within the limit), so that a backend the search left early is
+    still compared."""
+    full: dict[str, TrialView] = {}
+    partial: dict[str, TrialView] = {}
     for trial in trials:
-        if not trial.feasible:
+        if trial.feasible:
+            held_by = full
+        elif _stopped_early_within_limit(trial):
+            held_by = partial
+        else:
             continue
-        held = best.get(trial.candidate.backend)
+        held = held_by.get(trial.candidate.backend)
         if held is None or (trial.value or 0.0) > (held.value or 0.0):
-            best[trial.candidate.backend] = trial
-    return sorted(best.values(), key=lambda t: t.value or 0.0, reverse=True)
+            held_by[trial.candidate.backend] = trial
+    left_early = [t for backend, t in partial.items() if backend not in full]
+    return [*_fastest_first(full.values()), *_fastest_first(left_early)]
 
 
 def backend_lines(trials: list[TrialView]) -> list[str]:
     """One line per backend measured, where there are two: its fastest configuration, its
     samples/s and peak memory per rank, against the faster backend's."""
     front = best_per_backend(trials)
-    if len(front) < 2:
+    if len(front) < 2 or not front[0].feasible:
         return []
     lead = front[0]
     lead_rate, lead_peak = float(lead.value or 0.0), _peak(lead)
@@ -43,11 +53,26 @@ def backend_lines(trials: list[TrialView]) -> list[str]:
         else:
             memory = f"{peak / lead_peak:.2f}x its peak" if lead_peak else "its peak unknown"
             against = f"{rate / lead_rate:.0%} of {_name(lead)}'s speed at {memory}"
+        measured = "" if trial.feasible else " over its first steps (stopped early, clearly slower)"
         lines.append(
-            f"- {name}: {trial.candidate.label} (trial {trial.number}), {rate:.1f} samples/s, "
-            f"peak {format_bytes(peak)} per rank; {against}"
+            f"- {name}: {trial.candidate.label} (trial {trial.number}), {rate:.1f} samples/s"
+            f"{measured}, peak {format_bytes(peak)} per rank; {against}"
         )
     return lines
+
+
+def _stopped_early_within_limit(trial: TrialView) -> bool:
+    return (
+        trial.is_evaluation
+        and trial.status == "ok"
+        and trial.record.stopped_early
+        and trial.record.feasible
+        and trial.value is not None
+    )
+
+
+def _fastest_first(trials: Iterable[TrialView]) -> list[TrialView]:
+    return sorted(trials, key=lambda t: t.value or 0.0, reverse=True)
 
 
 def _name(trial: TrialView) -> str:

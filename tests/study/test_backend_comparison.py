@@ -10,10 +10,12 @@ from autotune.study import records
 from autotune.study.backend_comparison import backend_lines, best_per_backend
 
 
-def _study(trials: list[tuple[Candidate, float, int, bool]]) -> optuna.Study:
+def _study(
+    trials: list[tuple[Candidate, float, int, bool]], stopped_early: tuple[int, ...] = ()
+) -> optuna.Study:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize")
-    for candidate, rate, peak, feasible in trials:
+    for number, (candidate, rate, peak, feasible) in enumerate(trials):
         trial = study.ask()
         attrs = {
             "candidate": candidate.model_dump(mode="json"),
@@ -24,6 +26,7 @@ def _study(trials: list[tuple[Candidate, float, int, bool]]) -> optuna.Study:
             "candidate_key": candidate.key,
             "status": "ok",
             "peak_bytes_per_rank": [peak, peak // 2],
+            "stopped_early": number in stopped_early,
         }
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
@@ -64,3 +67,23 @@ def test_the_fastest_of_each_backend_side_by_side() -> None:
 def test_one_backend_says_nothing() -> None:
     study = _study([(_candidate("fsdp2", 4), 40.0, 2**20, True)])
     assert backend_lines(records.views(study)) == []
+
+
+def test_a_backend_the_search_left_early_is_compared_by_its_first_steps() -> None:
+    trials = [
+        (_candidate("deepspeed", 8), 80.0, 50 * 2**20, True),
+        (_candidate("fsdp2", 8), 60.0, 40 * 2**20, True),
+        (_candidate("fsdp2", 4), 50.0, 30 * 2**20, True),
+        (_candidate("deepspeed", 4), 70.0, 50 * 2**20, True),
+    ]
+    study = _study(trials, stopped_early=(1, 2, 3))
+    views = records.views(study)
+    # DeepSpeed has a trial measured in full; FSDP2 only partial ones: its fastest
+    assert [t.number for t in best_per_backend(views)] == [0, 1]
+    assert backend_lines(views)[1] == (
+        "- FSDP2: fsdp2 bf16 mb8x1 reshard:yes (trial 1), 60.0 samples/s over its first steps "
+        "(stopped early, clearly slower), peak 40.00 MiB per rank; 75% of DeepSpeed's speed "
+        "at 0.80x its peak"
+    )
+    # with nothing measured in full, nothing leads: no comparison
+    assert backend_lines(records.views(_study(trials, stopped_early=(0, 1, 2, 3)))) == []
