@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 # One ZeRO stage, one precision, four micro-batches: every candidate has the same shape, so
@@ -35,7 +36,5 @@ EXPORTED_CONFIGS = {"ds_config.json": "deepspeed", "fsdp2_config.json": "fsdp2"}
 def exported_config(best_dir: Path) -> tuple[str, dict]:
     """The backend and config of an export: a study over the default space exports
     DeepSpeed's ``ds_config.json`` or FSDP2's ``fsdp2_config.json``, exactly one."""
-    import json
-
     (name,) = [name for name in EXPORTED_CONFIGS if (best_dir / name).is_file()]
     return EXPORTED_CONFIGS[name], json.loads((best_dir / name).read_text())

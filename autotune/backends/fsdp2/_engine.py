@@ -37,7 +37,7 @@ class Fsdp2Engine:
         self.sync_each_micro_batch = sync_each_micro_batch
         self.micro_steps = 0
         # Whether the first micro-batch of a step left gradient shards (it was reduced),
-        # read from the parameters; None until a step accumulates.
+        # read from the parameters once; None until a step accumulates.
         self.first_micro_batch_reduced: bool | None = None
 
     @property
@@ -68,7 +68,7 @@ class Fsdp2Engine:
         last = self.micro_steps + 1 == self.accumulation_steps
         self.module.set_requires_gradient_sync(last or self.sync_each_micro_batch)
         (loss / self.accumulation_steps).backward()
-        if self.micro_steps == 0 and not last:
+        if self.first_micro_batch_reduced is None and self.micro_steps == 0 and not last:
             self.first_micro_batch_reduced = any(
                 p.grad is not None for p in self.module.parameters()
             )

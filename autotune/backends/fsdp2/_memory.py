@@ -70,15 +70,15 @@ def fsdp_transient_phases(
     reduce_width = 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
     unit, last_unit = _unit_params(candidate, facts)
     root, kept = _gathered_bytes(candidate, facts, width)
-    accumulating = candidate.gradient_accumulation_steps > 1
-    unsharded = accumulating and not candidate.fsdp.sync_each_micro_batch
+    reduced_each = _reduced_each(candidate)
+    unsharded = candidate.gradient_accumulation_steps > 1 and not reduced_each
     grad_shards = 4.0 * p / n
     on_device = 0.0 if candidate.fsdp_cpu_offload else grad_shards
     # What earlier micro-batches leave: every gradient unreduced, in the reduce dtype where
     # it is wider (``FSDPParam.to_accumulated_grad_if_needed``), or only the shards of
     # those reduced after each micro-batch.
     accumulated = max(reduce_width, width) * p if unsharded else 0.0
-    earlier = accumulated + (on_device if accumulating and not unsharded else 0.0)
+    earlier = accumulated + (on_device if reduced_each else 0.0)
     # A unit's unsharded gradients and the flat reduce-scatter input they are copied into;
     # under mixed precision, their cast to the reduce dtype first (none where the
     # accumulated gradients already are in it).
@@ -117,14 +117,17 @@ def fsdp_host_phases(
     reduced, all of them by the end of backward. A block's backward peaks the device at
     the start of backward, before the shards of this micro-batch arrive; earlier
     micro-batches' shards (reduced after each) are there from their own backward on."""
-    assert candidate.fsdp is not None
     if not candidate.fsdp_cpu_offload:
         return {}
-    earlier = 0.0
-    if candidate.gradient_accumulation_steps > 1 and candidate.fsdp.sync_each_micro_batch:
-        earlier = 4.0 * facts.params / candidate.data_parallel_size
-    before_reduction = host.plus(Breakdown(grads=earlier))
+    grad_shards = 4.0 * facts.params / candidate.data_parallel_size
+    before_reduction = host.plus(Breakdown(grads=grad_shards if _reduced_each(candidate) else 0.0))
     return {"forward": before_reduction, "backward": before_reduction}
+
+
+def _reduced_each(candidate: Candidate) -> bool:
+    """Whether earlier micro-batches of a step leave gradient shards (reduced after each)."""
+    assert candidate.fsdp is not None
+    return candidate.gradient_accumulation_steps > 1 and candidate.fsdp.sync_each_micro_batch
 
 
 def _unit_params(candidate: Candidate, facts: ModelFacts) -> tuple[float, float]:
