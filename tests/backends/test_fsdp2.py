@@ -109,9 +109,16 @@ def test_memory_terms_follow_the_sharding() -> None:
     assert kept["forward"].params == whole["forward"].params == 2 * FACTS.params
     assert resharded["forward"].buckets == kept["forward"].buckets == 2 * 200_000
     assert whole["forward"].buckets == 2 * FACTS.params
-    # in a block's backward the next block is gathered ahead only where blocks reshard
+    # in a block's backward the next block is gathered ahead only where blocks reshard;
+    # blocks kept gathered stay so, but the running one is resharded before its gradients
+    # are copied into the reduce-scatter input (the larger of its two moments under bf16)
     assert resharded["backward"].params == 2 * (200_000 + 200_000)
-    assert kept["backward"].params == 2 * FACTS.params
+    assert kept["backward"].params == 2 * (FACTS.params - 200_000)
+    assert kept["backward"].grads == resharded["backward"].grads
+    # in fp32 the two moments weigh the same: the running block gathered with its
+    # gradients, or its gradients beside the reduce-scatter input
+    fp32_kept = _phases(_fsdp2(precision="fp32", fsdp=FsdpKnobs(reshard_after_forward=False)))
+    assert fp32_kept[0]["backward"].total == 4 * FACTS.params + 4 * 200_000
     # a unit's bf16 gradients, their fp32 cast and the fp32 reduce-scatter input: a block's
     # in its backward, the root's (or the whole model's) at the end, with the fp32 shards
     assert resharded["backward"].grads == (2 + 4 + 4) * 200_000

@@ -16,9 +16,10 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   (``AllGatherState``); with one unit (``wrap: model``) that is the whole model twice; with
   gradient accumulation, the gradients of the micro-batches before;
 - backward, in a block's backward: as forward without the flat output, plus the next block
-  gathered ahead (prefetch) when blocks reshard, the block's unsharded gradients and the flat
-  reduce-scatter input they are copied into (``reduce_dtype``; a cast of them first under
-  mixed precision); with gradient accumulation the micro-batches before the last keep every
+  gathered ahead (prefetch) when blocks reshard, and the larger of two moments: the block
+  gathered while it computes its unsharded gradients, or, once it is resharded (kept
+  gathered or not), its gradients beside the flat reduce-scatter input they are copied into
+  (``reduce_dtype``; a cast of them first under mixed precision); with gradient accumulation the micro-batches before the last keep every
   unsharded gradient (no reduce-scatter until the last, ``set_requires_gradient_sync``),
   already in the reduce dtype, so that the last casts none; reduced after each micro-batch
   (``sync_each_micro_batch``), they keep only the fp32 gradient shards (4P/N);
@@ -96,9 +97,15 @@ def fsdp_transient_phases(
         "optimizer step": Breakdown(grads=on_device, workspace=on_device),
     }
     if _per_block(candidate, facts):  # a block's backward
+        # Two moments, the larger counts: while the block computes, it is gathered with
+        # its unsharded gradients; at the reduce-scatter's copy-in it is resharded already
+        # (``FSDPParamGroup.post_backward`` reshards before ``foreach_reduce``) and the
+        # gradients sit beside the flat input. A block kept gathered is freed there too.
+        running = width * unit
+        others_kept = kept - _kept_share(candidate, running)
         phases["backward"] = Breakdown(
-            params=root + kept + prefetched,
-            grads=reducing * unit + earlier,
+            params=root + others_kept + prefetched,
+            grads=max(running + width * unit, reducing * unit) + earlier,
             activations=act.backward_peak_bytes,
         )
     else:  # one unit: gathered from the start of backward to its end
@@ -128,6 +135,17 @@ def _reduced_each(candidate: Candidate) -> bool:
     """Whether earlier micro-batches of a step leave gradient shards (reduced after each)."""
     assert candidate.fsdp is not None
     return candidate.gradient_accumulation_steps > 1 and candidate.fsdp.sync_each_micro_batch
+
+
+def _kept_share(candidate: Candidate, gathered: float) -> float:
+    """Of a block's gathered bytes, what stays gathered after its forward."""
+    assert candidate.fsdp is not None
+    reshard = candidate.fsdp.reshard_after_forward
+    if reshard is True:
+        return 0.0
+    if reshard is False:
+        return gathered
+    return gathered / reshard
 
 
 def _unit_params(candidate: Candidate, facts: ModelFacts) -> tuple[float, float]:
