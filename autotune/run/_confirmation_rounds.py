@@ -92,11 +92,14 @@ class ConfirmationRounds:
 
         def one_round(numbers: list[int]) -> bool:
             """Each of ``numbers`` once more, in order; False without time for the whole
-            round or when the run is stopping (a partial round is not counted)."""
+            round, when the run is stopping, or when probes slower than the estimate leave
+            no time for the next one (a partial round is not counted)."""
             needed_s = len(numbers) * max(probe_s, 1.0)
             if self.stopping() or self.clock.probing_left_s < needed_s:
                 return False
             for number in numbers:
+                if self.clock.probing_left_s < max(probe_s, 1.0):
+                    return False  # the budget's end would not wait for this probe
                 if not self._reprobe(by_number[number], by_trial[number]):
                     return False
                 self.emit(progress_event(verdict))

@@ -58,6 +58,35 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
     assert study.trials[verdict.winner].user_attrs["label"] == "z0 fp32 mb8x1"
 
 
+def test_a_round_stops_where_a_slow_probe_leaves_no_time_for_the_next(tmp_path) -> None:
+    """The round starts only with time for all of it at the search's probe time; a re-probe
+    that takes far longer (a machine suddenly loaded) ends it there, so the run keeps its
+    budget instead of finishing the round past it."""
+    import time
+
+    budget_s = 20.0
+    scripted = ScriptedExecutor(
+        {"z0 fp32 mb8x1": [100.0], "z1 fp32 mb8x1": [99.0], "z2 fp32 mb8x1": [98.0]},
+        seconds={("z1 fp32 mb8x1", 2): budget_s},  # its first re-probe
+    )
+    tuner = make_tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
+        "activation_checkpointing: [false]\n",
+        scripted,
+        budget_s=budget_s,
+        early_stop=False,
+    )
+    started = time.monotonic()
+    run = tuner.run()
+    assert sorted(scripted.order[:3]) == ["z0 fp32 mb8x1", "z1 fp32 mb8x1", "z2 fp32 mb8x1"]
+    # the round began (z0, then the slow z1) and stopped before z2's re-probe
+    assert scripted.order[3:] == ["z0 fp32 mb8x1", "z1 fp32 mb8x1"]
+    assert run.confirmation is not None and run.confirmation.rounds == 0
+    assert time.monotonic() - started < 2 * budget_s
+
+
 def test_a_stages_first_probe_is_never_stopped_early(tmp_path) -> None:
     """Stage coverage gives each ZeRO stage one probe before the rest; that probe is the
     stage's only evidence, so it runs in full whatever the best so far."""

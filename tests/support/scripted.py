@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import optuna
 
 
@@ -38,8 +40,12 @@ class ScriptedExecutor:
 
     capacity = 1
 
-    def __init__(self, rates: dict[str, list[float]]) -> None:
+    def __init__(
+        self, rates: dict[str, list[float]], seconds: dict[tuple[str, int], float] | None = None
+    ) -> None:
         self.rates = {label: list(values) for label, values in rates.items()}
+        # (label, n): the n-th probe of that label (from 1) takes this long in wall time
+        self.seconds = dict(seconds or {})
         self.order: list[str] = []
         self.stop_below: list[float] = []  # each probe's early-stop threshold (0: none)
         self._done: list[tuple[int, object]] = []
@@ -49,6 +55,7 @@ class ScriptedExecutor:
 
         label = job.spec.candidate.label
         self.order.append(label)
+        time.sleep(self.seconds.get((label, self.order.count(label)), 0.0))
         self.stop_below.append(job.spec.stop_below_samples_per_s)
         values = self.rates[label]
         rate = values.pop(0) if len(values) > 1 else values[0]
