@@ -19,9 +19,10 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   gathered ahead (prefetch) when blocks reshard, and the larger of two moments: the block
   gathered while it computes its unsharded gradients, or, once it is resharded (kept
   gathered or not), its gradients beside the flat reduce-scatter input they are copied into
-  (``reduce_dtype``; a cast of them first under mixed precision); with gradient accumulation the micro-batches before the last keep every
-  unsharded gradient (no reduce-scatter until the last, ``set_requires_gradient_sync``),
-  already in the reduce dtype, so that the last casts none; reduced after each micro-batch
+  (``reduce_dtype``; a cast of them first under mixed precision); with gradient
+  accumulation the micro-batches before the last keep every unsharded gradient (no
+  reduce-scatter until the last, ``set_requires_gradient_sync``), already in the reduce
+  dtype, so that the last casts none; reduced after each micro-batch
   (``sync_each_micro_batch``), they keep only the fp32 gradient shards (4P/N);
 - the end of backward: the last unit (the root, or the whole model as one unit) resharded,
   its unsharded gradients and reduce-scatter input, and the fp32 gradient shards (4P/N; on
