@@ -11,6 +11,12 @@ from tests.support.cli import run_cli
 from tests.support.scripted import ScriptedExecutor, load_study, make_tuner
 from tests.support.studies import study_with
 
+THREE_STAGES = (  # z0, z1 and z2 at fp32 mb8x1, nothing else
+    "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
+    "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
+    "activation_checkpointing: [false]\n"
+)
+
 
 @pytest.mark.parametrize("tied", [True, False])
 def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied) -> None:
@@ -25,9 +31,7 @@ def test_a_tie_between_the_best_two_gets_more_rounds_of_those_two(tmp_path, tied
     )
     tuner = make_tuner(
         tmp_path,
-        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
-        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
-        "activation_checkpointing: [false]\n",
+        THREE_STAGES,
         scripted,
         budget_s=600,
         early_stop=False,
@@ -71,9 +75,7 @@ def test_a_round_stops_where_a_slow_probe_leaves_no_time_for_the_next(tmp_path) 
     )
     tuner = make_tuner(
         tmp_path,
-        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
-        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
-        "activation_checkpointing: [false]\n",
+        THREE_STAGES,
         scripted,
         budget_s=budget_s,
         early_stop=False,
@@ -167,9 +169,7 @@ def test_one_winner_everywhere_when_the_confirmed_winner_is_not_the_raw_maximum(
     )
     tuner = make_tuner(
         tmp_path,
-        "precision: [fp32]\nzero_stage: [0, 1, 2]\noffload_optimizer: [none]\n"
-        "offload_param: [none]\nmicro_batch_size: [8]\ngradient_accumulation_steps: [1]\n"
-        "activation_checkpointing: [false]\n",
+        THREE_STAGES,
         scripted,
         budget_s=600,
         early_stop=False,
