@@ -129,15 +129,17 @@ def test_confirmation_round_decides_the_export(study_dir: Path) -> None:
     racing_rounds = max(verdict.rounds - 2, 0)
     floor = 3 * min(verdict.rounds, 2) + 2 * racing_rounds + 2 * verdict.tie_rounds
     assert floor <= len(probed)
-    assert len(probed) <= 3 * verdict.rounds + 2 * verdict.tie_rounds
+    # a round cut short, where slow re-probes left no time for the rest, adds at most two
+    cut_short = 2
+    assert len(probed) <= 3 * verdict.rounds + 2 * verdict.tie_rounds + cut_short
     assert probed[:3] == probed[3:6] or verdict.rounds < 2  # interleaved: A B C A B C
     folders = sorted((study_dir / "trials" / "gpt-tiny").glob("confirm-*"))
     assert len(folders) == len(probed) and all((f / "probe.log").is_file() for f in folders)
     for contender in verdict.contenders:
         # the best two may have had tie-break rounds of their own; one out of the winner's
-        # noise after two rounds left the race
+        # noise after two rounds left the race; a round cut short gave it one more
         extra = len(contender.samples_per_s) - 1 - verdict.rounds
-        assert -1 <= extra <= verdict.tie_rounds
+        assert -1 <= extra <= verdict.tie_rounds + 1
     decided = best.of_study(study)
     assert decided is not None and decided.trial == verdict.winner and decided.confirmed
     assert study.user_attrs[best.BEST_ATTR]["trial"] == verdict.winner
