@@ -146,7 +146,7 @@ def _kept_share(candidate: Candidate, gathered: float) -> float:
         return 0.0
     if reshard is False:
         return gathered
-    return gathered / reshard
+    return gathered / reshard  # resharded to groups of k ranks
 
 
 def _unit_params(candidate: Candidate, facts: ModelFacts) -> tuple[float, float]:
@@ -171,10 +171,4 @@ def _gathered_bytes(candidate: Candidate, facts: ModelFacts, width: float) -> tu
     p = float(facts.params)
     if not _per_block(candidate, facts):
         return width * p, 0.0
-    root = width * (p - facts.block_params)
-    reshard = candidate.fsdp.reshard_after_forward
-    if reshard is True:
-        return root, 0.0
-    if reshard is False:
-        return root, width * facts.block_params
-    return root, width * facts.block_params / reshard  # resharded to groups of k ranks
+    return width * (p - facts.block_params), _kept_share(candidate, width * facts.block_params)
