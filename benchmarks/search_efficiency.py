@@ -25,6 +25,13 @@
         python benchmarks/search_efficiency.py replay --table benchmarks/data/table_gpt-tiny.json \\
             --limit 1.5GiB --repeats 30
 
+(c) Ceiling: how often an ideal search picks at >= 0.97 of the best at each budget (it
+    knows the candidates within 5% of the best and spends every probe on them; see
+    benchmarks/search_efficiency_ceiling.py), at the replay's noise::
+
+        python benchmarks/search_efficiency.py ceiling \\
+            --table benchmarks/data/table_gpt-tiny-amx.json --noise 0.075
+
 Strategies: autotune's sampler (memory model + calibrated cost model, see
 autotune/sampler.py), both as the best it believes after N probes and as what a run of N
 probes exports after its confirmation round ("autotune, confirmed": the round is reserved
@@ -47,10 +54,11 @@ from pathlib import Path
 # importable from this tree
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.search_efficiency_ceiling import ceiling, print_ceiling
 from benchmarks.search_efficiency_dump import dump
 from benchmarks.search_efficiency_replay import replay
 from benchmarks.search_efficiency_strategies import RULES, use_rule
-from benchmarks.search_efficiency_table import NOISE, Bimodal, pass_noise
+from benchmarks.search_efficiency_table import NOISE, Bimodal, Table, pass_noise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,18 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     d.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("replay", help="replay strategies against a table")
-    r.add_argument("--table", type=Path, required=True)
-    r.add_argument("--limit", default="64GiB", help="memory limit per rank applied to the peaks")
+    c = sub.add_parser("ceiling", help="how often an ideal search picks well on a table")
+    for p in (r, c):
+        p.add_argument("--table", type=Path, required=True)
+        p.add_argument("--limit", default="64GiB", help="memory limit per rank on the peaks")
+        _noise_and_mode_flags(p)
     r.add_argument("--repeats", type=int, default=30)
+    c.add_argument("--repeats", type=int, default=20000)
     r.add_argument("--max-probes", type=int, default=40)
     r.add_argument("--out", type=Path)
-    r.add_argument(
-        "--noise",
-        default=str(NOISE),
-        help="relative standard deviation of one probe (default 0.03; the AMX table's "
-        "three grid runs measured 0.075), or 'measured': the table's own pass-to-pass "
-        "noise (a table of two or more grid runs; search_efficiency_table.pass_noise)",
-    )
     r.add_argument(
         "--confirmation-rule",
         choices=list(RULES),
@@ -89,29 +94,37 @@ def main(argv: list[str] | None = None) -> int:
         help="how the confirmation round ranks its contenders: the tuner's rule (default), "
         "or an earlier one for comparison",
     )
-    r.add_argument(
+    args = parser.parse_args(argv)
+    if args.command == "dump":
+        dump(args.storage, args.study, args.out)
+        return 0
+    limit = parse_size(args.limit, flag="--limit")
+    noise = pass_noise(args.table) if args.noise == "measured" else float(args.noise)
+    bimodal = Bimodal() if args.bimodal else None
+    if args.command == "ceiling":
+        table = Table.load(args.table, limit, noise, bimodal)
+        print_ceiling(ceiling(table, repeats=args.repeats), noise)
+        return 0
+    use_rule(args.confirmation_rule)
+    replay(args.table, limit, args.repeats, args.max_probes, args.out, noise, bimodal)
+    return 0
+
+
+def _noise_and_mode_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--noise",
+        default=str(NOISE),
+        help="relative standard deviation of one probe (default 0.03; the AMX table's "
+        "three grid runs measured 0.075), or 'measured': the table's own pass-to-pass "
+        "noise (a table of two or more grid runs; search_efficiency_table.pass_noise)",
+    )
+    parser.add_argument(
         "--bimodal",
         action="store_true",
         # argparse formats help with %: the percent signs are doubled
         help=f"offload candidates' probes in two modes: {100 * Bimodal.share:.0f}%% of them "
         f"{100 * Bimodal.slow:.0f}%% below the table's value, as CPU offload measured here",
     )
-    args = parser.parse_args(argv)
-    if args.command == "replay":
-        use_rule(args.confirmation_rule)
-    if args.command == "dump":
-        dump(args.storage, args.study, args.out)
-    else:
-        replay(
-            args.table,
-            parse_size(args.limit, flag="--limit"),
-            args.repeats,
-            args.max_probes,
-            args.out,
-            pass_noise(args.table) if args.noise == "measured" else float(args.noise),
-            Bimodal() if args.bimodal else None,
-        )
-    return 0
 
 
 if __name__ == "__main__":
