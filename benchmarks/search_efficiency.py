@@ -25,11 +25,11 @@
         python benchmarks/search_efficiency.py replay --table benchmarks/data/table_gpt-tiny.json \\
             --limit 1.5GiB --repeats 30
 
-(c) Ceiling: how often an ideal search picks at >= 0.97 of the best at each budget (it
-    knows the candidates within 5% of the best and spends every probe on them; see
-    benchmarks/search_efficiency_ceiling.py), at the replay's noise::
+(c) An ideal search: how often a search that knows the candidates within 5% of the best
+    and spends every probe on them picks at >= 0.97 of the best, per budget, at the
+    replay's noise (how far probes alone go; benchmarks/search_efficiency_ideal.py)::
 
-        python benchmarks/search_efficiency.py ceiling \\
+        python benchmarks/search_efficiency.py ideal \\
             --table benchmarks/data/table_gpt-tiny-amx.json --noise 0.075
 
 Strategies: autotune's sampler (memory model + calibrated cost model, see
@@ -54,8 +54,8 @@ from pathlib import Path
 # importable from this tree
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.search_efficiency_ceiling import ceiling, print_ceiling
 from benchmarks.search_efficiency_dump import dump
+from benchmarks.search_efficiency_ideal import ideal_search, print_ideal_search
 from benchmarks.search_efficiency_replay import replay
 from benchmarks.search_efficiency_strategies import RULES, use_rule
 from benchmarks.search_efficiency_table import NOISE, Bimodal, Table, pass_noise
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     d.add_argument("--out", type=Path, required=True)
     r = sub.add_parser("replay", help="replay strategies against a table")
-    c = sub.add_parser("ceiling", help="how often an ideal search picks well on a table")
+    c = sub.add_parser("ideal", help="how often an ideal search picks well on a table")
     for p in (r, c):
         p.add_argument("--table", type=Path, required=True)
         p.add_argument("--limit", default="64GiB", help="memory limit per rank on the peaks")
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     limit = parse_size(args.limit, flag="--limit")
     noise = pass_noise(args.table) if args.noise == "measured" else float(args.noise)
     bimodal = Bimodal() if args.bimodal else None
-    if args.command == "ceiling":
+    if args.command == "ideal":
         table = Table.load(args.table, limit, noise, bimodal)
-        print_ceiling(ceiling(table, repeats=args.repeats), noise)
+        print_ideal_search(ideal_search(table, repeats=args.repeats), noise)
         return 0
     use_rule(args.confirmation_rule)
     replay(args.table, limit, args.repeats, args.max_probes, args.out, noise, bimodal)

@@ -24,7 +24,7 @@ COMMANDS = [
     ["script_overhead.py"],
     ["search_efficiency.py", "dump"],
     ["search_efficiency.py", "replay"],
-    ["search_efficiency.py", "ceiling"],
+    ["search_efficiency.py", "ideal"],
     ["verify_cost.py"],
     ["vs_deepspeed_autotuner.py"],
     ["world_size_prediction.py"],
