@@ -31,6 +31,10 @@ from benchmarks.search_efficiency_table import Table
 CLOSE = 0.05  # the candidates within this share of the best are the ideal search's
 HALVING_KEEP = 3  # candidates the halving allocation keeps after one probe each
 
+# how an ideal search spends a budget on the close candidates: (their order, the budget,
+# a probe of one by key) -> each probed candidate's samples/s
+Allocation = Callable[[list[str], int, Callable[[str], float]], dict[str, list[float]]]
+
 
 def close_to_best(table: Table) -> list[str]:
     """The feasible candidates within ``CLOSE`` of the table's best, best first."""
@@ -44,15 +48,13 @@ def ideal_search(table: Table, budgets: tuple[int, ...] = BUDGETS, repeats: int 
     at or above ``GOOD_PICK`` of the best, and the better of the two."""
     close = close_to_best(table)
     best = table.best_possible()
-    allocations: dict[str, Callable[[list[str], int, random.Random], dict[str, list[float]]]] = {
-        "equal rounds": _equal_rounds,
-        "halving": _halving,
-    }
+    candidates = {key: table.candidate(key) for key in close}
+    allocations: dict[str, Allocation] = {"equal rounds": _equal_rounds, "halving": _halving}
     shares: dict[str, dict[int, float]] = {name: {} for name in allocations}
     for name, allocate in allocations.items():
         for budget in budgets:
             rng = random.Random(budget)
-            probe = _prober(table, rng)
+            probe = _prober(table, candidates, rng)
             good = 0
             for _ in range(repeats):
                 order = close[:]
@@ -70,12 +72,10 @@ def ideal_search(table: Table, budgets: tuple[int, ...] = BUDGETS, repeats: int 
     }
 
 
-def _prober(table: Table, rng: random.Random) -> Callable[[str], float]:
-    candidates: dict[str, Candidate] = {}
-
+def _prober(
+    table: Table, candidates: dict[str, Candidate], rng: random.Random
+) -> Callable[[str], float]:
     def probe(key: str) -> float:
-        if key not in candidates:
-            candidates[key] = table.candidate(key)
         status, value = table.probe(candidates[key], rng)
         assert status == "ok"  # the close candidates are feasible
         return value
@@ -100,7 +100,8 @@ def _halving(
     kept = sorted(samples, key=lambda k: statistics.fmean(samples[k]), reverse=True)
     kept = kept[:HALVING_KEEP]
     for i in range(budget - len(samples)):
-        samples[kept[i % len(kept)]].append(probe(kept[i % len(kept)]))
+        key = kept[i % len(kept)]
+        samples[key].append(probe(key))
     return samples
 
 
