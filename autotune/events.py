@@ -192,10 +192,12 @@ class InterruptRequested(Event):
 @dataclass(frozen=True)
 class SearchStopped(Event):
     """Why the search asked for no more candidates: its budget is spent, ``--max-trials``
-    reached, every candidate evaluated, the run interrupted, or another driver took the
-    study (``holder``)."""
+    reached, every candidate evaluated, the run interrupted, another driver took the
+    study (``holder``), or ``settled``: on a budget short of the confirmation round's plan,
+    no open candidate is predicted near the best (the rest, ``reserve_s``, goes to the
+    round)."""
 
-    kind: Literal["budget", "max_trials", "exhausted", "interrupted", "lock_lost"]
+    kind: Literal["budget", "max_trials", "exhausted", "interrupted", "lock_lost", "settled"]
     max_trials: int | None = None
     holder: Holder | None = None
     spent_s: float = 0.0

@@ -33,7 +33,7 @@ def run_autotune(
         estimates = sorted(
             ((v, 1.96 * table.noise * v) for v in search.measured.values()), reverse=True
         )
-        held = reserve.reserve_s(
+        state = dict(
             feasible=len(search.measured),
             stages_covered=policy.covered(history),
             contenders=len(confirm.pick_contenders(estimates)),
@@ -41,8 +41,12 @@ def run_autotune(
             probe_s=1.0,
             budget_s=float(max_probes),
         )
+        held = reserve.reserve_s(**state)
         if search.probes >= max_probes - math.floor(held):
             break
+        best = max(search.measured.values(), default=0.0)
+        if reserve.settled(promising=policy.promising(history, (0, best)), **state):
+            break  # nothing promising left on a budget short of the round's plan
         pick = policy.choose(history)
         if pick is None:
             break

@@ -200,6 +200,14 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
             more = format_duration(event.spent_s + event.reserve_s + 600)
             text += f"; to go on, give a larger total: {continue_command} --budget {more}"
         return text
+    if event.kind == "settled":
+        from autotune.run.sampler import PROMISING_MARGIN
+
+        return (
+            f"no candidate left is predicted within {100 * PROMISING_MARGIN:.0f}% of the best, "
+            f"and the budget is short of the confirmation round's plan: its last "
+            f"{format_duration(event.reserve_s)} go to confirming the best"
+        )
     return {
         "max_trials": f"--max-trials {event.max_trials} reached",
         "exhausted": "every valid candidate has been evaluated",

@@ -49,8 +49,8 @@ def done_event(verdict: confirm.Confirmation) -> events.ConfirmationDone:
 @dataclass
 class ConfirmationRounds:
     """Probes the search's contenders again, interleaved, on the search's dispatcher, while
-    the budget clock has time for a whole round; decides and stores the verdict in the
-    study.
+    the budget clock has time for a whole round (less ``keep_s``, the loss check's); decides
+    and stores the verdict in the study.
 
     ``wait_for`` blocks until a submitted probe is back (None when the run is stopping
     first); ``stopping`` tells whether the run was interrupted."""
@@ -62,6 +62,7 @@ class ConfirmationRounds:
     stopping: Callable[[], bool]
     wait_for: Callable[[InFlight], ProbeResult | None]
     emit: events.Emit
+    keep_s: float = 0.0  # held for what runs after the round (the loss check, --verify)
 
     def run(self) -> confirm.Confirmation | None:
         """The round, decided and stored; None when there is nothing to confirm (fewer than
@@ -95,10 +96,10 @@ class ConfirmationRounds:
             round, when the run is stopping, or when probes slower than the estimate leave
             no time for the next one (a partial round is not counted)."""
             needed_s = len(numbers) * max(probe_s, 1.0)
-            if self.stopping() or self.clock.probing_left_s < needed_s:
+            if self.stopping() or self.clock.probing_left_s - self.keep_s < needed_s:
                 return False
             for number in numbers:
-                if self.clock.probing_left_s < max(probe_s, 1.0):
+                if self.clock.probing_left_s - self.keep_s < max(probe_s, 1.0):
                     return False  # the budget's end would not wait for this probe
                 if not self._reprobe(by_number[number], by_trial[number]):
                     return False

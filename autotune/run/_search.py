@@ -13,7 +13,10 @@ told to Optuna as soon as it arrives, so the sampler always sees the freshest da
   :data:`EARLY_STOP_MARGIN` (never under ``--sampler grid``).
 - The search stops when what is left of the budget, less the reserve of the confirmation
   round and of the loss check (``--verify``; :class:`~autotune.run.budget.ReservePolicy`),
-  no longer holds the next probe's estimate.
+  no longer holds the next probe's estimate; on a budget short of the round's plan, also
+  once no open candidate is predicted near the best
+  (:meth:`~autotune.run.budget.ReservePolicy.settled`): what is left goes to confirming
+  what was found rather than to probes predicted to lose.
 - With ``--shared`` other drivers work on the study too: before probing, a trial claims its
   candidate (:meth:`Search._claim`), so none is probed twice.
 """
@@ -96,6 +99,7 @@ class Search:
         self.estimate_s = 0.0
         self.reserve_s = 0.0
         self.verify_s = 0.0  # the part of reserve_s held for the loss check
+        self.settled = False  # nothing promising left on a budget short of the round's plan
         self._checked_s = max(  # the study's loss checks so far (run --verify's reserve)
             (check.seconds for check in verification.load_all(self.study).values()), default=0.0
         )
@@ -288,7 +292,10 @@ class Search:
 
         self.estimate_s = probe_estimate_s(trials)
         ranked = ranked_feasible(trials, self.goal)
-        covered = self.policy is None or self.policy.covered(History.of(trials))
+        history = History.of(trials)
+        covered = self.policy is None or self.policy.covered(history)
+        contenders = len(confirm.contenders(ranked, self.goal))
+        full_probe_s = probe_estimate_s(trials, full_only=True)
         self.verify_s = self.reserve.verify_reserve_s(
             feasible=len(ranked),
             launch_s=longest_probe_s(trials),
@@ -298,8 +305,17 @@ class Search:
         self.reserve_s = self.verify_s + self.reserve.reserve_s(
             feasible=len(ranked),
             stages_covered=covered,
-            contenders=len(confirm.contenders(ranked, self.goal)),
-            full_probe_s=probe_estimate_s(trials, full_only=True),
+            contenders=contenders,
+            full_probe_s=full_probe_s,
+            probe_s=self.estimate_s,
+            budget_s=self.clock.run_budget_s,
+        )
+        self.settled = self.reserve.settled(
+            promising=self.policy is None or self.policy.promising(history, self._best_score),
+            feasible=len(ranked),
+            stages_covered=covered,
+            contenders=contenders,
+            full_probe_s=full_probe_s,
             probe_s=self.estimate_s,
             budget_s=self.clock.run_budget_s,
         )
@@ -338,6 +354,10 @@ class Search:
             )
         if not self._unseen():
             return events.SearchStopped("exhausted")
+        if self.settled:
+            return events.SearchStopped(
+                "settled", spent_s=self.clock.spent_s, total_s=self.clock.total_s, reserve_s=left_s
+            )
         return None
 
     def trials_in_flight(self) -> list[optuna.Trial]:

@@ -258,6 +258,7 @@ class Tuner:
                     stopping=lambda: session.stopping,
                     wait_for=search.wait_for,
                     emit=self.emit,
+                    keep_s=search.verify_s,
                 ).run()
         except ExecutorError:
             # the executor is gone (a lost cluster): probes still out are interrupted

@@ -171,8 +171,10 @@ class ReservePolicy:
     sampler, before every ZeRO stage that may fit has had its probe (on a short budget the
     reserve otherwise ends the search after two configs and confirms the wrong ones). Then:
     :func:`autotune.study.confirmation.reserve_s` for the contenders the search leaves so far, at
-    the
-    wall time of a full-length probe.
+    the wall time of a full-length probe.
+
+    On a budget short of the round's plan, the search ends as soon as it has nothing
+    promising left to probe (:meth:`settled`): every probe left then goes to the round.
     """
 
     enabled: bool = True
@@ -194,6 +196,29 @@ class ReservePolicy:
             return 0.0
         per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
         return confirm.reserve_s(per_probe_s, contenders, budget_s)
+
+    def settled(
+        self,
+        *,
+        promising: bool,
+        feasible: int,
+        stages_covered: bool,
+        contenders: int,
+        full_probe_s: float,
+        probe_s: float,
+        budget_s: float,
+    ) -> bool:
+        """The search should end now and leave the rest of the budget to the round: the
+        round is due (as for :meth:`reserve_s`), no open candidate is ``promising``
+        (:meth:`CandidatePolicy.promising <autotune.run.sampler.CandidatePolicy.promising>`),
+        and the budget is short of the round's plan (its reserve is capped): a probe
+        predicted to lose is worth less there than one more probe of each contender. On a
+        budget that holds the plan the search goes on: the cost model is rough, and a
+        long search may still find what it ranked low."""
+        if not self.enabled or promising or feasible < 2 or not stages_covered:
+            return False
+        per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
+        return not confirm.plan_fits(per_probe_s, contenders, budget_s)
 
     def verify_reserve_s(
         self, *, feasible: int, launch_s: float, step_s: float, checked_s: float = 0.0

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from autotune.study import TrialView
 
 EXPLORATION = 0.6  # bonus of a fully novel candidate over its predicted samples/s, at start
+# An open candidate predicted this far below the best measured is not worth a probe that the
+# confirmation round could use instead (the same margin as a probe's early stop,
+# autotune.run._search.EARLY_STOP_MARGIN: clearly slower than the best so far).
+PROMISING_MARGIN = 0.05
 COVERED_ATTRIBUTES = ("zero_stage",)  # each value that may fit gets one probe first
 NOVELTY_ATTRIBUTES = (
     "precision",
@@ -166,6 +170,21 @@ class CandidatePolicy:
     def _uncovered(open_: list[Candidate], history: History) -> list[Candidate]:
         tried = {a: {getattr(c, a) for c in history.tried} for a in COVERED_ATTRIBUTES}
         return [c for c in open_ if any(getattr(c, a) not in tried[a] for a in COVERED_ATTRIBUTES)]
+
+    def promising(self, history: History, best: tuple[int, float]) -> bool:
+        """Some open candidate is predicted within :data:`PROMISING_MARGIN` of ``best`` (the
+        best measured, as the goal scores it: ``(tier, value)``), by the cost model
+        calibrated on ``history``; without a model, or before a measurement, everything is."""
+        if self.mode != "model" or self.cost is None or not history.measured or best[1] <= 0:
+            return True
+        open_ = self._open(history)
+        if not open_:
+            return False
+        self.cost.fit(history.measured)
+        tier, value = max(
+            self.goal.score(self.cost.samples_per_s(c), c.data_parallel_size) for c in open_
+        )
+        return tier > best[0] or (tier == best[0] and value >= best[1] * (1 - PROMISING_MARGIN))
 
     def covered(self, history: History) -> bool:
         """Every ZeRO stage that may fit has had its probe (the model's search only)."""

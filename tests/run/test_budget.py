@@ -240,6 +240,29 @@ def test_the_reserve_is_timed_by_full_length_probes_for_the_contenders_left() ->
     assert budget.probe_estimate_s(records.views(only_cold)) == 30.0
 
 
+def test_on_a_budget_short_of_the_rounds_plan_the_search_settles_once_nothing_is_promising():
+    """The search ends early (:meth:`ReservePolicy.settled`) only where all three hold: the
+    round is due, nothing open is promising, and the budget cannot hold the round's plan
+    within its share (a long budget keeps searching: the cost model is rough)."""
+    plan_s = confirm.planned_probes(3) * 2.0  # three contenders at 2 s a full probe
+    short, long = plan_s / confirm.MAX_RESERVE_SHARE - 1, plan_s / confirm.MAX_RESERVE_SHARE
+    assert not confirm.plan_fits(2.0, 3, short) and confirm.plan_fits(2.0, 3, long)
+
+    def settled(policy: budget.ReservePolicy | None = None, **state) -> bool:
+        facts = dict(promising=False, feasible=3, stages_covered=True, contenders=3)
+        facts.update(full_probe_s=2.0, probe_s=2.0, budget_s=short)
+        return (policy or budget.ReservePolicy()).settled(**{**facts, **state})
+
+    assert settled()
+    assert not settled(promising=True)
+    assert not settled(budget_s=long)
+    assert not settled(stages_covered=False)  # every stage gets its probe first
+    assert not settled(feasible=1)  # nothing to confirm yet
+    assert not settled(policy=budget.ReservePolicy(enabled=False))  # no round (--no-confirm)
+    # a contender more makes the plan longer: the same budget is short of it
+    assert confirm.plan_fits(2.0, 3, long) and not confirm.plan_fits(2.0, 4, long)
+
+
 def test_the_loss_check_holds_back_one_launch_and_three_runs_of_its_steps() -> None:
     """``run --verify``: once a best exists, one cold launch (the longest probe so far) and
     the reference twice and the best once, each for the check's steps at the slowest

@@ -192,6 +192,31 @@ def test_every_stage_that_may_fit_is_probed_once_first() -> None:
     assert picks[3].zero_stage != 0  # covered: back to the model's order
 
 
+def test_a_candidate_is_promising_while_its_prediction_is_near_the_best_measured() -> None:
+    """:meth:`CandidatePolicy.promising`: some open candidate predicted within
+    PROMISING_MARGIN of the best measured score; always before a measurement, under the grid,
+    and never with nothing open."""
+    from autotune.run.sampler import PROMISING_MARGIN
+
+    candidates = [cand(stage=2, mb=mb) for mb in (1, 2, 4, 8)]
+    cost = CostModel(FACTS, "cpu")
+    policy = CandidatePolicy(candidates, cost=cost, mode="model")
+    history = History()
+    assert policy.promising(history, (0, 1e9))  # nothing measured: everything is
+    history.add(candidates[3], "ok", 0.5)
+    cost.fit(history.measured)
+    predicted = max(cost.samples_per_s(c) for c in candidates[:3])
+    assert policy.promising(history, (0, predicted))
+    assert policy.promising(history, (0, predicted / (1 - PROMISING_MARGIN) * 0.999))
+    assert not policy.promising(history, (0, predicted / (1 - PROMISING_MARGIN) * 1.001))
+    assert policy.promising(history, (-1, 10 * predicted))  # a lower tier: anything beats it
+    grid = CandidatePolicy(candidates, cost=cost, mode="grid")
+    assert grid.promising(history, (0, 10 * predicted))
+    for candidate in candidates[:3]:
+        history.add(candidate, "ok", 0.5)
+    assert not policy.promising(history, (0, 1.0))  # nothing left open
+
+
 def test_sampler_drives_an_optuna_study_with_whole_candidates() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     space = bound_space()

@@ -151,6 +151,56 @@ def test_stage_coverage_decides_when_the_reserve_starts(tmp_path) -> None:
     assert policy.covered(History.of(records.views(study)))
 
 
+@pytest.mark.parametrize("budget_s", [20.0, 600.0])
+def test_on_a_short_budget_the_search_settles_and_the_round_gets_the_rest(
+    tmp_path, budget_s
+) -> None:
+    """After stage coverage the other candidates (micro-batches 1 and 2, predicted far below
+    the two measured) are not promising. On a budget short of the round's plan the search
+    ends there ("settled") and the round gets what is left; on one that holds the plan the
+    search goes on and probes them (the cost model is rough)."""
+    from autotune.cli._render import line
+    from autotune.run.sampler import History
+
+    tied = [100.0] + [92.0, 108.0] * 10  # around 100 and 97: a tie that never separates
+    rates = {"z0 fp32 mb8x2": tied, "z1 fp32 mb8x2": [x - 3 for x in tied]}
+    rates.update({f"z{z} fp32 mb{m}x{16 // m}": [40.0] for z in (0, 1) for m in (1, 2)})
+    scripted = ScriptedExecutor(rates)
+    tuner = make_tuner(
+        tmp_path,
+        "precision: [fp32]\nzero_stage: [0, 1]\noffload_optimizer: [none]\n"
+        "offload_param: [none]\nmicro_batch_size: [1, 2, 8]\nactivation_checkpointing: [false]\n",
+        scripted,
+        global_batch=32,
+        budget_s=budget_s,
+        early_stop=False,
+    )
+    run = tuner.run()
+    assert run.stop is not None
+    search_probes = 2 if budget_s == 20.0 else 6
+    assert sorted(scripted.order[:2]) == ["z0 fp32 mb8x2", "z1 fp32 mb8x2"]
+    assert len(set(scripted.order)) == search_probes
+    study = load_study(tmp_path)
+    _, policy = tuner.make_sampler()
+    assert policy is not None
+    two = History.of(records.views(study)[:2])  # the study as the coverage probes left it
+    assert not policy.promising(two, (0, 100.0)), "the test needs an unpromising rest"
+    verdict = confirm.load(study)
+    assert verdict is not None and verdict.rounds == confirm.ROUNDS
+    if budget_s == 20.0:
+        assert run.stop.kind == "settled"
+        # the rest went to the round: more re-probes (1 s each) than its capped share holds
+        assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS
+        assert len(scripted.order) - 2 > confirm.MAX_RESERVE_SHARE * budget_s
+        assert line(run.stop).startswith(
+            "search stopped: no candidate left is predicted within 5% of the best, and the "
+            "budget is short of the confirmation round's plan: its last "
+        )
+    else:
+        assert run.stop.kind == "exhausted"
+    assert study.trials[verdict.winner].user_attrs["label"] == "z0 fp32 mb8x2"
+
+
 def test_one_winner_everywhere_when_the_confirmed_winner_is_not_the_raw_maximum(
     tmp_path,
 ) -> None:
@@ -274,3 +324,44 @@ def test_under_a_cost_objective_the_round_confirms_the_cheapest_world_size(tmp_p
     assert scripted.stop_below[1] == pytest.approx(per_gpu * gpus_second * 0.95)
     launch = (tmp_path / "trials" / "gpt-tiny" / "best" / "launch.sh").read_text()
     assert "--nproc-per-node=1" in launch
+
+
+@pytest.mark.parametrize("keep_s", [0.0, 6.0])
+def test_the_round_leaves_the_loss_checks_time_alone(keep_s) -> None:
+    """The round probes while the time left, less ``keep_s`` (what the search held for the
+    loss check, ``--verify``), holds a whole round: 10 s left at 1 s a probe is five rounds
+    of two contenders; with 6 s kept, two."""
+    from types import SimpleNamespace
+
+    from autotune.protocol import ProbeResult
+    from autotune.run._confirmation_rounds import ConfirmationRounds
+    from autotune.run.budget import BudgetClock, BudgetRecord
+
+    study = study_with({"a": [0.2, 0.3, 0.25], "b": [0.21, 0.31, 0.26]}, probe_wall_s=1.0)
+    now = [0.0]
+    clock = BudgetClock(BudgetRecord(total_s=15.0, finish_s=5.0), None, clock=lambda: now[0])
+    clock.start()
+    submitted: list[str] = []
+
+    def submit(candidate, record, *, trial, folder):
+        submitted.append(record.label)
+        return SimpleNamespace(record=SimpleNamespace(trial_dir=folder))
+
+    def wait_for(job) -> ProbeResult:
+        now[0] += 1.0  # each re-probe takes 1 s
+        rate = 70.0 if len(submitted) // 2 % 2 else 60.0  # both alike: a tie to the end
+        return ProbeResult(status="ok", samples_per_s=rate, step_time_s=16 / rate, wall_s=1.0)
+
+    verdict = ConfirmationRounds(
+        study=study,
+        dispatcher=SimpleNamespace(submit=submit),  # type: ignore[arg-type]
+        clock=clock,
+        vram_limit_bytes=0,
+        stopping=lambda: False,
+        wait_for=wait_for,
+        emit=lambda event: None,
+        keep_s=keep_s,
+    ).run()
+    assert verdict is not None
+    assert len(submitted) == (10 if keep_s == 0.0 else 4)
+    assert clock.probing_left_s >= keep_s
