@@ -29,6 +29,15 @@ if TYPE_CHECKING:
     from autotune.study import TrialView
 
 
+def own_probe_s(trial: TrialView, fallback_s: float) -> float:
+    """A contender's probe time: its search probe's wall time when that probe ran in full
+    and warm (a cold one paid its process group's start), else ``fallback_s``."""
+    wall_s = trial.record.probe_wall_s
+    if wall_s is None or trial.record.probe_cold_start or not trial.measured_in_full:
+        return fallback_s
+    return wall_s
+
+
 def progress_event(verdict: confirm.Confirmation) -> events.ConfirmationProgress:
     """The standings ``verdict`` would give if it were decided now (on a copy)."""
     current = verdict.model_copy(deep=True)
@@ -88,21 +97,27 @@ class ConfirmationRounds:
         by_number = {t.number: t for t in chosen}
         by_trial = {c.trial: c for c in verdict.contenders}
         probe_s = probe_estimate_s(trials, full_only=True) or probe_estimate_s(trials)
+        # each contender's own probe time: one config can take several times another's
+        # (offload, a small micro-batch), and a round timed by the median would overrun
+        own_s = {t.number: max(own_probe_s(t, probe_s), 1.0) for t in chosen}
         started = time.monotonic()
         self.emit(events.ConfirmationStarted([t.label for t in chosen]))
 
         def one_round(numbers: list[int]) -> bool:
             """Each of ``numbers`` once more, in order; False without time for the whole
-            round, when the run is stopping, or when probes slower than the estimate leave
-            no time for the next one (a partial round is not counted)."""
-            needed_s = len(numbers) * max(probe_s, 1.0)
+            round at each contender's own probe time (its latest warm probe's), when the
+            run is stopping, or when probes slower than that leave no time for the next one
+            (a partial round is not counted)."""
+            needed_s = sum(own_s[number] for number in numbers)
             if self.stopping() or self.clock.probing_left_s - self.keep_s < needed_s:
                 return False
             for number in numbers:
-                if self.clock.probing_left_s - self.keep_s < max(probe_s, 1.0):
+                if self.clock.probing_left_s - self.keep_s < own_s[number]:
                     return False  # the budget's end would not wait for this probe
-                if not self._reprobe(by_number[number], by_trial[number]):
+                wall_s = self._reprobe(by_number[number], by_trial[number])
+                if wall_s is None:
                     return False
+                own_s[number] = max(wall_s or own_s[number], 1.0)
                 self.emit(progress_event(verdict))
             return True
 
@@ -113,9 +128,10 @@ class ConfirmationRounds:
         self.emit(done_event(verdict))
         return verdict
 
-    def _reprobe(self, original: TrialView, contender: confirm.Contender) -> bool:
+    def _reprobe(self, original: TrialView, contender: confirm.Contender) -> float | None:
         """Probe ``original``'s candidate once more; a measured samples/s joins
-        ``contender``. False when the probe was stopped (the run is stopping)."""
+        ``contender``. Its wall time (0 when it paid a process group's start, which the
+        next probe will not); None when the probe was stopped (the run is stopping)."""
         candidate = original.candidate
         record = TrialRecord(
             candidate=candidate,
@@ -132,7 +148,7 @@ class ConfirmationRounds:
         self.emit(events.ProbeStarted(None, original.label, reprobe_of=original.number))
         result = self.wait_for(job)
         if result is None:
-            return False
+            return None
         self.emit(
             events.ProbeFinished(
                 None,
@@ -145,4 +161,4 @@ class ConfirmationRounds:
         if result.status == "ok":
             contender.samples_per_s.append(result.samples_per_s)
             contender.step_spreads.append(round(result.spread, 4))
-        return True
+        return 0.0 if result.cold_start else result.wall_s

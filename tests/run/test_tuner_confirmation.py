@@ -365,3 +365,48 @@ def test_the_round_leaves_the_loss_checks_time_alone(keep_s) -> None:
     assert verdict is not None
     assert len(submitted) == (10 if keep_s == 0.0 else 4)
     assert clock.probing_left_s >= keep_s
+
+
+def test_a_round_is_timed_by_each_contenders_own_probe_time() -> None:
+    """A contender whose probes take 9 s (offload, a small micro-batch) beside two of 1 s:
+    with 10 s left a round of all three (11 s) does not fit, whatever the median probe
+    time says; the best two get the time, and the run ends within its budget."""
+    from types import SimpleNamespace
+
+    from autotune.protocol import ProbeResult
+    from autotune.run._confirmation_rounds import ConfirmationRounds
+    from autotune.run.budget import BudgetClock, BudgetRecord
+
+    study = study_with({"a": [0.2, 0.21, 0.2]}, probe_wall_s=1.0)
+    study.add_trial(study_with({"b": [0.21, 0.22, 0.21]}, probe_wall_s=1.0).trials[0])
+    study.add_trial(study_with({"c": [0.22, 0.23, 0.22]}, probe_wall_s=9.0).trials[0])
+    wall_s = {"a": 1.0, "b": 1.0, "c": 9.0}
+    now = [0.0]
+    clock = BudgetClock(BudgetRecord(total_s=15.0, finish_s=5.0), None, clock=lambda: now[0])
+    clock.start()
+    submitted: list[str] = []
+
+    def submit(candidate, record, *, trial, folder):
+        submitted.append(record.label)
+        return SimpleNamespace(record=SimpleNamespace(trial_dir=folder))
+
+    def wait_for(job) -> ProbeResult:
+        label = submitted[-1]
+        now[0] += wall_s[label]
+        rate = 16 / 0.2
+        return ProbeResult(
+            status="ok", samples_per_s=rate, step_time_s=0.2, wall_s=wall_s[label], cold_start=False
+        )
+
+    verdict = ConfirmationRounds(
+        study=study,
+        dispatcher=SimpleNamespace(submit=submit),  # type: ignore[arg-type]
+        clock=clock,
+        vram_limit_bytes=0,
+        stopping=lambda: False,
+        wait_for=wait_for,
+        emit=lambda event: None,
+    ).run()
+    assert verdict is not None and len(verdict.contenders) == 3
+    assert "c" not in submitted and submitted[:2] == ["a", "b"]
+    assert clock.probing_left_s >= 0
