@@ -326,18 +326,17 @@ def test_under_a_cost_objective_the_round_confirms_the_cheapest_world_size(tmp_p
     assert "--nproc-per-node=1" in launch
 
 
-@pytest.mark.parametrize("keep_s", [0.0, 6.0])
-def test_the_round_leaves_the_loss_checks_time_alone(keep_s) -> None:
-    """The round probes while the time left, less ``keep_s`` (what the search held for the
-    loss check, ``--verify``), holds a whole round: 10 s left at 1 s a probe is five rounds
-    of two contenders; with 6 s kept, two."""
+def _rounds_on_a_fake_clock(study, wall_s: dict[str, float], rate, keep_s: float = 0.0):
+    """:class:`ConfirmationRounds` on ``study``'s contenders with 10 s of probing left (a
+    15 s budget, 5 s for the finish) on a clock that each re-probe of label L advances by
+    ``wall_s[L]``; ``rate(n)`` is the n-th re-probe's samples/s. Returns the verdict, the
+    labels re-probed in order and the clock."""
     from types import SimpleNamespace
 
     from autotune.protocol import ProbeResult
     from autotune.run._confirmation_rounds import ConfirmationRounds
     from autotune.run.budget import BudgetClock, BudgetRecord
 
-    study = study_with({"a": [0.2, 0.3, 0.25], "b": [0.21, 0.31, 0.26]}, probe_wall_s=1.0)
     now = [0.0]
     clock = BudgetClock(BudgetRecord(total_s=15.0, finish_s=5.0), None, clock=lambda: now[0])
     clock.start()
@@ -348,9 +347,16 @@ def test_the_round_leaves_the_loss_checks_time_alone(keep_s) -> None:
         return SimpleNamespace(record=SimpleNamespace(trial_dir=folder))
 
     def wait_for(job) -> ProbeResult:
-        now[0] += 1.0  # each re-probe takes 1 s
-        rate = 70.0 if len(submitted) // 2 % 2 else 60.0  # both alike: a tie to the end
-        return ProbeResult(status="ok", samples_per_s=rate, step_time_s=16 / rate, wall_s=1.0)
+        seconds = wall_s[submitted[-1]]
+        now[0] += seconds
+        value = rate(len(submitted))
+        return ProbeResult(
+            status="ok",
+            samples_per_s=value,
+            step_time_s=16 / value,
+            wall_s=seconds,
+            cold_start=False,
+        )
 
     verdict = ConfirmationRounds(
         study=study,
@@ -362,6 +368,21 @@ def test_the_round_leaves_the_loss_checks_time_alone(keep_s) -> None:
         emit=lambda event: None,
         keep_s=keep_s,
     ).run()
+    return verdict, submitted, clock
+
+
+@pytest.mark.parametrize("keep_s", [0.0, 6.0])
+def test_the_round_leaves_the_loss_checks_time_alone(keep_s) -> None:
+    """The round probes while the time left, less ``keep_s`` (what the search held for the
+    loss check, ``--verify``), holds a whole round: 10 s left at 1 s a probe is five rounds
+    of two contenders; with 6 s kept, two."""
+    study = study_with({"a": [0.2, 0.3, 0.25], "b": [0.21, 0.31, 0.26]}, probe_wall_s=1.0)
+    verdict, submitted, clock = _rounds_on_a_fake_clock(
+        study,
+        {"a": 1.0, "b": 1.0},
+        lambda n: 70.0 if n // 2 % 2 else 60.0,  # both alike: a tie to the end
+        keep_s=keep_s,
+    )
     assert verdict is not None
     assert len(submitted) == (10 if keep_s == 0.0 else 4)
     assert clock.probing_left_s >= keep_s
@@ -371,42 +392,12 @@ def test_a_round_is_timed_by_each_contenders_own_probe_time() -> None:
     """A contender whose probes take 9 s (offload, a small micro-batch) beside two of 1 s:
     with 10 s left a round of all three (11 s) does not fit, whatever the median probe
     time says; the best two get the time, and the run ends within its budget."""
-    from types import SimpleNamespace
-
-    from autotune.protocol import ProbeResult
-    from autotune.run._confirmation_rounds import ConfirmationRounds
-    from autotune.run.budget import BudgetClock, BudgetRecord
-
     study = study_with({"a": [0.2, 0.21, 0.2]}, probe_wall_s=1.0)
     study.add_trial(study_with({"b": [0.21, 0.22, 0.21]}, probe_wall_s=1.0).trials[0])
     study.add_trial(study_with({"c": [0.22, 0.23, 0.22]}, probe_wall_s=9.0).trials[0])
-    wall_s = {"a": 1.0, "b": 1.0, "c": 9.0}
-    now = [0.0]
-    clock = BudgetClock(BudgetRecord(total_s=15.0, finish_s=5.0), None, clock=lambda: now[0])
-    clock.start()
-    submitted: list[str] = []
-
-    def submit(candidate, record, *, trial, folder):
-        submitted.append(record.label)
-        return SimpleNamespace(record=SimpleNamespace(trial_dir=folder))
-
-    def wait_for(job) -> ProbeResult:
-        label = submitted[-1]
-        now[0] += wall_s[label]
-        rate = 16 / 0.2
-        return ProbeResult(
-            status="ok", samples_per_s=rate, step_time_s=0.2, wall_s=wall_s[label], cold_start=False
-        )
-
-    verdict = ConfirmationRounds(
-        study=study,
-        dispatcher=SimpleNamespace(submit=submit),  # type: ignore[arg-type]
-        clock=clock,
-        vram_limit_bytes=0,
-        stopping=lambda: False,
-        wait_for=wait_for,
-        emit=lambda event: None,
-    ).run()
+    verdict, submitted, clock = _rounds_on_a_fake_clock(
+        study, {"a": 1.0, "b": 1.0, "c": 9.0}, lambda n: 80.0
+    )
     assert verdict is not None and len(verdict.contenders) == 3
     assert "c" not in submitted and submitted[:2] == ["a", "b"]
     assert clock.probing_left_s >= 0
