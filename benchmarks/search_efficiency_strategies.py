@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from autotune.run import ReservePolicy
+from autotune.run import ReservePolicy, SearchState
 from autotune.study import confirmation as confirm
 from benchmarks.search_efficiency_table import Models, Search, Table, table_space
 
@@ -33,7 +33,7 @@ def run_autotune(
         estimates = sorted(
             ((v, 1.96 * table.noise * v) for v in search.measured.values()), reverse=True
         )
-        state = dict(
+        state = SearchState(
             feasible=len(search.measured),
             stages_covered=policy.covered(history),
             contenders=len(confirm.pick_contenders(estimates)),
@@ -41,11 +41,11 @@ def run_autotune(
             probe_s=1.0,
             budget_s=float(max_probes),
         )
-        held = reserve.reserve_s(**state)
+        held = reserve.reserve_s(state)
         if search.probes >= max_probes - math.floor(held):
             break
         best = max(search.measured.values(), default=0.0)
-        if reserve.settled(promising=policy.promising(history, (0, best)), **state):
+        if reserve.settled(state, promising=policy.promising(history, (0, best))):
             break  # nothing promising left on a budget short of the round's plan
         pick = policy.choose(history)
         if pick is None:

@@ -5,7 +5,7 @@ sampler and cost model, the budget clock and the confirmation rounds."""
 from autotune.run._driver_session import continue_command
 from autotune.run._plan import Plan, bind_space, check_nvme_path, plan_run
 from autotune.run._tuner import RunSummary, Tuner
-from autotune.run.budget import ReservePolicy, read_budget
+from autotune.run.budget import ReservePolicy, SearchState, read_budget
 from autotune.run.cost_model import (
     CostModel,
     WorkloadFacts,
@@ -21,6 +21,7 @@ __all__ = [
     "Plan",
     "ReservePolicy",
     "RunSummary",
+    "SearchState",
     "Tuner",
     "WorkloadFacts",
     "bind_space",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune import events
-from autotune.run.budget import longest_probe_s, probe_estimate_s, slowest_step_s
+from autotune.run.budget import SearchState, longest_probe_s, probe_estimate_s, slowest_step_s
 from autotune.study import (
     TrialRecord,
     TrialView,
@@ -294,30 +294,24 @@ class Search:
         ranked = ranked_feasible(trials, self.goal)
         history = History.of(trials)
         covered = self.policy is None or self.policy.covered(history)
-        contenders = len(confirm.contenders(ranked, self.goal))
-        full_probe_s = probe_estimate_s(trials, full_only=True)
         self.verify_s = self.reserve.verify_reserve_s(
             feasible=len(ranked),
             launch_s=longest_probe_s(trials),
             step_s=slowest_step_s(trials),
             checked_s=self._checked_s,
         )
-        self.reserve_s = self.verify_s + self.reserve.reserve_s(
+        state = SearchState(
             feasible=len(ranked),
             stages_covered=covered,
-            contenders=contenders,
-            full_probe_s=full_probe_s,
+            contenders=len(confirm.contenders(ranked, self.goal)),
+            full_probe_s=probe_estimate_s(trials, full_only=True),
             probe_s=self.estimate_s,
             budget_s=self.clock.run_budget_s,
         )
+        self.reserve_s = self.verify_s + self.reserve.reserve_s(state)
         self.settled = self.reserve.settled(
+            state,
             promising=self.policy is None or self.policy.promising(history, self._best_score),
-            feasible=len(ranked),
-            stages_covered=covered,
-            contenders=contenders,
-            full_probe_s=full_probe_s,
-            probe_s=self.estimate_s,
-            budget_s=self.clock.run_budget_s,
         )
         self.emit(
             events.BudgetUpdated(

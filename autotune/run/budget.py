@@ -163,6 +163,18 @@ def probe_estimate_s(trials: Iterable[TrialView], *, full_only: bool = False) ->
 
 
 @dataclass(frozen=True)
+class SearchState:
+    """What the search knows when it weighs the confirmation round (:class:`ReservePolicy`)."""
+
+    feasible: int  # feasible configurations found
+    stages_covered: bool  # every ZeRO stage that may fit has had its probe
+    contenders: int  # contenders the search leaves so far (confirmation.contenders)
+    full_probe_s: float  # median wall time of a probe that ran in full (0: none yet)
+    probe_s: float  # median wall time of any probe (0: none yet)
+    budget_s: float  # the run's budget
+
+
+@dataclass(frozen=True)
 class ReservePolicy:
     """The budget held back from the search for the confirmation round.
 
@@ -182,32 +194,12 @@ class ReservePolicy:
     verify_steps: int = 0  # optimizer steps of each run of the loss check; 0: no check
     verify_launches: int = 1  # launches of the check: one, or one per run for a script
 
-    def reserve_s(
-        self,
-        *,
-        feasible: int,
-        stages_covered: bool,
-        contenders: int,
-        full_probe_s: float,
-        probe_s: float,
-        budget_s: float,
-    ) -> float:
-        if not self.enabled or feasible < 2 or not stages_covered:
+    def reserve_s(self, state: SearchState) -> float:
+        if not self._round_due(state):
             return 0.0
-        per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
-        return confirm.reserve_s(per_probe_s, contenders, budget_s)
+        return confirm.reserve_s(self._per_probe_s(state), state.contenders, state.budget_s)
 
-    def settled(
-        self,
-        *,
-        promising: bool,
-        feasible: int,
-        stages_covered: bool,
-        contenders: int,
-        full_probe_s: float,
-        probe_s: float,
-        budget_s: float,
-    ) -> bool:
+    def settled(self, state: SearchState, *, promising: bool) -> bool:
         """The search should end now and leave the rest of the budget to the round: the
         round is due (as for :meth:`reserve_s`), no open candidate is ``promising``
         (:meth:`CandidatePolicy.promising <autotune.run.sampler.CandidatePolicy.promising>`),
@@ -215,10 +207,15 @@ class ReservePolicy:
         predicted to lose is worth less there than one more probe of each contender. On a
         budget that holds the plan the search goes on: the cost model is rough, and a
         long search may still find what it ranked low."""
-        if not self.enabled or promising or feasible < 2 or not stages_covered:
+        if promising or not self._round_due(state):
             return False
-        per_probe_s = full_probe_s or probe_s or self.fallback_probe_s
-        return not confirm.plan_fits(per_probe_s, contenders, budget_s)
+        return not confirm.plan_fits(self._per_probe_s(state), state.contenders, state.budget_s)
+
+    def _round_due(self, state: SearchState) -> bool:
+        return self.enabled and state.feasible >= 2 and state.stages_covered
+
+    def _per_probe_s(self, state: SearchState) -> float:
+        return state.full_probe_s or state.probe_s or self.fallback_probe_s
 
     def verify_reserve_s(
         self, *, feasible: int, launch_s: float, step_s: float, checked_s: float = 0.0

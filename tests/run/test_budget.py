@@ -190,12 +190,14 @@ def _reserve(study: optuna.Study, covered: bool = True) -> float:
     trials = records.views(study)
     ranked = records.ranked_feasible(trials)
     return budget.ReservePolicy().reserve_s(
-        feasible=len(ranked),
-        stages_covered=covered,
-        contenders=len(confirm.contenders(ranked)),
-        full_probe_s=budget.probe_estimate_s(trials, full_only=True),
-        probe_s=budget.probe_estimate_s(trials),
-        budget_s=3600,
+        budget.SearchState(
+            feasible=len(ranked),
+            stages_covered=covered,
+            contenders=len(confirm.contenders(ranked)),
+            full_probe_s=budget.probe_estimate_s(trials, full_only=True),
+            probe_s=budget.probe_estimate_s(trials),
+            budget_s=3600,
+        )
     )
 
 
@@ -248,10 +250,13 @@ def test_on_a_budget_short_of_the_rounds_plan_the_search_settles_once_nothing_is
     short, long = plan_s / confirm.MAX_RESERVE_SHARE - 1, plan_s / confirm.MAX_RESERVE_SHARE
     assert not confirm.plan_fits(2.0, 3, short) and confirm.plan_fits(2.0, 3, long)
 
-    def settled(policy: budget.ReservePolicy | None = None, **state) -> bool:
-        facts = dict(promising=False, feasible=3, stages_covered=True, contenders=3)
-        facts.update(full_probe_s=2.0, probe_s=2.0, budget_s=short)
-        return (policy or budget.ReservePolicy()).settled(**{**facts, **state})
+    def settled(
+        policy: budget.ReservePolicy | None = None, promising: bool = False, **changed
+    ) -> bool:
+        facts = dict(feasible=3, stages_covered=True, contenders=3, full_probe_s=2.0)
+        facts.update(probe_s=2.0, budget_s=short)
+        state = budget.SearchState(**{**facts, **changed})  # type: ignore[arg-type]
+        return (policy or budget.ReservePolicy()).settled(state, promising=promising)
 
     assert settled()
     assert not settled(promising=True)
