@@ -451,15 +451,18 @@ def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float
     instead once it has nothing promising left, :meth:`ReservePolicy.settled
     <autotune.run.budget.ReservePolicy.settled>`). ``contenders`` is how many the search
     leaves so far (:func:`contenders`), at least :data:`TOP_CONTENDERS` (more may join)."""
-    wanted = planned_probes(max(contenders, TOP_CONTENDERS)) * max(confirm_probe_s, 1.0)
-    return min(wanted, MAX_RESERVE_SHARE * max(budget_s, 0.0))
+    return min(planned_s(confirm_probe_s, contenders), MAX_RESERVE_SHARE * max(budget_s, 0.0))
+
+
+def planned_s(confirm_probe_s: float, contenders: int) -> float:
+    """The round's whole plan in seconds (:func:`reserve_s` before its cap)."""
+    return planned_probes(max(contenders, TOP_CONTENDERS)) * max(confirm_probe_s, 1.0)
 
 
 def plan_fits(confirm_probe_s: float, contenders: int, budget_s: float) -> bool:
-    """The round's whole plan (:func:`reserve_s` before its cap) fits in
-    :data:`MAX_RESERVE_SHARE` of the budget: the budget is not short of it."""
-    wanted = planned_probes(max(contenders, TOP_CONTENDERS)) * max(confirm_probe_s, 1.0)
-    return wanted <= MAX_RESERVE_SHARE * max(budget_s, 0.0)
+    """The round's whole plan (:func:`planned_s`) fits in :data:`MAX_RESERVE_SHARE` of the
+    budget: the budget is not short of it."""
+    return planned_s(confirm_probe_s, contenders) <= MAX_RESERVE_SHARE * max(budget_s, 0.0)
 
 
 def load(study: optuna.Study) -> Confirmation | None:
