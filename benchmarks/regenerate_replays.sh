@@ -13,7 +13,7 @@
 # or by regenerating in place (the default folder, benchmarks/data) and checking that
 # `git diff benchmarks/data` is empty.
 #
-# Each replay takes 30-60 s on two idle CPU cores (all 17: 5-7 min). PYTHON overrides
+# Each replay takes 30-60 s on two idle CPU cores (all 18: 5-7 min). PYTHON overrides
 # the interpreter (default python). Arguments not given take the defaults of
 # benchmarks/search_efficiency.py: --max-probes 40, --noise 0.03, --confirmation-rule
 # median+simpler+steadier, --limit 64GiB.
@@ -62,6 +62,10 @@ replay gpt-tiny-amx_bimodal_median+steadier --table "$data/table_gpt-tiny-amx.js
 # The simplicity order in the round (2026-12-04): the tuner's rule on the bimodal replay
 replay gpt-tiny-amx_bimodal_median+simpler+steadier --table "$data/table_gpt-tiny-amx.json" \
     --repeats 30 --noise 0.075 --bimodal --confirmation-rule median+simpler+steadier
+
+# The lower of median and mean (2026-12-06): the tuner's rule on the bimodal replay
+replay gpt-tiny-amx_bimodal_lower+simpler+steadier --table "$data/table_gpt-tiny-amx.json" \
+    --repeats 30 --noise 0.075 --bimodal --confirmation-rule lower+simpler+steadier
 
 # DiT table (2026-12-04): two grid runs on this session's CPUs; 3% noise, the table's own
 # pass-to-pass noise (--noise measured: 1.7%), and a limit that rules out ZeRO-1/2's buckets

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--confirmation-rule",
         choices=list(RULES),
-        default="median+simpler+steadier",
+        default=RULES[0],
         help="how the confirmation round ranks its contenders: the tuner's rule (default), "
         "or an earlier one for comparison",
     )

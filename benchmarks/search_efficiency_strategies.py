@@ -167,7 +167,7 @@ def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> 
         return 0.0
     estimates = [(search.measured[k], 1.96 * table.noise * search.measured[k]) for k in ranked]
     keys = [ranked[i] for i in confirm.pick_contenders(estimates)]
-    simpler_rule = RULE_IN_USE[0] == RULES[0]  # the earlier rules know no simplicity order
+    simpler_rule = RULE_IN_USE[0] in SIMPLER_RULES  # the earlier rules know no simplicity order
     verdict = confirm.Confirmation(
         contenders=[
             confirm.Contender(
@@ -199,24 +199,29 @@ def autotune_confirmed(table: Table, models: Models, seed: int, budget: int) -> 
     return table.truth(winner)
 
 
-# The confirmation round's rule: the tuner's (median, the simpler and the steadier within
-# noise), or earlier ones, to compare them on the same replays.
-RULES = ("median+simpler+steadier", "median+steadier", "median", "mean")
-RULE_IN_USE = ["median+simpler+steadier"]
+# The confirmation round's rule: the tuner's (the lower of median and mean, the simpler and
+# the steadier within noise), or earlier ones, to compare them on the same replays.
+RULES = ("lower+simpler+steadier", "median+simpler+steadier", "median+steadier", "median", "mean")
+RULE_IN_USE = ["lower+simpler+steadier"]
+SIMPLER_RULES = ("lower+simpler+steadier", "median+simpler+steadier")
 
 
 def use_rule(rule: str) -> None:
     """Make :mod:`autotune.study.confirmation` rank by ``rule`` (for comparisons only)."""
     RULE_IN_USE[0] = rule
-    if rule in ("median+simpler+steadier", "median+steadier"):
-        return  # the contenders carry a simplicity order or not (autotune_confirmed)
-    confirm.MIN_SPREAD = math.inf  # nobody is steadier: the highest estimate wins
-    if rule == "mean":
-        summarize = confirm.Contender.summarize
+    if rule == RULES[0]:
+        return  # the tuner's own
+    summarize = confirm.Contender.summarize
+    by = statistics.fmean if rule == "mean" else statistics.median
 
-        def by_mean(contender: confirm.Contender) -> None:
-            summarize(contender)
-            if contender.samples_per_s:
-                contender.estimate = statistics.fmean(contender.samples_per_s)
+    def estimate_by(contender: confirm.Contender) -> None:
+        summarize(contender)
+        values = contender.samples_per_s
+        if values:
+            contender.estimate = by(values)
+        if len(values) >= 2 and contender.spread:  # relative to the median, as these rules had it
+            contender.spread = statistics.stdev(values) / statistics.median(values)
 
-        confirm.Contender.summarize = by_mean  # type: ignore[method-assign]
+    confirm.Contender.summarize = estimate_by  # type: ignore[method-assign]
+    if rule in ("median", "mean"):
+        confirm.MIN_SPREAD = math.inf  # nobody is steadier: the highest estimate wins

@@ -249,7 +249,7 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
         )
     best, record = summary.best, summary.best_record
     if best is not None and record is not None and summary.export_dir:
-        estimate = "confirmed median" if best.confirmed else "measured"
+        estimate = "confirmed estimate" if best.confirmed else "measured"
         tokens_per_s = best.samples_per_s * record.tokens_per_s / max(record.samples_per_s, 1e-9)
         tokens = (
             "" if record.tokens_per_s == record.samples_per_s else f"{tokens_per_s:.0f} tokens/s, "

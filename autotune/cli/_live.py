@@ -53,7 +53,7 @@ class Leader:
     label: str
     samples_per_s: float
     half_width: float
-    basis: str  # "one probe", "confirmed median over 8 probes", ...
+    basis: str  # "one probe", "confirmed estimate over 8 probes", ...
 
 
 @dataclass
@@ -189,7 +189,7 @@ class RunState:
         self.phase = "confirmed"
         if self.standings:
             first = self.standings[0]
-            basis = f"confirmed median over {first.probes} probes"
+            basis = f"confirmed estimate over {first.probes} probes"
             self.best = Leader(first.trial, first.label, first.estimate, first.half_width, basis)
 
     @apply.register

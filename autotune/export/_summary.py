@@ -110,9 +110,10 @@ def standings(
     goal: TrainingGoal | None = None,
 ) -> list[tuple[TrialView, float, str]]:
     """Every feasible trial once, best first by ``goal``, each with the estimate it is
-    ranked by: the confirmed contenders in the verdict's order, each by the median of its
-    probes, then the rest by their single measurement; the decided best leads. A trial
-    ``set_aside`` by its loss check (``run --verify strict``) is not among them."""
+    ranked by: the confirmed contenders in the verdict's order, each by its estimate (the
+    lower of its probes' median and mean), then the rest by their single measurement; the
+    decided best leads. A trial ``set_aside`` by its loss check (``run --verify strict``) is
+    not among them."""
     ranked = [t for t in records.ranked_feasible(trials, goal) if t.number not in set_aside]
     by_number = {t.number: t for t in ranked}
     rows: list[tuple[TrialView, float, str]] = []
@@ -122,7 +123,7 @@ def standings(
         for contender in verdict.contenders:
             if contender.trial in by_number:
                 rows.append(
-                    (by_number.pop(contender.trial), contender.estimate, "confirmed median")
+                    (by_number.pop(contender.trial), contender.estimate, "confirmed estimate")
                 )
     rows += [(t, float(t.value or 0.0), "one probe") for t in by_number.values()]
     if decided is not None:
@@ -178,12 +179,13 @@ def _goal_lines(goal: TrainingGoal, trial: TrialView, decided: Best | None) -> l
 
 
 def _confirmed_how(decided: Best, verdict: Confirmation | None, goal: TrainingGoal) -> str:
-    """How the confirmation round chose ``decided``, and the estimate it rests on: the median
-    of the search probe and the round's re-probes."""
+    """How the confirmation round chose ``decided``, and the estimate it rests on: the lower
+    of the median and the mean of the search probe and the round's re-probes."""
     reprobes = decided.probes - 1
     estimate = (
         f"{decided.samples_per_s:.1f} samples/s ±{decided.half_width:.1f} (95% interval), the "
-        f"median of its search probe and {reprobes} interleaved re-probe{'s' * (reprobes != 1)}"
+        f"lower of the median and the mean of its search probe and {reprobes} interleaved "
+        f"re-probe{'s' * (reprobes != 1)}"
     )
     if verdict is not None and verdict.winner not in (None, decided.trial):
         return (
@@ -193,13 +195,13 @@ def _confirmed_how(decided: Best, verdict: Confirmation | None, goal: TrainingGo
     if verdict is not None and verdict.simpler_over is not None:
         return (
             f"Chosen by the confirmation round as the simpler: within noise of trial "
-            f"{verdict.simpler_over}'s higher median, with fewer moving parts "
+            f"{verdict.simpler_over}'s higher estimate, with fewer moving parts "
             f"({verdict.simpler_reason()}); {estimate}"
         )
     if verdict is not None and verdict.steadier_over is not None:
         return (
             f"Chosen by the confirmation round as the steadier: within noise of trial "
-            f"{verdict.steadier_over}'s higher median and markedly steadier; {estimate}"
+            f"{verdict.steadier_over}'s higher estimate and markedly steadier; {estimate}"
         )
     return f"Confirmed the {goal.noun(decided.samples_per_s)}: {estimate}"
 
@@ -323,7 +325,8 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
         "",
         f"The top {len(verdict.contenders)} were probed again, interleaved, in "
         f"{verdict.rounds} round(s){extra} ({verdict.seconds:.0f} s of the budget); the "
-        "median of every probe of each, with its 95% interval and how far the probes ranged:",
+        "lower of the median and the mean of every probe of each, with its 95% interval and "
+        "how far the probes ranged:",
         "",
     ]
     for contender in verdict.contenders:
@@ -349,7 +352,7 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
     elif verdict.tie:
         lines.append(
             "- The best two overlap within the noise of this machine: either is a sound "
-            "choice; the higher median was taken."
+            "choice; the higher estimate was taken."
         )
     return lines
 

@@ -106,8 +106,8 @@ def _decided(
         )
     reprobes = len(leader.samples_per_s) - 1  # the first is its search probe
     reason = (
-        f"confirmed on the median of its search probe and {reprobes} interleaved re-probe(s), "
-        f"among {len(verdict.contenders)} contenders"
+        f"confirmed on the lower of the median and the mean of its search probe and "
+        f"{reprobes} interleaved re-probe(s), among {len(verdict.contenders)} contenders"
     )
     if leader.trial != verdict.winner and verdict.winner in aside:
         reason += f"; the round's winner, trial {verdict.winner}, trains differently"

@@ -5,14 +5,15 @@ the search's ranking of close candidates is partly luck. Before the export, the 
 candidates (:data:`TOP_CONTENDERS`, plus every
 candidate whose 95% interval overlaps the best's, up to :data:`MAX_CONTENDERS`) are probed
 again in rounds, interleaved A B C A B C ..., so that drift of the machine hits all of them
-alike. Each probe's samples/s is one sample; a contender's estimate is the median of its
-samples (one lucky or unlucky probe moves it little), with a 95% interval and its spread
-between probes; the winner is the highest median unless a simpler contender
+alike. Each probe's samples/s is one sample; a contender's estimate is the lower of the
+median and the mean of its samples (:meth:`Contender.summarize`: one lucky probe lifts it
+little, a slow mode pulls it down as it slows a production run), with a 95% interval and
+its spread between probes; the winner is the highest estimate unless a simpler contender
 (:attr:`Candidate.moving_parts <autotune.candidate.Candidate.moving_parts>`) or a markedly
 steadier one is within noise of it (:class:`Confirmation`). Under a cost or deadline
-objective across world sizes, "highest" is the goal's score of the median (:meth:`TrainingGoal.score
-<autotune.training_goal.TrainingGoal.score>`: samples/s per GPU for cost), and intervals
-compare in the same units.
+objective across world sizes, "highest" is the goal's score of the estimate
+(:meth:`TrainingGoal.score <autotune.training_goal.TrainingGoal.score>`: samples/s per GPU
+for cost), and intervals compare in the same units.
 
 The round's time is reserved from the budget before the search starts
 (:func:`reserve_s`), so it is never skipped because the search used everything.
@@ -58,7 +59,7 @@ MAX_MEAN_LOSS = 0.05
 # a 95% interval of fewer probes is too wide, or of two equal ones too narrow, to race on
 MIN_PROBES_TO_RACE = 3
 MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank by it
-# Within noise of the leader, a simpler contender wins if its median gives up at most this
+# Within noise of the leader, a simpler contender wins if its estimate gives up at most this
 # share of the leader's: a production user takes fewer moving parts over a difference the
 # machine's noise cannot resolve, but not over one that a pick's quality would show (the
 # benchmarks judge a pick at 0.97 of the best: benchmarks/search_efficiency.py).
@@ -84,8 +85,12 @@ class Contender(BaseModel):
         description="Its place in the simplicity order (Candidate.moving_parts; lower is "
         "simpler); empty in rounds stored before the order, which never rank by it.",
     )
-    estimate: float = Field(default=0.0, description="Median of the probes' samples/s.")
-    half_width: float = Field(default=0.0, description="95% interval of the median, samples/s.")
+    estimate: float = Field(
+        default=0.0, description="The lower of the probes' median and mean samples/s."
+    )
+    half_width: float = Field(
+        default=0.0, description="95% interval of the estimate (as of a median), samples/s."
+    )
     spread: float = Field(
         default=0.0, description="Spread between probes: standard deviation / estimate."
     )
@@ -99,8 +104,13 @@ class Contender(BaseModel):
         return data
 
     def summarize(self) -> None:
+        """The estimate, its 95% interval and the spread between probes. The estimate is the
+        lower of the median and the mean: a lucky probe cannot lift a contender above its
+        other probes (the median), and a slow mode that some of its probes land in (CPU
+        offload measures bimodal here) pulls it down, as it slows a production run, which
+        pays the mean."""
         values = self.samples_per_s
-        self.estimate = statistics.median(values) if values else 0.0
+        self.estimate = min(statistics.median(values), statistics.fmean(values)) if values else 0.0
         if len(values) < 2 or self.estimate <= 0:
             self.half_width = self.spread = 0.0
             return
@@ -138,7 +148,7 @@ class Contender(BaseModel):
             return f"{self.label}: {self.estimate:.1f} samples/s{per_gpu} (1 probe)"
         return (
             f"{self.label}: {self.estimate:.1f} samples/s ±{self.half_width:.1f}{per_gpu} "
-            f"(median of {count} probes, 95% interval; they ranged "
+            f"(lower of median and mean of {count} probes, 95% interval; they ranged "
             f"{min(self.samples_per_s):.1f}..{max(self.samples_per_s):.1f}, spread "
             f"±{100 * self.spread:.0f}%)"
         )
@@ -148,7 +158,7 @@ class Confirmation(BaseModel):
     """The round's outcome, stored as a study user attr and read by the decision of the
     best (:mod:`autotune.study.best`).
 
-    The winner has the highest median, unless a contender within noise of it is simpler
+    The winner has the highest estimate, unless a contender within noise of it is simpler
     (:func:`simpler_within_noise`: fewer moving parts fail in fewer ways, and an offload
     that ties on one machine is usually slower on another) or markedly steadier
     (:func:`markedly_steadier`): a config taken to production for weeks should be fast
@@ -169,11 +179,11 @@ class Confirmation(BaseModel):
     )
     steadier_over: int | None = Field(
         default=None,
-        description="The trial with the higher median that the steadier winner was chosen over.",
+        description="The trial with the higher estimate that the steadier winner was chosen over.",
     )
     simpler_over: int | None = Field(
         default=None,
-        description="The trial with the higher median that the simpler winner was chosen over.",
+        description="The trial with the higher estimate that the simpler winner was chosen over.",
     )
     goal: TrainingGoal | None = Field(
         default=None, description="The goal the round ranked by; None: throughput."
@@ -185,7 +195,7 @@ class Confirmation(BaseModel):
         return self.goal or TrainingGoal()
 
     def decide(self) -> None:
-        """Rank the contenders: the highest median (in the goal's units) leads; the simplest
+        """Rank the contenders: the highest estimate (in the goal's units) leads; the simplest
         contender within its noise (:func:`simpler_within_noise`) wins over it, else a
         markedly steadier one (:func:`markedly_steadier`)."""
         for contender in self.contenders:
@@ -198,7 +208,7 @@ class Confirmation(BaseModel):
             simpler = [c for c in ranked[1:] if simpler_within_noise(c, leader, goal)]
             steadier = [c for c in ranked[1:] if markedly_steadier(c, leader, goal)]
             if simpler:
-                chosen = min(simpler, key=lambda c: c.moving_parts)  # ties: the higher median
+                chosen = min(simpler, key=lambda c: c.moving_parts)  # ties: the higher estimate
                 self.simpler_over = leader.trial
             elif steadier:
                 chosen = steadier[0]
@@ -271,16 +281,16 @@ class Confirmation(BaseModel):
             lines.append(f"{self.tie_rounds} more round(s) of the two closest to rank them")
         if self.simpler_over is not None:
             lines.append(
-                f"within noise of trial {self.simpler_over}'s higher median and "
+                f"within noise of trial {self.simpler_over}'s higher estimate and "
                 f"simpler ({self.simpler_reason()}): chose the simpler"
             )
         elif self.steadier_over is not None:
             lines.append(
-                f"within noise of trial {self.steadier_over}'s higher median and markedly "
+                f"within noise of trial {self.steadier_over}'s higher estimate and markedly "
                 "steadier: chose the steadier"
             )
         elif self.tie:
-            lines.append("the best two overlap within noise: the higher median was taken")
+            lines.append("the best two overlap within noise: the higher estimate was taken")
         return "; ".join(lines)
 
     def simpler_reason(self) -> str:
@@ -296,7 +306,7 @@ def simpler_within_noise(
 ) -> bool:
     """``contender`` is simpler than ``leader`` (both with a place in the simplicity order),
     both have the probes to race (:data:`MIN_PROBES_TO_RACE`), their 95% intervals overlap
-    in ``goal``'s units, and its median gives up at most :data:`SIMPLER_MAX_LOSS` of the
+    in ``goal``'s units, and its estimate gives up at most :data:`SIMPLER_MAX_LOSS` of the
     leader's."""
     goal = goal or TrainingGoal()
     if not contender.moving_parts or not leader.moving_parts:

@@ -71,7 +71,8 @@ def test_a_trial_after_the_round_beats_the_winner_not_a_runner_up_the_round_rule
     decided = best.decide_best(trials, verdict)
     assert decided is not None and decided.trial == 3 and decided.confirmed
     assert decided.reason.startswith(
-        "confirmed on the median of its search probe and 3 interleaved re-probe(s), among 2"
+        "confirmed on the lower of the median and the mean of its search probe and 3 "
+        "interleaved re-probe(s), among 2"
     )
     # t20, measured after the round, beats t3's interval: t20 is the best, not t15's old 120
     decided = best.decide_best([*trials, _measured(20, 110.0)], verdict)

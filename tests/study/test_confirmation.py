@@ -39,7 +39,7 @@ def test_verdict_median_interval_and_tie() -> None:
     # the median's standard error: sqrt(pi/2) x the mean's (stdev 1, 3 probes, t 4.303)
     assert first.half_width == pytest.approx(4.303 * 1.2533 * 1.0 / 3**0.5, rel=1e-3)
     assert not verdict.tie  # 69 ± 3.1 vs 61 ± 3.1
-    assert "b: 69.0 samples/s ±3.1 (median of 3 probes" in verdict.describe()
+    assert "b: 69.0 samples/s ±3.1 (lower of median and mean of 3 probes" in verdict.describe()
     assert "they ranged 68.0..70.0" in verdict.describe()
     close = confirm.Confirmation(
         contenders=[
@@ -67,6 +67,24 @@ def test_one_lucky_probe_moves_the_median_little() -> None:
     assert verdict.winner == 1
 
 
+def test_a_slow_mode_pulls_a_contender_down_where_its_median_would_not() -> None:
+    """Three probes of a bimodal contender (CPU offload, two fast and one slow) and a steady
+    one: the median (212) ranks the bimodal one 8% ahead, too few probes to call either
+    steadier; the estimate, the lower of median and mean (192), ranks it behind, as a
+    production run that pays the slow mode would."""
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=3, label="z1 mb8x1 opt:cpu", samples_per_s=[214, 150, 212]),
+            confirm.Contender(trial=4, label="z0 mb8x1", samples_per_s=[195, 197, 196]),
+        ],
+        rounds=2,
+    )
+    verdict.decide()
+    assert verdict.winner == 4 and verdict.steadier_over is None
+    bimodal = next(c for c in verdict.contenders if c.trial == 3)
+    assert bimodal.estimate == pytest.approx((214 + 150 + 212) / 3)
+
+
 def test_within_noise_the_steadier_contender_wins() -> None:
     """A bimodal contender (CPU offload measured 150..214 here) whose median leads, and a
     steady one within its noise: the steady one is chosen, and the verdict says so."""
@@ -82,7 +100,7 @@ def test_within_noise_the_steadier_contender_wins() -> None:
         rounds=5,
     )
     verdict.decide()
-    assert verdict.contenders[1].estimate > verdict.contenders[0].estimate  # it led by median
+    assert verdict.contenders[1].estimate > verdict.contenders[0].estimate  # it led
     assert verdict.winner == 4 and verdict.steadier_over == 3
     assert "chose the steadier" in verdict.describe()
     # far apart, steadiness does not matter: the faster wins
@@ -324,7 +342,7 @@ def test_within_noise_the_simpler_contender_wins_and_its_pair_gets_the_tie_round
     verdict = _pair([100.0, 92.0, 104.0, 95.0], [98.0, 97.0, 99.0, 96.0])
     assert verdict.winner == 7 and verdict.simpler_over == 4 and verdict.steadier_over is None
     assert verdict.simpler_reason() == "no offload"
-    assert "higher median and simpler (no offload): chose the simpler" in verdict.describe()
+    assert "higher estimate and simpler (no offload): chose the simpler" in verdict.describe()
     assert verdict.tie and verdict.closest() == [7, 4]  # the pair that decides the pick
 
 

@@ -22,7 +22,7 @@ def test_summary_says_the_distance_and_what_to_do(synthetic: str, tmp_path: Path
     summary = Path(export(study, tmp_path / "out").summary).read_text()
     assert (
         "- The runner-up, trial 2 (z1 fp32 mb2x4 overlap=0), is 5.0% slower (90.0 vs 85.5 "
-        "samples/s, confirmed median); their 95% intervals overlap: on this machine the two "
+        "samples/s, confirmed estimate); their 95% intervals overlap: on this machine the two "
         "are within noise." in summary
     )
     assert "rescale the learning rate" in summary
@@ -68,12 +68,12 @@ def test_summary_says_how_the_round_chose_and_on_how_many_probes(
 ) -> None:
     study = optuna.load_study(study_name=NAME, storage=synthetic)
     summary = Path(export(study, tmp_path / "fastest").summary).read_text()
-    # four probes of trial 0 behind the median: its search probe and three re-probes
+    # four probes of trial 0 behind the estimate: its search probe and three re-probes
     assert (
-        "- Confirmed the fastest: 90.0 samples/s ±1.6 (95% interval), the median of its "
-        "search probe and 3 interleaved re-probes; 90.0 samples/s in its search probe"
+        "- Confirmed the fastest: 90.0 samples/s ±1.6 (95% interval), the lower of the median "
+        "and the mean of its search probe and 3 interleaved re-probes; 90.0 samples/s in its search probe"
     ) in summary
-    # trial 1 has the higher median but swings; trial 0 is within its noise and steady
+    # trial 1 has the higher estimate but swings; trial 0 is within its noise and steady
     steadier = confirm.Confirmation(
         contenders=[
             confirm.Contender(trial=1, label="a", samples_per_s=[96.0, 80, 100, 78, 98]),
@@ -90,7 +90,7 @@ def test_summary_says_how_the_round_chose_and_on_how_many_probes(
     assert "Confirmed the fastest" not in summary
     assert (
         "- Chosen by the confirmation round as the steadier: within noise of trial 1's "
-        "higher median and markedly steadier; 90.0 samples/s"
+        "higher estimate and markedly steadier; 90.0 samples/s"
     ) in summary
     # within noise and at most 2% behind, trial 0 has fewer moving parts than trial 1
     simpler = confirm.Confirmation(
@@ -119,7 +119,7 @@ def test_summary_says_how_the_round_chose_and_on_how_many_probes(
     summary = Path(export(study, tmp_path / "simpler").summary).read_text()
     assert (
         "- Chosen by the confirmation round as the simpler: within noise of trial 1's higher "
-        "median, with fewer moving parts (no offload); 94.0 samples/s"
+        "estimate, with fewer moving parts (no offload); 94.0 samples/s"
     ) in summary
     assert "chose the simpler (no offload), which needs less host memory" in summary
 
