@@ -71,7 +71,8 @@ def test_summary_says_how_the_round_chose_and_on_how_many_probes(
     # four probes of trial 0 behind the estimate: its search probe and three re-probes
     assert (
         "- Confirmed the fastest: 90.0 samples/s ±1.6 (95% interval), the lower of the median "
-        "and the mean of its search probe and 3 interleaved re-probes; 90.0 samples/s in its search probe"
+        "and the mean of its search probe and 3 interleaved re-probes; 90.0 samples/s in its "
+        "search probe"
     ) in summary
     # trial 1 has the higher estimate but swings; trial 0 is within its noise and steady
     steadier = confirm.Confirmation(
