@@ -49,7 +49,7 @@ def test_verdict_median_interval_and_tie() -> None:
         rounds=1,
     )
     close.decide()
-    # two probes each say too little about spreads: the higher median wins
+    # two probes each say too little about spreads: the higher estimate wins
     assert close.winner == 1 and close.steadier_over is None
     assert close.tie and "overlap within noise" in close.describe()
 
