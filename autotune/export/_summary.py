@@ -20,6 +20,7 @@ from autotune.protocol import HOST_PEAK_WORDS
 from autotune.settings import format_bytes
 from autotune.study import records
 from autotune.study.backend_comparison import backend_lines
+from autotune.study.confirmation import ESTIMATE_OF
 
 if TYPE_CHECKING:
     import optuna
@@ -184,7 +185,7 @@ def _confirmed_how(decided: Best, verdict: Confirmation | None, goal: TrainingGo
     reprobes = decided.probes - 1
     estimate = (
         f"{decided.samples_per_s:.1f} samples/s ±{decided.half_width:.1f} (95% interval), the "
-        f"lower of the median and the mean of its search probe and {reprobes} interleaved "
+        f"{ESTIMATE_OF.removeprefix('the ')} its search probe and {reprobes} interleaved "
         f"re-probe{'s' * (reprobes != 1)}"
     )
     if verdict is not None and verdict.winner not in (None, decided.trial):
@@ -325,7 +326,7 @@ def _confirmation_lines(verdict: Confirmation, chosen: int) -> list[str]:
         "",
         f"The top {len(verdict.contenders)} were probed again, interleaved, in "
         f"{verdict.rounds} round(s){extra} ({verdict.seconds:.0f} s of the budget); the "
-        "lower of the median and the mean of every probe of each, with its 95% interval and "
+        f"{ESTIMATE_OF.removeprefix('the ')} every probe of each, with its 95% interval and "
         "how far the probes ranged:",
         "",
     ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from autotune.study.confirmation import ESTIMATE_OF
 from autotune.study.records import TrialView, ranked_feasible
 from autotune.training_goal import TrainingGoal
 
@@ -106,7 +107,7 @@ def _decided(
         )
     reprobes = len(leader.samples_per_s) - 1  # the first is its search probe
     reason = (
-        f"confirmed on the lower of the median and the mean of its search probe and "
+        f"confirmed on {ESTIMATE_OF} its search probe and "
         f"{reprobes} interleaved re-probe(s), among {len(verdict.contenders)} contenders"
     )
     if leader.trial != verdict.winner and verdict.winner in aside:

@@ -64,6 +64,9 @@ MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank 
 # machine's noise cannot resolve, but not over one that a pick's quality would show (the
 # benchmarks judge a pick at 0.97 of the best: benchmarks/search_efficiency.py).
 SIMPLER_MAX_LOSS = 0.02
+# What a contender's estimate is (Contender.summarize), in the words of the best's reason
+# and summary.md: "<ESTIMATE_OF> its search probe and 3 interleaved re-probes"
+ESTIMATE_OF = "the lower of the median and the mean of"
 STEADIER_CONFIDENCE_Z = 1.645  # one-sided 95%
 
 
