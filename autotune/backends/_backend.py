@@ -37,12 +37,14 @@ class TrainingBackend(Protocol):
       the candidates with these offload targets need, before any probe starts; returns the
       backend's report of what it built.
     - ``sharded_build(candidate, config)``: on a probe's rank, a context under which the
-      workload's model is built already sharded for this candidate, or None to build it
-      whole.
+      workload's model is built without a whole copy for this candidate (DeepSpeed's
+      ZeRO-3: partitioned under ``zero.Init``; FSDP2: its parameters on the meta device,
+      given memory shard by shard in ``initialize_engine``), or None to build it whole.
     - ``prepare_rank_process()``: once in a probe's rank process, before any candidate: what
       the library needs of the process (for DeepSpeed, op loads under kernel locks with the
       environment's build tools). ``start_process_group()``: on the rank, join the ranks'
-      process group the library's own way (it picks the communication backend).
+      process group the library's own way, with the communication backend of
+      ``_process_group.process_group_backend`` (a warm rank's group serves both backends).
     - ``parameter_precision(candidate)``: the precision the model's parameters are built
       and held in on the rank (DeepSpeed: the candidate's; FSDP2: fp32, computing in the
       candidate's); its batches are made in it too.
@@ -64,6 +66,11 @@ class TrainingBackend(Protocol):
     - ``with_fallback_optimizer(config)``: ``config`` stepping with the optimizer the backend
       falls back to where its own did not build (``ensure_ops``' report says when);
       ``uses_fallback_optimizer(config)`` tells whether a probed config did.
+    - ``torch_floor``: the oldest torch release (major, minor) the backend trains with;
+      ``unavailable(script=)``: why a study cannot train with the backend here, in one line
+      with the fix (the installed torch below ``torch_floor``; a ``script`` study, where
+      the backend cannot probe the user's script), or None. The plan drops such a backend
+      from the space, and the study keeps the reason.
     - ``nvme_offload_problem(hardware)``: why NVMe offload cannot be served on this
       hardware (one line), or None; ``partial_offload_supported()``: whether the library
       can offload a share of the optimizer states (``offload_optimizer_ratio`` < 1).
@@ -85,6 +92,7 @@ class TrainingBackend(Protocol):
 
     name: str
     config_file_name: str
+    torch_floor: tuple[int, int]
 
     def render_config(
         self,
@@ -142,6 +150,8 @@ class TrainingBackend(Protocol):
     def with_fallback_optimizer(self, config: dict[str, Any]) -> dict[str, Any]: ...
 
     def uses_fallback_optimizer(self, config: dict[str, Any]) -> bool: ...
+
+    def unavailable(self, *, script: bool) -> str | None: ...
 
     def nvme_offload_problem(self, hardware: Hardware) -> str | None: ...
 

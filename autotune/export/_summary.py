@@ -212,7 +212,7 @@ def render_summary(
 ) -> str:
     from autotune import training_goal
     from autotune.study import confirmation as confirm
-    from autotune.study import screened_keys
+    from autotune.study import dropped_backends, screened_keys
     from autotune.study import verification as checks
 
     goal = training_goal.of_study(study)
@@ -260,6 +260,7 @@ def render_summary(
 
         lines += ["", *script_summary_lines(trial, config)]
     lines += ["", "## Search", "", *_search_lines(evaluated, screened_keys(study))]
+    lines += [f"- The space's {d.line}." for d in dropped_backends(study)]
     lines += ["", "## What you must do", ""]
     lines += [f"- {action}" for action in user_actions_of(candidate, trial, config)]
     lines += ["", "## Files", "", *_file_lines(config, candidate), ""]

@@ -116,7 +116,7 @@ class DriverSession:
         import optuna
 
         from autotune import training_goal
-        from autotune.study import open_storage, store_start, study_config
+        from autotune.study import open_storage, store_dropped_backends, store_start, study_config
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -144,6 +144,7 @@ class DriverSession:
                 "start a new study with them"
             )
         training_goal.store(self.study, self.plan.goal)
+        store_dropped_backends(self.study, self.plan.space.dropped_backends)
         self._clock = DatabaseClock(url)
         self._lock = DriverLock(
             self.storage,

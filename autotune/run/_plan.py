@@ -67,13 +67,6 @@ class Plan:
         return config
 
 
-# Why a script study drops FSDP2 from its space.
-SCRIPT_WITHOUT_FSDP2 = (
-    "a script is probed with the DeepSpeed engine it builds (deepspeed.initialize, or the "
-    "Trainer's DeepSpeed config); autotune does not hand a script FSDP2"
-)
-
-
 def bind_space(
     spec: SpaceSpec,
     hardware: Hardware,
@@ -86,13 +79,20 @@ def bind_space(
     script: bool = False,
 ) -> BoundSpace:
     """Bind a space, asking the backend what it supports only where the space needs it;
-    a ``script`` study trains with the engine the script builds, DeepSpeed's."""
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    each backend says whether this study can train with it here (its torch floor; a
+    ``script`` study trains with the engine the script builds, DeepSpeed's), and one it
+    cannot is dropped with its reason (``BoundSpace.dropped_backends``)."""
+    from autotune.backends import BACKENDS, DEFAULT_BACKEND, get_backend
 
     backend = get_backend(DEFAULT_BACKEND)
     nvme_unavailable = (
         backend.nvme_offload_problem(hardware) if spec.uses("nvme") and nvme_path else None
     )
+    unavailable = {
+        name: problem
+        for name in BACKENDS
+        if (problem := get_backend(name).unavailable(script=script)) is not None
+    }
     return spec.bind(
         hardware,
         data_parallel_size=ranks,
@@ -102,7 +102,7 @@ def bind_space(
         nvme_unavailable=nvme_unavailable,
         partial_offload_supported=backend.partial_offload_supported(),
         world_sizes=world_sizes,
-        fsdp2_unavailable=SCRIPT_WITHOUT_FSDP2 if script else None,
+        unavailable_backends=unavailable,
     )
 
 

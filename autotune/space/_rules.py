@@ -7,9 +7,12 @@ them in turn. Each returns what it keeps and appends a note for what it drops, o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, get_args
 
+from autotune.candidate import BackendName
 from autotune.errors import SpaceError
+from autotune.space._dropped_backend import DroppedBackend
 
 if TYPE_CHECKING:
     from autotune.hardware import Hardware
@@ -34,16 +37,24 @@ def combination_problem(zero_stage: int, offload_optimizer: str, offload_param: 
     return None
 
 
-def keep_backends(listed: list[str], fsdp2_unavailable: str | None, notes: list[str]) -> list[str]:
-    """The listed training backends this study can train with."""
-    if "fsdp2" not in listed or fsdp2_unavailable is None:
-        return listed
-    if listed == ["fsdp2"]:
+def keep_backends(
+    listed: list[str], unavailable: Mapping[str, str], notes: list[str]
+) -> tuple[list[str], list[DroppedBackend]]:
+    """The listed training backends this study can train with, and those it cannot
+    (``unavailable``: a backend's name to why, for every backend known), each with its
+    reason; nothing left is a SpaceError naming the backends that could take their place."""
+    dropped = [DroppedBackend(backend=b, reason=unavailable[b]) for b in listed if b in unavailable]
+    kept = [b for b in listed if b not in unavailable]
+    if not kept:
+        others = [b for b in get_args(BackendName) if b not in listed and b not in unavailable]
+        fix = f"add {' or '.join(others)} to 'backend'" if others else "nor with any other"
         raise SpaceError(
-            f"space lists backend [fsdp2] only, but {fsdp2_unavailable}; add deepspeed to 'backend'"
+            f"space lists backend [{', '.join(listed)}] only, and this study cannot train with "
+            + "; ".join(f"{d.backend}: {d.reason}" for d in dropped)
+            + f"; {fix}"
         )
-    notes.append(f"backend fsdp2 dropped: {fsdp2_unavailable}")
-    return [b for b in listed if b != "fsdp2"]
+    notes += [d.line for d in dropped]
+    return kept, dropped
 
 
 def keep_precisions(listed: list[str], hardware: Hardware, notes: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ validity rules and the filters of binding live in :mod:`autotune.space._rules`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
@@ -26,6 +26,7 @@ from autotune.candidate import (
     ZeroKnobs,
 )
 from autotune.errors import SpaceError
+from autotune.space._dropped_backend import DroppedBackend
 from autotune.space._files import builtin_space_names as builtin_space_names  # re-exported
 from autotune.space._fsdp_choices import FsdpChoices, bind_fsdp, decide_fsdp, decide_sync
 from autotune.space._rules import (
@@ -138,7 +139,7 @@ class SpaceSpec(BaseModel):
         nvme_unavailable: str | None = None,
         partial_offload_supported: bool = True,
         world_sizes: tuple[int, ...] = (),
-        fsdp2_unavailable: str | None = None,
+        unavailable_backends: Mapping[str, str] | None = None,
     ) -> BoundSpace:
         """Keep what this machine, batch and disk allow; raise SpaceError if nothing is left.
 
@@ -146,9 +147,9 @@ class SpaceSpec(BaseModel):
         and micro x accumulation x ranks may be anything up to ``max_global_batch``.
         ``world_sizes`` (``--gpus 1-8``): the ranks of a probe become a dimension, each
         size with the micro-batches its share of the global batch allows; a size that
-        allows none is dropped with a note. ``fsdp2_unavailable``: why this study cannot
-        train with FSDP2 (a script that calls ``deepspeed.initialize``); the backend is
-        then dropped with that note.
+        allows none is dropped with a note. ``unavailable_backends``: a backend's name to
+        why this study cannot train with it; a listed one is dropped with that reason (the
+        bound space's ``dropped_backends``).
         """
         notes: list[str] = []
         precisions = keep_precisions(list(self.precision), hardware, notes)
@@ -173,7 +174,7 @@ class SpaceSpec(BaseModel):
         zero_stages = keep_stages(list(self.zero_stage), offload_optimizer, offload_param)
         return BoundSpace(
             spec=self,
-            **self._bind_fsdp(fsdp2_unavailable, precisions, tuple(by_world), notes),
+            **self._bind_backends(unavailable_backends or {}, precisions, tuple(by_world), notes),
             precisions=tuple(precisions),
             zero_stages=tuple(zero_stages),
             offload_optimizer=tuple(offload_optimizer),
@@ -188,19 +189,25 @@ class SpaceSpec(BaseModel):
             notes=tuple(notes),
         )
 
-    def _bind_fsdp(
+    def _bind_backends(
         self,
-        fsdp2_unavailable: str | None,
+        unavailable: Mapping[str, str],
         precisions: list[str],
         sizes: tuple[int, ...],
         notes: list[str],
     ) -> dict[str, Any]:
-        """The bound space's backends and FSDP2 choices (FSDP2's only where it is kept)."""
-        backends = keep_backends(list(self.backend), fsdp2_unavailable, notes)
+        """The bound space's backends, those dropped, and FSDP2's choices (FSDP2's only
+        where it is kept)."""
+        backends, dropped = keep_backends(list(self.backend), unavailable, notes)
         fsdp, fsdp_precisions = self.fsdp, tuple(precisions)
         if "fsdp2" in backends:
             fsdp, fsdp_precisions = bind_fsdp(self.fsdp, precisions, sizes, notes)
-        return {"backends": tuple(backends), "fsdp": fsdp, "fsdp_precisions": fsdp_precisions}
+        return {
+            "backends": tuple(backends),
+            "dropped_backends": tuple(dropped),
+            "fsdp": fsdp,
+            "fsdp_precisions": fsdp_precisions,
+        }
 
     def _micro_batches_by_world(
         self,
@@ -246,6 +253,9 @@ class BoundSpace(BaseModel):
     spec: SpaceSpec
     backends: tuple[str, ...] = Field(
         default=("deepspeed",), description="Training libraries kept."
+    )
+    dropped_backends: tuple[DroppedBackend, ...] = Field(
+        default=(), description="Listed training libraries this study cannot use here, and why."
     )
     fsdp: FsdpChoices = Field(
         default_factory=FsdpChoices, description="fully_shard settings kept (fsdp2)."

@@ -8,9 +8,11 @@ from autotune.study.confirmation import Confirmation
 from autotune.study.records import TrialRecord, TrialView, ranked_feasible, trial_id, views
 from autotune.study.storage import (
     StudyConfig,
+    dropped_backends,
     load_existing_study,
     open_storage,
     screened_keys,
+    store_dropped_backends,
     store_screened,
     store_start,
     stored_run_flags,
@@ -26,6 +28,7 @@ __all__ = [
     "StudyConfig",
     "TrialRecord",
     "TrialView",
+    "dropped_backends",
     "load_existing_study",
     "open_storage",
     "queued_retries",
@@ -34,6 +37,7 @@ __all__ = [
     "retried_trial",
     "retryable",
     "screened_keys",
+    "store_dropped_backends",
     "store_screened",
     "store_start",
     "stored_run_flags",

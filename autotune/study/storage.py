@@ -1,12 +1,13 @@
 """autotune's view of an Optuna study: its storage and the settings it was started with.
 
 A study remembers the settings that decide what was measured (:class:`StudyConfig`), the
-flags it was started with (a continue reuses them) and the candidates the memory model
-ruled out before sampling, each a study user attr read and written only here. Trial records
-are :mod:`autotune.study.records`; the budget, the confirmation verdict, the best trial and the
-driver lock keep their study attrs in :mod:`autotune.run.budget`,
-:mod:`autotune.study.confirmation`,
-:mod:`autotune.study.best` and :mod:`autotune.study._driver_lock`.
+flags it was started with (a continue reuses them), the candidates the memory model
+ruled out before sampling and the backends its space lists that its latest run could not
+train with (:class:`~autotune.space.DroppedBackend`), each a study user attr read and
+written only here. Trial records are :mod:`autotune.study.records`; the budget, the
+confirmation verdict, the best trial and the driver lock keep their study attrs in
+:mod:`autotune.run.budget`, :mod:`autotune.study.confirmation`, :mod:`autotune.study.best`
+and :mod:`autotune.study._driver_lock`.
 """
 
 from __future__ import annotations
@@ -24,14 +25,18 @@ from autotune.script_config import ScriptConfig
 from autotune.settings import mask_url
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     import optuna
     from optuna.trial import FrozenTrial
 
+    from autotune.space import DroppedBackend
+
 CONFIG_ATTR = "autotune_config"
 FLAGS_ATTR = "autotune_flags"  # the run flags a study was started with; a continue reuses them
 SCREENED_ATTR = "autotune_screened"  # keys the memory model ruled out before sampling
+# The space's backends the latest run dropped (DroppedBackend records); none: []
+DROPPED_BACKENDS_ATTR = "autotune_dropped_backends"
 METRIC = "samples_per_s"
 
 
@@ -244,3 +249,27 @@ def screened_keys(study: optuna.Study) -> set[str]:
 
 def store_screened(study: optuna.Study, keys: list[str]) -> None:
     study.set_user_attr(SCREENED_ATTR, keys)
+
+
+def store_dropped_backends(study: optuna.Study, dropped: Iterable[DroppedBackend]) -> None:
+    """The backends this run's space dropped. They replace an earlier run's: a continued
+    run binds the space again, and on another torch it may keep what the first dropped."""
+    study.set_user_attr(DROPPED_BACKENDS_ATTR, [d.model_dump(mode="json") for d in dropped])
+
+
+def dropped_backends(study: optuna.Study) -> list[DroppedBackend]:
+    """The backends the study's latest run dropped from its space, and why ([] for a study
+    stored before autotune kept them)."""
+    from pydantic import ValidationError
+
+    from autotune.space import DroppedBackend
+
+    raw = study.user_attrs.get(DROPPED_BACKENDS_ATTR) or []
+    try:
+        return [DroppedBackend.model_validate(entry) for entry in raw]
+    except ValidationError:
+        raise StorageError(
+            f"study {study.study_name!r}: its stored dropped backends ({DROPPED_BACKENDS_ATTR}) "
+            "are not what this autotune reads (edited, or written by another version); start "
+            "a new study with --study NEW_NAME"
+        ) from None

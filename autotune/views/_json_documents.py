@@ -82,7 +82,7 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
     from autotune import training_goal
     from autotune.export import outcome_counts
     from autotune.run import read_budget
-    from autotune.study import best, records, screened_keys, study_config
+    from autotune.study import best, dropped_backends, records, screened_keys, study_config
     from autotune.study import confirmation as confirm
     from autotune.study import verification as checks
 
@@ -98,6 +98,7 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
         "study": study.study_name,
         "goal": goal.model_dump(mode="json"),
         "config": None if config is None else config.model_dump(mode="json"),
+        "dropped_backends": [d.model_dump(mode="json") for d in dropped_backends(study)],
         "budget": read_budget(study).model_dump(),
         "best": None if decided is None else decided.model_dump(),
         "confirmation": None if verdict is None else verdict.model_dump(mode="json"),
@@ -227,6 +228,7 @@ def space_document(facts: SpaceFacts) -> dict[str, Any]:
         "candidates": facts.candidates,
         "dimensions": facts.dimensions,
         "notes": facts.notes,
+        "dropped_backends": [d.model_dump(mode="json") for d in facts.dropped_backends],
         "examples": [{"label": c.label, "candidate": _candidate(c)} for c in facts.examples],
     }
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from autotune.candidate import Candidate
     from autotune.hardware import Hardware
     from autotune.memory import MemoryModel
-    from autotune.space import BoundSpace
+    from autotune.space import BoundSpace, DroppedBackend
     from autotune.study import best, records
 
 
@@ -81,9 +81,10 @@ def trials_table(study: optuna.Study) -> Table:
 def goal_lines(study: optuna.Study) -> list[str]:
     """The objective the study ranks by and the best's time and cost to train, where the
     study's goal says more than speed; then the fastest at each world size searched and of
-    each training backend measured."""
+    each training backend measured, and each backend the space lists that the study could
+    not train with, and why."""
     from autotune import training_goal
-    from autotune.study import best, records
+    from autotune.study import best, dropped_backends, records
     from autotune.study.backend_comparison import backend_lines
 
     goal = training_goal.of_study(study)
@@ -97,7 +98,8 @@ def goal_lines(study: optuna.Study) -> list[str]:
             lines[-1] += f"; the best, trial {decided.trial}, " + (
                 outcome or "is the " + goal.noun(decided.samples_per_s)
             )
-    return lines + records.world_size_lines(trials, goal) + backend_lines(trials)
+    dropped = [d.line for d in dropped_backends(study)]
+    return lines + records.world_size_lines(trials, goal) + backend_lines(trials) + dropped
 
 
 def verification_lines(study: optuna.Study) -> list[str]:
@@ -186,6 +188,7 @@ class SpaceFacts:
     global_batch: int | None  # None: searched (--global-batch auto)
     max_global_batch: int | None
     notes: list[str]
+    dropped_backends: list[DroppedBackend]  # listed backends this machine cannot train with
     dimensions: dict[str, dict[str, int]]  # dimension -> value -> candidates
     candidates: int
     examples: list[Candidate]
@@ -231,6 +234,7 @@ def space_facts(
         global_batch=batch,  # type: ignore[arg-type]
         max_global_batch=max_global_batch,
         notes=list(bound.notes),
+        dropped_backends=list(bound.dropped_backends),
         dimensions={
             name: {str(value): n for value, n in counts.items()}
             for name, counts in bound.dimensions().items()

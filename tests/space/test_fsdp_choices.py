@@ -1,5 +1,6 @@
 """The backend dimension of a space: FSDP2's decisions beside DeepSpeed's, what binding
-drops for FSDP2 (fp16, reshard sizes that do not divide the ranks, a DeepSpeed script), and
+drops for FSDP2 (fp16, reshard sizes that do not divide the ranks), a backend the study
+cannot use dropped with its reason, and
 the space file's errors for its keys."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import optuna
 import pytest
 
 from autotune.errors import SpaceError
-from autotune.space import parse_space
+from autotune.space import DroppedBackend, parse_space
 from tests.support.hardware import CPU
 
 AMPERE = CPU.model_copy(
@@ -56,15 +57,22 @@ def test_both_backends_are_searched_with_fsdp2_decisions_of_their_own() -> None:
         study.tell(trial, 1.0)
 
 
-def test_a_deepspeed_script_drops_fsdp2_with_its_reason() -> None:
-    reason = "train.py calls deepspeed.initialize"
+def test_an_unavailable_backend_is_dropped_with_its_reason_kept() -> None:
+    reason = "a --script study probes the DeepSpeed engine its script builds"
     spec = parse_space(BOTH)
-    bound = spec.bind(CPU, data_parallel_size=2, global_batch=16, fsdp2_unavailable=reason)
+    unavailable = {"fsdp2": reason}
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=16, unavailable_backends=unavailable)
     assert bound.backends == ("deepspeed",)
+    assert bound.dropped_backends == (DroppedBackend(backend="fsdp2", reason=reason),)
     assert f"backend fsdp2 dropped: {reason}" in bound.notes
+    assert not spec.bind(CPU, data_parallel_size=2, global_batch=16).dropped_backends
     only = parse_space("backend: [fsdp2]\nmicro_batch_size: [4]\n")
-    with pytest.raises(SpaceError, match=r"lists backend \[fsdp2\] only, but train\.py calls"):
-        only.bind(CPU, data_parallel_size=2, global_batch=16, fsdp2_unavailable=reason)
+    with pytest.raises(SpaceError) as refused:
+        only.bind(CPU, data_parallel_size=2, global_batch=16, unavailable_backends=unavailable)
+    assert str(refused.value) == (
+        f"space lists backend [fsdp2] only, and this study cannot train with fsdp2: {reason}; "
+        "add deepspeed to 'backend'"
+    )
 
 
 @pytest.mark.parametrize(

@@ -34,9 +34,10 @@ def test_status_json(synthetic: str, tmp_path: Path) -> None:
     document = _json("status", "--storage", synthetic, cwd=tmp_path)
     assert (document["kind"], document["version"]) == ("autotune.status", 1)
     assert set(document) == {
-        "kind", "version", "study", "goal", "config", "budget", "best", "confirmation",
-        "verification", "counts", "world_sizes", "trials",
+        "kind", "version", "study", "goal", "config", "dropped_backends", "budget", "best",
+        "confirmation", "verification", "counts", "world_sizes", "trials",
     }  # fmt: skip
+    assert document["dropped_backends"] == []  # a study stored before drops were kept
     assert document["goal"]["objective"] == "throughput"  # a study that never stored one
     assert document["trials"][0]["time_to_train_s"] is None  # no size given: no time
     assert document["verification"] == {}  # no trial of it was verified
@@ -67,6 +68,7 @@ def test_space_and_plan_json(tmp_path: Path) -> None:
     assert space["kind"] == "autotune.space" and space["candidates"] == 12
     assert space["dimensions"]["zero_stage"] == {"0": 6, "1": 6}
     assert len(space["examples"]) == 5 and "label" in space["examples"][0]
+    assert space["dropped_backends"] == []  # this torch trains with every backend
     plan = _json(
         "plan", "--workload", "gpt-tiny", "--gpus", "2", "--vram", "1GiB", "--space", "small.yaml",
         cwd=tmp_path,

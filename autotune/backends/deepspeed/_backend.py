@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from autotune import events
+from autotune.backends._torch_floor import torch_floor_problem
 from autotune.backends.deepspeed import (
     _ds_config,
     _engine,
@@ -27,11 +28,14 @@ class DeepSpeedBackend:
 
     name = "deepspeed"
     config_file_name = "ds_config.json"
+    # pyproject.toml's floor too: a probe tells an OOM by torch.OutOfMemoryError, new in 2.5.
+    torch_floor = (2, 5)
 
     # Members whose job one module of this package does with the same signature: that
     # module's function is the member.
     render_config = staticmethod(_ds_config.render_ds_config)
     sharded_build = staticmethod(_engine.sharded_build)
+    start_process_group = staticmethod(_engine.start_process_group)
     initialize_engine = staticmethod(_engine.initialize_engine)
     whole_parameters = staticmethod(_engine.whole_parameters)
     model_states = staticmethod(_model_states.zero_model_states)
@@ -75,11 +79,6 @@ class DeepSpeedBackend:
 
         guard_op_loads()  # a killed loader's leftover lock is cleared
 
-    def start_process_group(self) -> None:
-        import deepspeed
-
-        deepspeed.init_distributed()
-
     def with_fallback_optimizer(self, config: dict[str, Any]) -> dict[str, Any]:
         from autotune.backends.deepspeed.ops import use_torch_adam
 
@@ -87,6 +86,11 @@ class DeepSpeedBackend:
 
     def uses_fallback_optimizer(self, config: dict[str, Any]) -> bool:
         return bool(config.get("optimizer", {}).get("params", {}).get("torch_adam"))
+
+    def unavailable(self, *, script: bool) -> str | None:
+        """Only a torch below the floor: DeepSpeed probes scripts (``deepspeed.initialize``)."""
+        del script
+        return torch_floor_problem(self.torch_floor, "torch.OutOfMemoryError")
 
     def nvme_offload_problem(self, hardware: Hardware) -> str | None:
         from autotune.backends.deepspeed.ops import async_io_problem

@@ -3,11 +3,13 @@ module of this package that does that job."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from autotune import events
-from autotune.backends.fsdp2 import _config, _engine, _export_text, _memory
+from autotune.backends._torch_floor import torch_floor_problem
+from autotune.backends.fsdp2 import _config, _engine, _export_text, _memory, _meta_init
 from autotune.errors import SpaceError
 
 if TYPE_CHECKING:
@@ -17,8 +19,18 @@ if TYPE_CHECKING:
 
 
 # A script's probes train with the engine the script builds; the plan drops fsdp2 from a
-# script study's space before a candidate could reach these.
+# script study's space (:meth:`Fsdp2Backend.unavailable`) before a candidate could reach these.
 NO_SCRIPT_PROBES = "FSDP2 probes of a script are not supported: drop fsdp2 from the space's backend"
+# Why every --script study drops FSDP2, whatever its script does.
+SCRIPT_WITHOUT_FSDP2 = (
+    "a --script study probes the DeepSpeed engine its script builds (deepspeed.initialize, "
+    "or the Trainer's DeepSpeed config), and autotune hands no script FSDP2; to tune FSDP2, "
+    "run the model as a Workload (--workload file.py:function)"
+)
+# What FSDP2's probes need of torch: fully_shard from torch.distributed.fsdp (public from
+# 2.6) and reshard_after_forward=None for the root module (_engine.py; accepted from 2.8,
+# PyTorch PR #155319: before it, _get_post_forward_mesh_info raises on None).
+TORCH_FLOOR_NEEDS = "fully_shard with reshard_after_forward=None for the root module"
 
 
 class Fsdp2Backend:
@@ -26,6 +38,7 @@ class Fsdp2Backend:
 
     name = "fsdp2"
     config_file_name = "fsdp2_config.json"
+    torch_floor = (2, 8)  # TORCH_FLOOR_NEEDS
 
     render_config = staticmethod(_config.render_fsdp2_config)
     initialize_engine = staticmethod(_engine.initialize_engine)
@@ -49,10 +62,14 @@ class Fsdp2Backend:
         """FSDP2 is torch's own: nothing to build."""
         del hardware, offload_targets, emit
 
-    def sharded_build(self, candidate: Candidate, config: dict[str, Any]) -> None:
-        """The model is built whole and sharded by ``fully_shard`` in
-        :meth:`initialize_engine`."""
+    def sharded_build(
+        self, candidate: Candidate, config: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The model is built with its parameters on the meta device (in fp32, its buffers
+        as its code makes them); :meth:`initialize_engine` shards it with ``fully_shard``
+        and gives each rank's shards memory, so that no rank holds the whole model."""
         del candidate, config
+        return _meta_init.parameters_on_meta()
 
     def prepare_rank_process(self) -> None:
         """Nothing: FSDP2 loads no ops."""
@@ -69,6 +86,11 @@ class Fsdp2Backend:
     def uses_fallback_optimizer(self, config: dict[str, Any]) -> bool:
         del config
         return False
+
+    def unavailable(self, *, script: bool) -> str | None:
+        """A torch below the floor, or a ``script`` study (its probes are DeepSpeed's)."""
+        problem = torch_floor_problem(self.torch_floor, TORCH_FLOOR_NEEDS)
+        return problem or (SCRIPT_WITHOUT_FSDP2 if script else None)
 
     def nvme_offload_problem(self, hardware: Hardware) -> str | None:
         del hardware

@@ -1,0 +1,126 @@
+"""A backend a study cannot train with leaves the plan's space with its reason, and the
+study keeps that reason: every ``--script`` study drops FSDP2 from the default space
+(whatever the script), and a torch below FSDP2's floor drops it from any study; a space
+that lists only such a backend is refused in one line. The installed torch is patched
+(a version string): no older torch can be installed beside this one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.backends import _torch_floor
+from tests.support.hardware import CPU
+from tests.support.paths import ROOT
+
+EXAMPLE = ROOT / "examples" / "vision_deepspeed"
+OLD_TORCH = "2.7.1+cu126"  # fully_shard public (2.6), reshard_after_forward=None not (2.8)
+FLOOR_REASON = (
+    "it needs torch 2.8 or later (fully_shard with reshard_after_forward=None for the root "
+    "module) and this environment has torch 2.7.1+cu126; upgrade torch (pip install "
+    "'torch>=2.8') to search it"
+)
+
+
+def _script_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from autotune.run import plan_run
+    from autotune.script_config import parse_script
+    from autotune.settings import RunSettings
+
+    monkeypatch.chdir(EXAMPLE)
+    script = parse_script(
+        "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=EXAMPLE
+    )
+    settings = RunSettings(
+        workload=f"script:{script.path}",
+        script=script,
+        gpus=2,
+        space="default",
+        storage_url=f"sqlite:///{tmp_path}/autotune.db",
+        trials_dir=tmp_path / "trials",
+    )
+    return plan_run(settings, CPU)
+
+
+def test_a_script_study_of_the_default_space_drops_fsdp2_and_the_study_keeps_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import optuna
+
+    from autotune import events
+    from autotune.backends.fsdp2._backend import SCRIPT_WITHOUT_FSDP2
+    from autotune.run._driver_session import DriverSession
+    from autotune.space import DroppedBackend, load_space
+    from autotune.study import dropped_backends, load_existing_study
+    from autotune.views import goal_lines, status_document
+
+    assert load_space("default").backend == ["deepspeed", "fsdp2"]
+    plan = _script_plan(tmp_path, monkeypatch)
+    assert plan.space.backends == ("deepspeed",)
+    dropped = DroppedBackend(backend="fsdp2", reason=SCRIPT_WITHOUT_FSDP2)
+    assert plan.space.dropped_backends == (dropped,)
+    assert dropped.line in plan.notes
+    with DriverSession(
+        plan,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        run_flags={},
+        emit=events.ignore,
+        on_beat=lambda: None,
+    ):
+        pass  # opening the study stores what the run's space dropped
+    study = load_existing_study(plan.settings.storage_url, plan.study_name)
+    assert dropped_backends(study) == [dropped]
+    assert f"backend fsdp2 dropped: {SCRIPT_WITHOUT_FSDP2}" in goal_lines(study)
+    assert status_document(study)["dropped_backends"] == [
+        {"backend": "fsdp2", "reason": SCRIPT_WITHOUT_FSDP2}
+    ]
+
+
+def test_below_fsdp2s_torch_floor_the_default_space_drops_it_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from autotune.backends import get_backend
+    from autotune.run import bind_space
+    from autotune.space import DroppedBackend, load_space
+
+    def bound() -> object:
+        spec = load_space("default")
+        return bind_space(
+            spec, CPU, ranks=2, global_batch=16, max_global_batch=None, nvme_path=None
+        )
+
+    assert bound().backends == ("deepspeed", "fsdp2")  # this environment's torch: both
+    monkeypatch.setattr(_torch_floor, "installed_torch", lambda: OLD_TORCH)
+    assert get_backend("deepspeed").unavailable(script=False) is None  # its floor is 2.5
+    below = bound()
+    assert below.backends == ("deepspeed",)
+    assert below.dropped_backends == (DroppedBackend(backend="fsdp2", reason=FLOOR_REASON),)
+    assert not any(c.backend == "fsdp2" for c in below.candidates())
+    assert f"backend fsdp2 dropped: {FLOOR_REASON}" in below.notes
+
+
+def test_a_space_of_fsdp2_only_below_its_floor_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autotune.cli._app import main
+    from autotune.errors import SpaceError
+    from autotune.run import plan_run
+    from autotune.settings import RunSettings
+
+    monkeypatch.chdir(tmp_path)
+    Path("fsdp2.yaml").write_text("backend: [fsdp2]\nmicro_batch_size: [4]\n")
+    monkeypatch.setattr(_torch_floor, "installed_torch", lambda: OLD_TORCH)
+    refusal = (
+        "space lists backend [fsdp2] only, and this study cannot train with fsdp2: "
+        f"{FLOOR_REASON}; add deepspeed to 'backend'"
+    )
+    settings = RunSettings(workload="gpt-tiny", gpus=2, space="fsdp2.yaml")
+    with pytest.raises(SpaceError) as refused:
+        plan_run(settings, CPU)  # what `autotune run` plans first
+    assert str(refused.value) == refusal
+    assert not list(tmp_path.glob("trials*")), "nothing is written for a refused space"
+    code = main(["space", "--space", "fsdp2.yaml", "--gpus", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert err.splitlines() == [f"autotune: error: {refusal}"]
