@@ -268,8 +268,7 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
                 f"{best.gpus} GPU(s)" + (f", {outcome}" if outcome else "")
             )
         console.print(
-            f"exported: {summary.export_dir}/ds_config.json (with launch.sh and summary.md "
-            "beside it)"
+            f"exported: {summary.exported_config} (with launch.sh and summary.md beside it)"
         )
     if summary.stop is not None and summary.stop.kind == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)

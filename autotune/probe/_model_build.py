@@ -1,10 +1,12 @@
 """How a probe rank builds the workload's model, as production builds it for the candidate,
 and its batches, in the engine's dtype.
 
-Where the backend builds it sharded (DeepSpeed's ZeRO-3, under ``deepspeed.zero.Init``) each
-parameter is partitioned (and cast to the config's dtype) as its module is constructed, so
-no rank ever holds the whole model. Otherwise it is built on the device in the target dtype,
-as DeepSpeed would hold it after ``initialize``. Heavy imports stay inside functions.
+Where the backend builds it sharded, no rank ever holds the whole model: DeepSpeed's ZeRO-3
+partitions (and casts to the config's dtype) each parameter as its module is constructed,
+under ``deepspeed.zero.Init``; FSDP2 builds the parameters on the meta device, and its
+engine gives each rank memory for its shards only, after ``fully_shard``. Otherwise it is
+built on the device in the target dtype, as DeepSpeed would hold it after ``initialize``.
+Heavy imports stay inside functions.
 """
 
 from __future__ import annotations
@@ -27,14 +29,12 @@ def build_model(
 ) -> tuple[Any, BuildInfo]:
     """The workload's model as production builds it for this candidate.
 
-    Where the backend builds it sharded (DeepSpeed's ZeRO-3, under ``deepspeed.zero.Init``)
-    each parameter is partitioned (and cast to the config's dtype) as its module is
-    constructed, so no rank ever holds the whole model (a 7B model would otherwise need
-    ~28 GB of host RAM per rank). Otherwise it is built on the device in the target dtype,
-    as DeepSpeed would hold it after ``initialize``.
+    Where the backend builds it sharded (DeepSpeed's ZeRO-3 under ``deepspeed.zero.Init``,
+    FSDP2 with its parameters on the meta device) no rank ever holds the whole model (a 7B
+    model would otherwise need ~28 GB per rank). Otherwise it is built on the device in the
+    target dtype, as DeepSpeed would hold it after ``initialize``.
     """
     sharded = backend.sharded_build(spec.candidate, spec.ds_config)
-    zero_init = sharded is not None
     if sharded is not None:
         _import_model_code(workload, spec.workload)
         with sharded:
@@ -43,7 +43,7 @@ def build_model(
         held_in = backend.parameter_precision(spec.candidate)
         with device, _default_dtype(_target_dtype(held_in)):
             model = workload.build_model()
-    return model, _build_info(model, zero_init)
+    return model, _build_info(model, sharded is not None)
 
 
 def _import_model_code(workload: Any, ref: str) -> None:
@@ -60,14 +60,18 @@ def _import_model_code(workload: Any, ref: str) -> None:
     _IMPORTED_WORKLOADS.add(ref)
 
 
-def _build_info(model: Any, zero_init: bool) -> BuildInfo:
+def _build_info(model: Any, sharded: bool) -> BuildInfo:
+    """What the build left: under ``zero.Init`` every parameter is a partition; a
+    parameter on the meta device holds no memory."""
     params = list(model.parameters())
     partitioned = bool(params) and all(hasattr(p, "ds_numel") for p in params)
     held = [p.ds_tensor if partitioned else p for p in params]
-    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in held}
+    storages = {
+        t.untyped_storage()._cdata: t.untyped_storage().nbytes() for t in held if not t.is_meta
+    }
     floating = next((t for t in held if t.is_floating_point()), None)
     return BuildInfo(
-        zero_init=zero_init,
+        zero_init=sharded and partitioned,
         device=str(held[0].device) if held else "",
         dtype=str(floating.dtype).removeprefix("torch.") if floating is not None else "",
         partitioned=partitioned,

@@ -8,7 +8,9 @@ each step, whatever its precision, ZeRO stage and split of the global batch:
 - **Weights**: the model is built once whole, in fp32 on the CPU, after seeding torch, and
   its weights are copied into the candidate's model as the probe builds it (at ZeRO-3 under
   ``zero.Init``, where the workload's own initialisation would run on empty partitions and
-  leave other weights than a whole build). The fp32 weights' digest goes into the record;
+  leave other weights than a whole build; under FSDP2, whose parameters are built on the
+  meta device, into whole host parameters before ``fully_shard`` shards them onto the
+  device). The fp32 weights' digest goes into the record;
   the rank checks that the candidate's model took them (their sum of squares differs only
   by the rounding to its dtype).
 - **Samples**: the workload's batch of the whole global batch, made once on the CPU; rank r

@@ -72,6 +72,7 @@ class RunSummary:
     best: Best | None = None
     best_record: TrialRecord | None = None
     export_dir: str | None = None
+    exported_config: str | None = None  # the backend's config file in export_dir
     confirmation: Confirmation | None = None  # the round's verdict, None without a round
     verification: Verification | None = None  # the best's loss check (--verify)
     interrupted: list[int] = field(default_factory=list)
@@ -342,6 +343,7 @@ class Tuner:
         summary.best_record = trials[summary.best.trial].record
         exported = export(study, self.plan.trials_dir / "best")
         summary.export_dir = str(exported.folder)
+        summary.exported_config = exported.ds_config
 
     def make_sampler(self) -> tuple[optuna.samplers.BaseSampler, CandidatePolicy | None]:
         """The study's sampler, and autotune's candidate policy behind it (None under

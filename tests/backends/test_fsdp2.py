@@ -4,9 +4,13 @@ summary's ``fully_shard`` lines."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from autotune.backends import ActivationProfile, Breakdown, ModelFacts, get_backend
 from autotune.candidate import Candidate, FsdpKnobs
@@ -131,6 +135,21 @@ def test_memory_terms_follow_the_sharding() -> None:
     assert accumulating - single == 4 * FACTS.params - 4 * 200_000
 
 
+def test_one_rank_gathers_into_no_flat_buffer() -> None:
+    """At world size 1 torch (2.9 on, installed here) copies each shard straight into its
+    unsharded parameter: no flat all-gather output beside the gathered unit, for one block
+    or for the whole model as one unit."""
+    from autotune.backends.fsdp2._memory import all_gathers
+
+    for knobs in (FsdpKnobs(), FsdpKnobs(wrap="model")):
+        one, two = _fsdp2(data_parallel_size=1, fsdp=knobs), _fsdp2(fsdp=knobs)
+        alone, beside = _phases(one)[0]["forward"], _phases(two)[0]["forward"]
+        assert alone.buckets == 0 and beside.buckets > 0
+        assert alone.params == beside.params  # the gathered parameters themselves remain
+        assert all_gathers(one, "2.8.1+cu128") and not all_gathers(one, "2.9.0")
+        assert all_gathers(two, "2.13.0")
+
+
 def test_reducing_each_micro_batch_keeps_only_the_gradient_shards() -> None:
     each = FsdpKnobs(sync_each_micro_batch=True)
     single = _phases(_fsdp2())[0]
@@ -168,11 +187,101 @@ def test_accelerate_reads_the_exported_config(tmp_path: Path) -> None:
     assert loaded.fsdp_config["fsdp_version"] == 2
     assert loaded.fsdp_config["fsdp_reshard_after_forward"] is False
     assert loaded.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "GPT2Block"
-    launch = FSDP2.launch_script(
-        "study 's'", 2, "cuda", 4, {}, {**config, "gradient_accumulation_steps": 3}
+
+
+def _launch(tmp_path: Path, text: str, launcher: str) -> subprocess.CompletedProcess[str]:
+    """Run ``launch.sh`` with ``launcher``, whose command is a stand-in on PATH that prints
+    its arguments and the accumulation accelerate would read (torchrun and accelerate
+    launch start ranks on GPUs, which this machine has none of)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("torchrun", "accelerate"):
+        stand_in = bin_dir / name
+        stand_in.write_text(
+            f'#!/bin/sh\necho "{name} $* steps=${{ACCELERATE_GRADIENT_ACCUMULATION_STEPS:-}}"\n'
+        )
+        stand_in.chmod(0o755)
+    script = tmp_path / "launch.sh"
+    script.write_text(text)
+    script.chmod(0o755)
+    return subprocess.run(
+        [str(script), "train.py", "--lr", "1"],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "LAUNCHER": launcher},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
-    assert "--gradient_accumulation_steps 3" in launch and "LAUNCHER:-accelerate" in launch
-    assert "LAUNCHER:-torchrun" in FSDP2.launch_script("study 's'", 2, "cpu", 1, {}, config)
+
+
+def test_launch_sh_runs_the_fully_shard_code_by_default(tmp_path: Path) -> None:
+    """torchrun with the script calling fully_shard (what the probes ran) on GPUs too;
+    accelerate where asked, with the accumulation set where Accelerator() reads it, never
+    through ``accelerate launch --gradient_accumulation_steps`` (its DeepSpeed path only)."""
+    config = {**FSDP2.render_config(_fsdp2()), "gradient_accumulation_steps": 3}
+    launch = FSDP2.launch_script("study 's'", 2, "cuda", 4, {}, config)
+    assert "LAUNCHER:-torchrun" in launch and "--gradient_accumulation_steps" not in launch
+    ran = _launch(tmp_path, launch, "")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("torchrun --standalone --nproc-per-node=2 train.py")
+    assert "--fsdp2_config" in ran.stdout and ran.stdout.rstrip().endswith("--lr 1 steps=")
+    ran = _launch(tmp_path, launch, "accelerate")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("accelerate launch --config_file ")
+    assert ran.stdout.rstrip().endswith("train.py --lr 1 steps=3")
+
+
+@pytest.mark.parametrize(
+    ("knobs", "accelerator", "why"),
+    [
+        ({"reshard_after_forward": 2}, "cuda", "reshards to groups of 2 ranks"),
+        ({}, "cpu", "accelerate does not shard on CPU ranks"),
+    ],
+)
+def test_launch_sh_refuses_accelerate_where_it_runs_other_than_measured(
+    tmp_path: Path, knobs: dict, accelerator: str, why: str
+) -> None:
+    config = FSDP2.render_config(_fsdp2(data_parallel_size=4, fsdp=FsdpKnobs(**knobs)))
+    launch = FSDP2.launch_script("study 's'", 4, accelerator, 4, {}, config)
+    ran = _launch(tmp_path, launch, "accelerate")
+    assert ran.returncode == 2 and ran.stdout == ""
+    (line,) = ran.stderr.splitlines()
+    assert line.startswith("accelerate cannot run this config: ") and why in line
+    assert line.endswith("use LAUNCHER=torchrun")
+    assert _launch(tmp_path, launch, "torchrun").returncode == 0
+
+
+def test_an_integer_reshard_writes_no_accelerate_config_which_accelerate_refuses() -> None:
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    config = FSDP2.render_config(
+        _fsdp2(data_parallel_size=4, fsdp=FsdpKnobs(reshard_after_forward=2))
+    )
+    assert FSDP2.export_files(config, 4, "cuda", "GPT2Block") == {}
+    # the installed accelerate's FSDP2 plugin: a bool only
+    with pytest.raises(ValueError, match="please set to a `bool`"):
+        FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=2)
+
+
+def test_the_summary_says_where_accelerate_differs_as_the_installed_accelerate_does() -> None:
+    """The differences summary.md states, checked against the installed accelerate: its
+    FSDP2 plugin reduces in the parameter dtype, and Accelerator() takes its accumulation
+    from the variable launch.sh exports."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    text = "\n".join(FSDP2.config_usage_lines(2, None))
+    assert "reduces gradients in the parameter dtype" in text and "autocast" in text
+    assert "Checked against accelerate 1.16" in text
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True)
+    plugin.set_mixed_precision("bf16")
+    assert plugin.mixed_precision_policy.reduce_dtype == torch.bfloat16
+    read = subprocess.run(
+        [sys.executable, "-c", "import accelerate; print(accelerate.Accelerator(cpu=True)"
+         ".gradient_accumulation_steps)"],
+        env={**os.environ, "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "3"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.split()[-1] == "3"
 
 
 def test_code_lines_show_the_fully_shard_calls() -> None:

@@ -59,6 +59,7 @@ def test_the_export_is_the_best_backends_and_the_views_compare_both(study_dir: P
     folder = study_dir / "trials" / "gpt-tiny" / "best"
     config_file = {"deepspeed": "ds_config.json", "fsdp2": "fsdp2_config.json"}[winner]
     assert (folder / config_file).is_file()
+    assert f"exported: {folder / config_file} (" in (study_dir / "run.log").read_text()
     summary = (folder / "summary.md").read_text()
     assert "## DeepSpeed or FSDP2" in summary
     assert "- DeepSpeed: z0 fp32 mb8x1" in summary and "- FSDP2: fsdp2 fp32 mb8x1" in summary

@@ -1,5 +1,5 @@
-"""DeepSpeed's engine on a probe's rank: the model built partitioned at ZeRO-3, and
-``deepspeed.initialize`` around it."""
+"""DeepSpeed's engine on a probe's rank: its process group, the model built partitioned at
+ZeRO-3, and ``deepspeed.initialize`` around it."""
 
 from __future__ import annotations
 
@@ -8,6 +8,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from autotune.candidate import Candidate
+
+
+def start_process_group() -> None:
+    """``deepspeed.init_distributed`` with the communication backend of
+    :func:`~autotune.backends._process_group.process_group_backend` for DeepSpeed's
+    accelerator: DeepSpeed 0.19 hands ``dist_backend`` to ``torch.distributed.
+    init_process_group`` unchanged (``comm/torch.py``, ``TorchBackend``), so on CUDA the group
+    has gloo for host tensors beside NCCL. A group already started (by an FSDP2 candidate
+    of the same warm rank) is kept."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    from autotune.backends._process_group import process_group_backend
+
+    deepspeed.init_distributed(dist_backend=process_group_backend(get_accelerator().device_name()))
 
 
 def sharded_build(

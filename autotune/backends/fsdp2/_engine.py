@@ -9,6 +9,7 @@ import contextlib
 import inspect
 from typing import Any
 
+from autotune.backends.fsdp2 import _meta_init
 from autotune.backends.fsdp2._config import Fsdp2Config, optimizer_class
 from autotune.protocol import ShardingState
 from autotune.workloads.blocks import block_units
@@ -111,21 +112,26 @@ class Fsdp2Engine:
 
 
 def start_process_group() -> None:
-    """Join the ranks' process group from torchrun's environment: NCCL where CUDA is,
-    else gloo (FSDP2's collectives run on both)."""
+    """Join the ranks' process group from torchrun's environment: on CUDA with NCCL and
+    gloo beside it (offloaded shards are host tensors), else gloo (FSDP2's collectives run
+    on both); :mod:`autotune.backends._process_group`."""
     import torch
     import torch.distributed as dist
 
+    from autotune.backends._process_group import process_group_backend
+
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        dist.init_process_group(process_group_backend(accelerator))
 
 
 def initialize_engine(
     model: Any, config: dict[str, Any], units: list[Any] | None = None
 ) -> Fsdp2Engine:
     """``fully_shard`` over ``model``'s units (``units``, inner first, else its blocks;
-    then the root; or the root alone) with the config's policies, and its optimizer over
-    the sharded parameters."""
+    then the root; or the root alone) with the config's policies, each rank's shards given
+    memory where the model was built with its parameters on meta (:mod:`._meta_init`), and
+    its optimizer over the sharded parameters."""
     import torch
 
     parsed = Fsdp2Config.model_validate(config)
@@ -138,6 +144,9 @@ def initialize_engine(
     # The root is left to FSDP2's default (None): it keeps its parameters gathered from
     # forward to backward, which would gather them again at once.
     fully_shard(model, **{**shard, "reshard_after_forward": None})
+    if _meta_init.on_meta(model):
+        _meta_init.empty_parameters(model, _shard_device(parsed))
+        _meta_init.fill(model)
     kind = getattr(torch.optim, optimizer_class(parsed.optimizer))
     accepted = inspect.signature(kind).parameters
     params = {k: v for k, v in parsed.optimizer.get("params", {}).items() if k in accepted}
@@ -150,6 +159,15 @@ def initialize_engine(
         parsed.gradient_clipping,
         parsed.sync_each_micro_batch,
     )
+
+
+def _shard_device(config: Fsdp2Config) -> Any:
+    """Where a rank's shards live: the host under CPU offload, else the rank's device."""
+    import torch
+
+    if config.fully_shard.cpu_offload or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def fully_shard_arguments(config: Fsdp2Config) -> dict[str, Any]:
@@ -171,7 +189,7 @@ def fully_shard_arguments(config: Fsdp2Config) -> dict[str, Any]:
 
 
 def whole_parameters(model: Any) -> contextlib.AbstractContextManager[Any]:
-    """A context under which every parameter is whole: FSDP2 shards only inside
-    :func:`initialize_engine`, so the model a probe builds holds whole parameters."""
-    del model
-    return contextlib.nullcontext()
+    """A context under which every parameter is whole: the model a probe builds has its
+    parameters on the meta device until :func:`initialize_engine` shards them, so they are
+    made whole on the host here, for the caller to load (:func:`._meta_init.whole_on_host`)."""
+    return _meta_init.whole_on_host(model)

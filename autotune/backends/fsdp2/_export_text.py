@@ -1,6 +1,8 @@
-"""The FSDP2-specific text of the export: ``accelerate_config.yaml`` (accelerate's FSDP2
-config with the tuned settings), ``launch.sh`` (``accelerate launch`` with it, or torchrun)
-and the summary's lines, among them the ``fully_shard`` calls for a plain-torch script.
+"""The FSDP2-specific text of the export: ``launch.sh`` (torchrun, the script calling
+``fully_shard`` as the probes did; or ``accelerate launch`` where accelerate can run the
+tuned settings), ``accelerate_config.yaml`` (accelerate's FSDP2 config with them) and the
+summary's lines, among them the ``fully_shard`` calls for a plain-torch script and where
+accelerate differs from the probes.
 
 Values from the storage arrive quoted or printable from the caller; numbers are quoted here.
 """
@@ -13,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from autotune.backends._process_group import CUDA_WITH_HOST
 from autotune.backends._shell_text import export_lines
 from autotune.backends.fsdp2._config import Fsdp2Config
 
@@ -56,8 +59,35 @@ def accelerate_config(
 def export_files(
     config: dict[str, Any], ranks: int, accelerator: str, block_class: str
 ) -> dict[str, str]:
-    """The files the export writes beside the config: accelerate's config."""
+    """The files the export writes beside the config: accelerate's config, where accelerate
+    can express the tuned settings (not an integer ``reshard_after_forward``)."""
+    if _reshard_groups(Fsdp2Config.model_validate(config)):
+        return {}
     return {"accelerate_config.yaml": accelerate_config(config, ranks, accelerator, block_class)}
+
+
+def accelerate_problem(config: dict[str, Any] | None, accelerator: str) -> str | None:
+    """Why ``accelerate launch`` cannot run what the probes measured, in one line, or
+    None."""
+    if accelerator != "cuda":
+        return (
+            "accelerate does not shard on CPU ranks (its state there is MULTI_CPU, not FSDP); "
+            "use LAUNCHER=torchrun"
+        )
+    groups = _reshard_groups(Fsdp2Config.model_validate(config)) if config else None
+    if groups:
+        return (
+            f"the FSDP2 plugin of accelerate takes reshard_after_forward as true or false "
+            f"only, and the tuned config reshards to groups of {groups} ranks; use "
+            "LAUNCHER=torchrun"
+        )
+    return None
+
+
+def _reshard_groups(config: Fsdp2Config) -> int | None:
+    """The group size of an integer ``reshard_after_forward`` (None for true or false)."""
+    value = config.fully_shard.reshard_after_forward
+    return None if isinstance(value, bool) else value
 
 
 def launch_script(
@@ -68,55 +98,84 @@ def launch_script(
     env: Mapping[str, str] | None = None,
     config: dict[str, Any] | None = None,
 ) -> str:
-    """``launch.sh`` that starts the user's script (its first argument) under accelerate
-    with the tuned config and accumulation steps, or under torchrun handing it
-    ``fsdp2_config.json``."""
+    """``launch.sh`` that starts the user's script (its first argument) under torchrun,
+    handing it ``fsdp2_config.json`` (the script calls ``fully_shard`` as summary.md
+    shows: what the probes ran), or with ``LAUNCHER=accelerate`` under accelerate with
+    its config, where :func:`accelerate_problem` finds none (else that branch says why
+    and exits 2)."""
     accumulation = Fsdp2Config.model_validate(config).gradient_accumulation_steps if config else 1
     device = "GPU(s)" if accelerator == "cuda" else "CPU rank(s)"
-    # accelerate applies FSDP only on accelerators (on CPU ranks its state is MULTI_CPU,
-    # which leaves the model unsharded): CPU ranks launch with torchrun.
-    default = "accelerate" if accelerator == "cuda" else "torchrun"
-    exports = export_lines(env or {})
+    exports = export_lines(env or {}, keep_callers=False)
+    problem = accelerate_problem(config, accelerator)
+    if problem is None:
+        # accelerate launch's --gradient_accumulation_steps reaches its DeepSpeed path only
+        # (accelerate/utils/launch.py, prepare_deepspeed_cmd_env); Accelerator() reads this
+        # variable whatever the distributed type
+        steps = shlex.quote(str(accumulation))
+        accelerate = f"""export ACCELERATE_GRADIENT_ACCUMULATION_STEPS={steps}
+    exec accelerate launch --config_file "$HERE/accelerate_config.yaml" "$SCRIPT" "$@" ;;"""
+    else:
+        accelerate = f"""echo {shlex.quote("accelerate cannot run this config: " + problem)} >&2
+    exit 2 ;;"""
     return f"""#!/usr/bin/env bash
 # autotune export: {origin},
 # tuned for {ranks} {device} on one node, with FSDP2.
 #
-#   ./launch.sh train.py [your script's arguments]    # {default}
+#   ./launch.sh train.py [your script's arguments]    # torchrun
 #   LAUNCHER=accelerate ./launch.sh train.py [...]    # accelerate launch (GPUs)
-#   LAUNCHER=torchrun ./launch.sh train.py [...]      # torchrun
 #
-# accelerate applies accelerate_config.yaml to a script that prepares its model with
-# Accelerator() (on GPUs: on CPU ranks accelerate does not shard); under torchrun the
-# script reads --fsdp2_config and calls fully_shard itself (summary.md shows the lines).
+# Under torchrun the script reads --fsdp2_config and calls fully_shard itself, as the
+# probes did (summary.md shows the lines). accelerate applies accelerate_config.yaml to a
+# script that prepares its model with Accelerator(), and differs from the probes where
+# summary.md says.
 set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 SCRIPT="${{1:?usage: $0 train.py [arguments of your script]}}"
 shift
 # The probes ran with this many intra-op threads per rank.
 export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{shlex.quote(str(threads_per_rank))}}}"
-{exports}case "${{LAUNCHER:-{default}}}" in
-  accelerate)
-    exec accelerate launch --config_file "$HERE/accelerate_config.yaml" \\
-      --gradient_accumulation_steps {accumulation} "$SCRIPT" "$@" ;;
+{exports}case "${{LAUNCHER:-torchrun}}" in
   torchrun)
     exec torchrun --standalone --nproc-per-node={ranks} \\
       "$SCRIPT" --fsdp2_config "$HERE/fsdp2_config.json" "$@" ;;
-  *) echo "LAUNCHER must be accelerate or torchrun, got ${{LAUNCHER}}" >&2; exit 2 ;;
+  accelerate)
+    {accelerate}
+  *) echo "LAUNCHER must be torchrun or accelerate, got ${{LAUNCHER}}" >&2; exit 2 ;;
 esac
 """
 
 
+# The accelerate release whose FSDP2 path (utils/launch.py, utils/dataclasses.py
+# FullyShardedDataParallelPlugin, utils/fsdp_utils.py fsdp2_prepare_model, accelerator.py)
+# the lines below were checked against.
+ACCELERATE_CHECKED = "1.16"
+
+
 def config_usage_lines(ranks: int, script_name: str | None) -> list[str]:
-    """The summary's "Files" lines on the config, accelerate's config and ``launch.sh``."""
+    """The summary's "Files" lines on the config, accelerate's config and ``launch.sh``,
+    and where accelerate runs other than the probes did."""
     del script_name
     return [
         "- `fsdp2_config.json`: the tuned FSDP2 settings (fully_shard's policies, the "
         "micro-batch and accumulation, the optimizer).",
-        "- `accelerate_config.yaml`: the same for `accelerate launch --config_file`; "
-        "accelerate reduces gradients in the parameter dtype unless your script passes "
-        "`mixed_precision_policy` to its FSDP plugin.",
-        f"- `launch.sh`: starts your script with accelerate on GPUs, torchrun on CPU ranks "
-        f"(`LAUNCHER=` either) on {ranks} rank(s).",
+        f"- `launch.sh`: starts your script under torchrun on {ranks} rank(s), with "
+        "`--fsdp2_config fsdp2_config.json`; your script calls `fully_shard` as shown "
+        "below, which is what the probes measured.",
+        "- `accelerate_config.yaml`: the same settings for `LAUNCHER=accelerate ./launch.sh` "
+        "on GPUs (not written where accelerate cannot express them: an integer "
+        "`reshard_after_forward`, which its FSDP2 plugin refuses). Checked against "
+        f"accelerate {ACCELERATE_CHECKED}, which runs other than the probes did:",
+        "  - it reduces gradients in the parameter dtype (bf16 under bf16) unless your script "
+        "passes `mixed_precision_policy` (with the tuned `reduce_dtype`) to its FSDP plugin;",
+        "  - under mixed precision it runs the forward under autocast and returns fp32 "
+        "outputs, where the probes cast through `MixedPrecisionPolicy` alone;",
+        "  - it shards the input embedding, and the final norm with the output head, as "
+        "units of their own;",
+        "  - `accelerate launch --gradient_accumulation_steps` reaches its DeepSpeed path "
+        "only: `launch.sh` exports `ACCELERATE_GRADIENT_ACCUMULATION_STEPS`, which "
+        "`Accelerator()` reads, and your script steps under `accelerator.accumulate(model)` "
+        "(with `GradientAccumulationPlugin(sync_each_batch=True)` where the config reduces "
+        "after each micro-batch).",
     ]
 
 
@@ -126,6 +185,7 @@ def code_lines(config: dict[str, Any]) -> list[str]:
     shard = parsed.fully_shard
     offload = "CPUOffloadPolicy()" if shard.cpu_offload else "OffloadPolicy()"
     lines = [
+        "import torch",
         "from torch.distributed.fsdp import (",
         "    CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard)",
         "",
@@ -135,6 +195,8 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         f"reduce_dtype={_TORCH_DTYPES[shard.reduce_dtype]}),",
         f"    offload_policy={offload},",
         ")",
+        "# NCCL for GPU tensors, gloo for host ones (offloaded shards); gloo on CPU ranks",
+        f"torch.distributed.init_process_group({CUDA_WITH_HOST!r})",
     ]
     if parsed.activation_checkpointing:
         lines.append("model.gradient_checkpointing_enable()  # or checkpoint each block")

@@ -14,7 +14,10 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   ``reshard_after_forward=False``, a 1/k share of each for an int k, none for True), and the
   flat all-gather output of the last unit, which FSDP2 keeps until the next all-gather
   (``AllGatherState``); with one unit (``wrap: model``) that is the whole model twice; with
-  gradient accumulation, the gradients of the micro-batches before;
+  gradient accumulation, the gradients of the micro-batches before; at world size 1 (torch
+  2.9 on) there is no all-gather and no flat output: each shard is copied straight into its
+  unsharded parameter (``FSDPParamGroup.unshard``/``wait_for_unshard``, PyTorch PR
+  #160135);
 - backward, in a block's backward: as forward without the flat output, plus the next block
   gathered ahead (prefetch) when blocks reshard, and the larger of two moments: the block
   gathered while it computes its unsharded gradients, or, once it is resharded (kept
@@ -91,7 +94,7 @@ def fsdp_transient_phases(
         "forward": Breakdown(  # a later micro-batch's forward holds the earlier's gradients
             params=root + kept,
             grads=earlier,
-            buckets=width * unit,
+            buckets=width * unit if all_gathers(candidate) else 0.0,
             activations=act.forward_peak_bytes,
         ),
         "backward end": Breakdown(grads=reducing * last_unit + accumulated + on_device),
@@ -130,6 +133,19 @@ def fsdp_host_phases(
     grad_shards = 4.0 * facts.params / candidate.data_parallel_size
     before_reduction = host.plus(Breakdown(grads=grad_shards if _reduced_each(candidate) else 0.0))
     return {"forward": before_reduction, "backward": before_reduction}
+
+
+def all_gathers(candidate: Candidate, torch_version: str | None = None) -> bool:
+    """Whether FSDP2 all-gathers into a flat output buffer: beyond one rank, and at one
+    rank before torch 2.9 (``torch_version``: the installed torch's by default)."""
+    if candidate.data_parallel_size > 1:
+        return True
+    if torch_version is None:
+        from importlib.metadata import version
+
+        torch_version = version("torch")
+    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
+    return (major, minor) < (2, 9)
 
 
 def _reduced_each(candidate: Candidate) -> bool:
