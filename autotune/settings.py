@@ -35,6 +35,18 @@ _SIZE_UNITS = {
 }
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
 
+# What --tf32 means for a training process's environment. ATen reads the variable once per
+# process (Context::allowTF32CuBLAS): "1" makes cuBLAS use TF32 for fp32 matmuls whatever
+# float32_matmul_precision says; NGC's PyTorch containers export it.
+TF32_CUBLAS_OVERRIDE_ENV = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
+
+
+def tf32_cublas_override(precision: str) -> str:
+    """The value of :data:`TF32_CUBLAS_OVERRIDE_ENV` for a process whose fp32 matmuls follow
+    ``precision`` (torch's float32_matmul_precision): "0" for "highest" (IEEE fp32; an
+    inherited "1" would force TF32), else "1" (TF32, whatever the training script sets)."""
+    return "0" if precision == "highest" else "1"
+
 
 def parse_duration(text: str, *, flag: str = "--budget") -> float:
     """``"90s"``, ``"30m"``, ``"2h"``, ``"1h30m"``, ``"3d"`` -> seconds (units in d, h, m,

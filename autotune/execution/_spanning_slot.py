@@ -31,7 +31,7 @@ from typing import Any
 
 from autotune.execution._rank_actor import Placement, RankArtifacts, RankState
 from autotune.execution._script_outcome import again_cold, explain
-from autotune.execution.launch import ProbeJob, prepare_trial_dir, unclean_bytes
+from autotune.execution.launch import ProbeJob, group_shape, prepare_trial_dir, unclean_bytes
 from autotune.protocol import NODE_ENV, ProbeResult, RankReport
 from autotune.rank_outcome import aggregate
 
@@ -172,7 +172,7 @@ class SpanningSlot:
             self._ensure_actors()
             started = time.perf_counter()
             try:
-                shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+                shape = group_shape(job)
                 cold = self._shape != shape or not self._serves(job)
                 result, leaked = self._attempt(job, cold)
                 if leaked:  # the warm ranks refused it: probe it again in a fresh group
@@ -222,7 +222,7 @@ class SpanningSlot:
         ranks = self._ranks(job.world_size)
         starts = [a.start.remote(job, env, serve) for a, env in zip(ranks, envs, strict=True)]
         self._call(starts, "start")
-        self._shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+        self._shape = group_shape(job)
         self._serving = serve
 
     def _attempt(self, job: ProbeJob, cold: bool) -> tuple[ProbeResult, int]:

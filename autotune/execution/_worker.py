@@ -27,6 +27,7 @@ from autotune.execution._held_folder import HeldFolder
 from autotune.execution._script_outcome import again_cold
 from autotune.execution.launch import (
     ProbeJob,
+    group_shape,
     kill_process_group,
     prepare_trial_dir,
     probe_command,
@@ -45,7 +46,8 @@ POLL_S = 0.05
 
 
 class WarmWorker:
-    """Runs jobs of one shape (ranks, threads, devices, working folder) in a kept group."""
+    """Runs jobs of one shape (ranks, threads, devices, working folder, the environment's
+    TF32 override: :func:`~autotune.execution.launch.group_shape`) in a kept group."""
 
     def __init__(self, visible_devices: str | None = None) -> None:
         self.visible_devices = visible_devices
@@ -81,7 +83,7 @@ class WarmWorker:
             start_new_session=True,
         )
         track_group(self._process.pid)
-        self._shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+        self._shape = group_shape(job)
 
     def _post(self, message: dict[str, object]) -> None:
         self._posted += 1
@@ -102,7 +104,7 @@ class WarmWorker:
         with self._lock:
             self._cancel.clear()
             try:
-                shape = (job.world_size, job.threads_per_rank, job.cwd, job.spec.accelerator)
+                shape = group_shape(job)
                 cold_start = not self._alive() or shape != self._shape
                 result, leaked = self._attempt(job, cold_start)
                 if leaked:

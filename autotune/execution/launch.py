@@ -10,6 +10,7 @@ use the same command and environment with ``--serve``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -30,6 +31,7 @@ from autotune.backends.deepspeed import (
 from autotune.execution import _priority as priority
 from autotune.protocol import ProbeResult, ProbeSpec, RankReport
 from autotune.rank_outcome import aggregate
+from autotune.settings import TF32_CUBLAS_OVERRIDE_ENV, tf32_cublas_override
 
 LOG_TAIL_CHARS = 4000
 KILL_GRACE_S = 5.0
@@ -74,8 +76,21 @@ class ProbeJob(BaseModel):
         return value
 
 
+def group_shape(job: ProbeJob) -> tuple[object, ...]:
+    """What a group of ranks is started with, which every job it serves must share: ranks,
+    threads, working folder, accelerator, and the TF32 override of its environment."""
+    return (
+        job.world_size,
+        job.threads_per_rank,
+        job.cwd,
+        job.spec.accelerator,
+        tf32_cublas_override(job.spec.float32_matmul_precision),
+    )
+
+
 def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
-    """The environment of a probe: production threading, the accelerator, quiet libraries."""
+    """The environment of a probe: production threading, the accelerator, the numerics the
+    study asks for, quiet libraries."""
     env = dict(os.environ)
     threads = str(job.threads_per_rank)
     # A Ray task exports OMP_NUM_THREADS=<its num_cpus>; the probe must instead run with the
@@ -93,6 +108,10 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
     # the interpreter from adding the working folder itself; autotune.probe drops it on 3.10)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*job.python_path, env.get("PYTHONPATH")]))
     env["PYTHONSAFEPATH"] = "1"
+    # The study's TF32 choice (--tf32), explicitly, as launch.sh sets it: an inherited
+    # override (NGC's PyTorch containers export 1) would time IEEE-fp32 probes with TF32.
+    # ATen reads it once per process: every job of a group shares it (group_shape).
+    env[TF32_CUBLAS_OVERRIDE_ENV] = tf32_cublas_override(job.spec.float32_matmul_precision)
     env[priority.NICENESS_VARIABLE] = str(job.niceness)
     env["TORCH_EXTENSIONS_DIR"] = torch_extensions_dir()
     env["PATH"] = tools_path(env.get("PATH"))  # ops build with this environment's ninja
@@ -191,8 +210,9 @@ def launch_probes(
     The jobs must share world size, working directory and threads; the launch's timeout is
     the sum of theirs. If a candidate fails, the ranks exit and later candidates are
     reported as not probed. If the ranks find an earlier candidate's memory still allocated
-    (``unclean``), that candidate and the rest go to a fresh launch. Each job's scratch
-    folder is removed once the launch is over.
+    (``unclean``), that candidate and the rest go to a fresh launch; so does a candidate
+    whose environment differs from the launch's (:func:`group_shape`: its TF32 override).
+    Each job's scratch folder is removed once the launch is over.
     """
     first = jobs[0]
     if any(
@@ -205,7 +225,7 @@ def launch_probes(
         results: list[ProbeResult] = []
         leaked = 0
         while len(results) < len(jobs):
-            launched, unclean = _launch(jobs[len(results) :], visible_devices, cancel)
+            launched, unclean = _launch(_alike(jobs[len(results) :]), visible_devices, cancel)
             launched[0].leak_restart_bytes = leaked
             results += launched
             leaked = unclean
@@ -213,6 +233,12 @@ def launch_probes(
     finally:
         for job in jobs:
             remove_scratch(job)
+
+
+def _alike(jobs: list[ProbeJob]) -> list[ProbeJob]:
+    """The leading jobs that one group of ranks can serve: the first's group shape."""
+    shape = group_shape(jobs[0])
+    return list(itertools.takewhile(lambda job: group_shape(job) == shape, jobs))
 
 
 def _launch(

@@ -4,19 +4,22 @@ The probes run ``torch.set_float32_matmul_precision`` as the study says (``--tf3
 TF32 tensor cores for fp32 matmuls; else "highest", IEEE fp32, PyTorch's default). A
 production run left at PyTorch's default would run fp32 matmuls several times slower than
 the probes timed them, and the chosen configuration could be the wrong one. On CUDA,
-``launch.sh`` exports ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1``, which makes cuBLAS use TF32 for
-fp32 matmuls whatever the script sets (read once by ATen's ``Context::allowTF32CuBLAS``);
-no environment variable does the same for CPU matmuls, so there the summary asks for the call.
+``launch.sh`` sets ``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE`` to 1 with ``--tf32`` (cuBLAS then uses
+TF32 for fp32 matmuls whatever the script sets; read once by ATen's
+``Context::allowTF32CuBLAS``) and to 0 without it, whatever the environment holds: NGC's
+PyTorch containers export 1, which would turn TF32 on where the probes ran IEEE fp32 (the
+probes' own environment sets it the same way, :func:`autotune.execution.launch.probe_env`).
+No environment variable does the same for CPU matmuls, so there the summary asks for the call.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.settings import TF32_CUBLAS_OVERRIDE_ENV, tf32_cublas_override
+
 if TYPE_CHECKING:
     from autotune.study import StudyConfig
-
-TF32_CUBLAS_OVERRIDE_ENV = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
 
 
 def probes_used_tf32(config: StudyConfig) -> bool:
@@ -24,10 +27,10 @@ def probes_used_tf32(config: StudyConfig) -> bool:
 
 
 def production_env(config: StudyConfig) -> dict[str, str]:
-    """Environment variables ``launch.sh`` exports (each unless already set) so production
-    computes as the probes did."""
-    if probes_used_tf32(config) and config.accelerator == "cuda":
-        return {TF32_CUBLAS_OVERRIDE_ENV: "1"}
+    """Environment variables ``launch.sh`` sets (whatever the environment already holds) so
+    that production computes as the probes did: on CUDA the TF32 override, 0 or 1."""
+    if config.accelerator == "cuda":
+        return {TF32_CUBLAS_OVERRIDE_ENV: tf32_cublas_override(config.float32_matmul_precision)}
     return {}
 
 
@@ -39,7 +42,9 @@ def numerics_actions(config: StudyConfig) -> list[str]:
             return []
         return [
             "The probes ran fp32 matmuls in IEEE fp32 (PyTorch's default): do not turn TF32 "
-            f"on (no {call}), or the timings no longer hold."
+            f"on (no {call}), or the timings no longer hold; launch.sh exports "
+            f"`{TF32_CUBLAS_OVERRIDE_ENV}=0` (NGC's PyTorch containers set it to 1), and so "
+            "must any other launch."
         ]
     if config.accelerator == "cuda":
         return [

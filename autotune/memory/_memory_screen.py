@@ -7,7 +7,11 @@ study's own probes, and monotonicity in the micro-batch.
 - Otherwise the memory model's prediction (calibrated by the ratio of measured to
   predicted peaks of the study's probes) must stay under the limit less the margin, and on
   CUDA the host memory of every rank of every probe running at once on a node must fit the
-  node's RAM.
+  node's RAM. On CUDA the limit is first reduced by the largest memory outside the caching
+  allocator (the CUDA context, NCCL's communicators and buffers, cuBLAS) the study's probes
+  measured: the model predicts what tensors allocate, and a probe's allocator gets the
+  limit less that overhead (:mod:`autotune.probe._cuda_memory`), as a card of the limit's
+  size would leave its tensors.
 
 :class:`MemoryScreen` is consulted by the tuner before each probe and by autotune's sampler
 (through :meth:`MemoryScreen.may_fit`) before proposing.
@@ -149,9 +153,10 @@ class Limits:
     host_ram_bytes: int
     ranks_per_node: int  # ranks of all probes that may run at once on one node
 
-    @property
-    def threshold_bytes(self) -> float:
-        return self.vram_limit_bytes * (1.0 - self.margin)
+    def threshold_bytes(self, overhead_bytes: int = 0) -> float:
+        """What a candidate's predicted tensors may reach: the limit less the memory
+        outside the allocator (``overhead_bytes``), less the margin."""
+        return max(0, self.vram_limit_bytes - overhead_bytes) * (1.0 - self.margin)
 
 
 class MemoryScreen:
@@ -167,6 +172,8 @@ class MemoryScreen:
         use_model: bool = True,
     ) -> None:
         self.limits = limits
+        # the largest memory outside the allocator a probe of the study measured (CUDA)
+        self.overhead_bytes = 0
         self.calibration = Calibration()
         self.monotonicity = Monotonicity()
         self.failures = SameFailures()
@@ -209,6 +216,7 @@ class MemoryScreen:
         model = self.model
         if model is not None and hasattr(model, "learn"):
             model.learn(trial)
+        self.overhead_bytes = max(self.overhead_bytes, record.overhead_bytes)
         if trial.status == "ok" and record.predicted_raw_bytes:
             # the model predicts what tensors allocate; on CUDA the reserved peak also holds
             # the caching allocator's slack and the context, outside the model
@@ -260,13 +268,21 @@ class MemoryScreen:
             predicted_phase=estimate.phase,
             memory_correction=estimate.correction,
         )
-        if predicted > limits.threshold_bytes:
+        overhead = self.outside_allocator_bytes()
+        threshold = limits.threshold_bytes(overhead)
+        if predicted > threshold:
+            outside = (
+                f" the {format_bytes(overhead)} measured outside the allocator "
+                "(CUDA context, communicators) and"
+                if overhead
+                else ""
+            )
             return Verdict(
                 pruned_by="memory-model",
                 reason=f"predicted peak {format_bytes(predicted)} per rank exceeds the limit "
-                f"{format_bytes(limits.vram_limit_bytes)} less the "
+                f"{format_bytes(limits.vram_limit_bytes)} less{outside} the "
                 f"{100 * limits.margin:.0f}% margin",
-                over_bytes=predicted - limits.threshold_bytes,
+                over_bytes=predicted - threshold,
                 prediction=prediction,
             )
         # On CPU ranks host and device are the same RAM, and offloaded tensors count in the
@@ -282,6 +298,14 @@ class MemoryScreen:
                 prediction=prediction,
             )
         return Verdict(prediction=prediction)
+
+    def outside_allocator_bytes(self) -> int:
+        """What the limit loses to memory outside the allocator: the most a probe of the
+        study measured there; none for a script's model, which is learnt from measured
+        peaks that hold it already (the reserved peak plus what lies outside)."""
+        if getattr(self._workload, "script", None) is not None:
+            return 0
+        return self.overhead_bytes
 
     def screened(self, candidates: list[Candidate], evaluated: set[str]) -> list[str]:
         """Keys of unevaluated candidates the model rules out before any probe (those a fit

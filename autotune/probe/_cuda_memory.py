@@ -4,14 +4,16 @@
 where to flatten).
 
 What lies outside the allocator is this process's: NVML's used memory of this PID less
-``memory_reserved`` ("process"); where NVML is not installed or does not list the process
-(a container's own PID namespace, MIG), the device's total - free - reserved ("device"),
-which also counts other processes on the GPU. One candidate (:class:`CudaMemoryLimit`) reads
-it at its start, again after the engine's first optimizer step (DeepSpeed's groups and
-ZeRO's all-gather/reduce-scatter have connected their communicators by then), setting the
-limit again from it, and at its end; the largest reading is left out of the limit and added
-to the reported peak. A warm rank's later candidate that starts with more outside the
-allocator than its first candidate held at most reports it (``overhead_left_bytes``).
+``memory_reserved`` ("process"; the GPU found in NVML by its UUID, whatever
+``CUDA_DEVICE_ORDER`` and ``CUDA_VISIBLE_DEVICES`` say); where NVML is not installed or does
+not list the process (a container's own PID namespace, MIG), the device's total - free -
+reserved ("device"), which also counts other processes on the GPU. One candidate
+(:class:`CudaMemoryLimit`) reads it at its start, again after the engine's first optimizer
+step (DeepSpeed's groups and ZeRO's all-gather/reduce-scatter have connected their
+communicators by then), setting the limit again from it, and at its end; the largest
+reading is left out of the limit and added to the reported peak. A warm rank's later
+candidate that starts with more outside the allocator than the process's first candidate
+of any backend held at most reports it (``overhead_left_bytes``).
 
 Heavy imports (torch, deepspeed, pynvml) stay inside functions; pynvml (the nvidia-ml-py
 package) is optional.
@@ -28,9 +30,10 @@ from autotune.protocol import OverheadMethod, ProbeSpec, RankReport
 
 T = TypeVar("T")
 
-# The largest memory outside the allocator the process's first candidate measured, per
-# device: what a candidate of a fresh process holds there at most.
-_FIRST_LARGEST_BYTES: dict[str, int] = {}
+# The largest memory outside the allocator that the process's first candidate of each
+# backend measured, per (device, backend): what the communicators a backend makes once and
+# keeps hold there at most (DeepSpeed's copy of the world group, reused by its later engines).
+_FIRST_LARGEST_BYTES: dict[tuple[str, str], int] = {}
 
 
 def allocator_fraction(limit_bytes: int, overhead_bytes: int, total_bytes: int) -> float:
@@ -135,20 +138,24 @@ class CudaMemoryLimit:
         return stepped
 
     def left_bytes(self) -> int:
-        """Bytes outside the allocator at this candidate's start beyond the largest the
-        process's first candidate measured (0 for the first): communicators and other memory
-        earlier candidates left, the largest over the ranks (all must agree whether to go
-        on). Measured against the first candidate's largest, not its start: communicators
-        DeepSpeed keeps and reuses across engines (its copy of the world group) were inside
-        the first candidate's peak too."""
-        first = _FIRST_LARGEST_BYTES.get(str(self.device))
-        left = 0 if first is None else max(0, self.at_start_bytes - first)
+        """Bytes outside the allocator at this candidate's start beyond the most that the
+        process's first candidate of any backend measured (0 for the process's first):
+        communicators and other memory earlier candidates left, the largest over the ranks
+        (all must agree whether to go on). Measured against those candidates' largest, not
+        their start: communicators a backend keeps and reuses across engines (DeepSpeed's
+        copy of the world group) were inside its first candidate's peak. A warm rank whose
+        first candidate was FSDP2's meets DeepSpeed's copy only in its first DeepSpeed
+        candidate, and that is no leftover for the candidates after it."""
+        device = str(self.device)
+        firsts = [b for (where, _), b in _FIRST_LARGEST_BYTES.items() if where == device]
+        left = max(0, self.at_start_bytes - max(firsts)) if firsts else 0
         return agreed_max(left, self.device)
 
     def finish(self, report: RankReport) -> None:
         """Read once more at the end and record the candidate's figures in ``report``."""
         self.measure()
-        _FIRST_LARGEST_BYTES.setdefault(str(self.device), self.largest_bytes)
+        first_key = (str(self.device), self.spec.candidate.backend)
+        _FIRST_LARGEST_BYTES.setdefault(first_key, self.largest_bytes)
         report.device_overhead_bytes = self.largest_bytes
         report.overhead_at_start_bytes = self.at_start_bytes
         report.overhead_method = self.method
@@ -185,21 +192,17 @@ def cuda_overhead(device: Any) -> tuple[int, OverheadMethod]:
 def process_used_bytes(device: Any) -> int | None:
     """NVML's used device memory of this process (nvidia-smi's per-process figure: the CUDA
     context, every cudaMalloc, the allocator's reserve included); None where pynvml is not
-    installed, NVML fails, or it does not list this PID or its figure (a container's own
-    PID namespace, MIG)."""
+    installed, NVML fails or does not know the device, or does not list this PID or its
+    figure (a container's own PID namespace, MIG)."""
     try:
         import pynvml
     except ImportError:
         return None
-    import torch
-
-    # NVML's index of the device through CUDA_VISIBLE_DEVICES, as torch.cuda's own NVML
-    # readers (list_gpu_processes, device_memory_used) find it
-    nvml_index = getattr(torch.cuda, "_get_nvml_device_index", None)
     try:
         pynvml.nvmlInit()
-        index = nvml_index(device) if nvml_index is not None else device.index
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        handle = nvml_handle(pynvml, device)
+        if handle is None:
+            return None
         processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
     except (pynvml.NVMLError, RuntimeError):
         return None
@@ -207,3 +210,19 @@ def process_used_bytes(device: Any) -> int | None:
     if not used or any(figure is None for figure in used):
         return None
     return int(sum(used))
+
+
+def nvml_handle(pynvml: Any, device: Any) -> Any:
+    """NVML's handle of ``device``, found by the device's UUID: CUDA numbers the visible
+    devices in ``CUDA_DEVICE_ORDER`` (fastest first unless it says ``PCI_BUS_ID``) after
+    ``CUDA_VISIBLE_DEVICES``, NVML in PCI bus order, so an index read through one does not
+    name the same GPU in the other. None where torch gives no UUID."""
+    import torch
+
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", "") or "")
+    if not uuid:
+        return None
+    # torch prints the 16 bytes as 8-4-4-4-12 hex digits (torch/csrc/cuda/Module.cpp,
+    # _CUuuid.__str__); NVML names the GPU "GPU-" and those digits (nvmlDeviceGetUUID)
+    name = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return pynvml.nvmlDeviceGetHandleByUUID(name.encode())

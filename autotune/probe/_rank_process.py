@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.probe import _host_peak as host_peak
 from autotune.protocol import NODE_ENV, ProbeSpec, RankReport
+from autotune.settings import TF32_CUBLAS_OVERRIDE_ENV
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -70,6 +71,8 @@ def versions(device: Any) -> dict[str, str]:
     versions["float32_matmul_precision"] = torch.get_float32_matmul_precision()
     versions["cuda_matmul_allow_tf32"] = str(torch.backends.cuda.matmul.allow_tf32)
     versions["cudnn_allow_tf32"] = str(torch.backends.cudnn.allow_tf32)
+    # what cuBLAS follows on CUDA: "1" forces TF32 whatever the precision ('' where unset)
+    versions["tf32_cublas_override"] = os.environ.get(TF32_CUBLAS_OVERRIDE_ENV, "")
     if device.type == "cuda":
         versions["cuda"] = str(torch.version.cuda)
         versions["device"] = torch.cuda.get_device_name(device)

@@ -6,7 +6,9 @@ is built; at other stages on the device in the target dtype), calls ``deepspeed.
 with the candidate's config, runs warm-up steps (where, on CPU, tensor memory is traced and
 the limit enforced), then times optimizer steps, and writes a
 :class:`~autotune.protocol.RankReport` to ``rank-<r>.json`` next to the spec, with the
-process's peak resident memory over the candidate (:mod:`autotune.probe._host_peak`). A failure is
+process's peak resident memory over the candidate (:mod:`autotune.probe._host_peak`). While
+a candidate runs, DeepSpeed cannot reset the device's peak counters
+(:mod:`autotune.probe._peak_guard`). A failure is
 data: the rank reports ``oom`` or ``error`` and exits without tearing down collectives
 (its launcher stops its peers).
 
@@ -37,6 +39,7 @@ from autotune.probe import _engine_state as engine_state
 from autotune.probe import _rank_memory as rank_memory
 from autotune.probe._model_build import build_model, make_batch
 from autotune.probe._parity import run_parity
+from autotune.probe._peak_guard import peak_counters_kept
 from autotune.probe._rank_memory import classify_failure, dismantle, leak_tolerance_bytes
 from autotune.probe._rank_process import (
     device_of,
@@ -192,7 +195,8 @@ def probe_spec(spec_path: Path, started: float) -> None:
         report.leaked_bytes = rank_memory.leaked_bytes(device)
         report.pinned_host_bytes_at_start = rank_memory.pinned_host_bytes(device)
         if report.leaked_bytes <= tolerance:
-            run_rank(spec, report, started, device, spec_path.parent / PROGRESS_FILE)
+            with peak_counters_kept():  # DeepSpeed's resets would drop build and init
+                run_rank(spec, report, started, device, spec_path.parent / PROGRESS_FILE)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a report
         report.status, report.error = classify_failure(exc)
         if report.status == "error":

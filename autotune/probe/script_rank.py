@@ -59,6 +59,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from autotune.probe._peak_guard import peak_counters_kept
 from autotune.probe._rank_process import (
     device_of,
     end_children,
@@ -80,13 +81,20 @@ def _exit_code(exc: SystemExit) -> int:
 
 def run(spec_path: Path, started: float, *, warm: bool = False) -> None:
     """Run the script of ``spec_path`` as this rank's probe; never returns, unless ``warm``
-    and the probe has its steps (then its report is written and the script unwound)."""
-    import torch
-
+    and the probe has its steps (then its report is written and the script unwound).
+    DeepSpeed's resets of the peak counters do nothing while it runs: the peak counts from
+    the rank's start (:mod:`autotune.probe._peak_guard`)."""
     start_host_peak()  # the script's host memory from before its first allocation
     spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
     probe = ScriptProbe(spec, spec_path, started, warm=warm)
-    script = probe.script
+    with peak_counters_kept():
+        _run_script(probe)
+
+
+def _run_script(probe: ScriptProbe) -> None:
+    import torch
+
+    spec, script = probe.spec, probe.script
     try:
         quiet_libraries()
         probe.device = device_of(spec)

@@ -67,6 +67,11 @@ class TrialRecord(BaseModel):
     reserved_bytes_per_rank: list[int] = Field(
         default_factory=list, description="Peak reserved by the CUDA caching allocator."
     )
+    overhead_bytes: int = Field(
+        default=0,
+        description="CUDA memory outside the caching allocator (context, NCCL, cuBLAS), the "
+        "largest rank's; included in reserved_bytes_per_rank.",
+    )
     host_peak_bytes_per_rank: list[int] = Field(
         default_factory=list, description="Peak resident host memory of each rank process."
     )
@@ -379,6 +384,7 @@ def _measurements(result: ProbeResult) -> dict[str, Any]:
         "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
         "host_peak_bytes_per_rank": result.host_peak_bytes_per_rank,
         "host_peak_method": result.host_peak_method,
+        "overhead_bytes": max(result.overhead_bytes_per_rank, default=0),
         "node_per_rank": result.node_per_rank,
         "probe_wall_s": result.wall_s,
         "probe_init_s": result.init_s,

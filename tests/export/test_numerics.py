@@ -21,10 +21,46 @@ def _config(accelerator: str, precision: str) -> StudyConfig:
     )
 
 
-def test_only_cuda_tf32_studies_export_the_cublas_override() -> None:
-    assert production_env(_config("cuda", "high")) == {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
-    assert production_env(_config("cuda", "highest")) == {}
+OVERRIDE = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
+
+
+def test_cuda_studies_set_the_cublas_override_to_their_choice() -> None:
+    """1 with --tf32; 0 without it, explicitly (NGC's PyTorch containers export 1); CPU
+    matmuls follow no variable."""
+    assert production_env(_config("cuda", "high")) == {OVERRIDE: "1"}
+    assert production_env(_config("cuda", "highest")) == {OVERRIDE: "0"}
     assert production_env(_config("cpu", "high")) == {}
+
+
+def _exported(text: str, parent: dict[str, str]) -> dict[str, str]:
+    """The variables launch.sh's export lines leave in a shell started with ``parent``."""
+    import subprocess
+
+    lines = [line for line in text.splitlines() if line.startswith("export ")]
+    names = [line.split()[1].split("=")[0] for line in lines]
+    shown = "".join(f'printf "%s=%s\\n" {name} "${{{name}}}"\n' for name in names)
+    done = subprocess.run(
+        ["bash", "-c", "\n".join(lines) + "\n" + shown],
+        env={"PATH": "/usr/bin:/bin", **parent},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(line.split("=", 1) for line in done.stdout.splitlines())
+
+
+@pytest.mark.parametrize("backend", ["deepspeed", "fsdp2"])
+@pytest.mark.parametrize(("precision", "value"), [("highest", "0"), ("high", "1")])
+def test_launch_sh_sets_the_override_whatever_the_shell_exports(backend, precision, value):
+    """Both backends' launch.sh set the study's value over the one an NGC container's shell
+    exports (1); the threads keep a value the shell gives."""
+    text = get_backend(backend).launch_script(
+        "o", 2, "cuda", 4, production_env(_config("cuda", precision)), None
+    )
+    assert f"export {OVERRIDE}={value}\n" in text
+    exported = _exported(text, {OVERRIDE: "1", "OMP_NUM_THREADS": "7"})
+    assert exported[OVERRIDE] == value
+    assert exported["OMP_NUM_THREADS"] == "7"
 
 
 @pytest.mark.parametrize(
@@ -44,7 +80,7 @@ def test_cpu_ieee_studies_add_no_line() -> None:
     assert numerics_actions(_config("cpu", "highest")) == []
 
 
-def test_script_launch_exports_the_environment_unless_set() -> None:
+def test_script_launch_keeps_the_callers_accelerator_and_sets_the_numerics() -> None:
     text = get_backend(DEFAULT_BACKEND).script_launch_script(
         origin="o",
         script_name="train.py",
@@ -58,5 +94,7 @@ def test_script_launch_exports_the_environment_unless_set() -> None:
         env={"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"},
     )
     assert 'export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"' in text
-    name = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
-    assert f'export {name}="${{{name}:-1}}"' in text
+    assert f"export {OVERRIDE}=1\n" in text
+    exported = _exported(text, {OVERRIDE: "0", "DS_ACCELERATOR": "cuda"})
+    assert exported["DS_ACCELERATOR"] == "cuda"  # kept: the caller's
+    assert exported[OVERRIDE] == "1"  # set: what production must compute with

@@ -198,14 +198,18 @@ def sequence_job(root: Path, name: str, candidate: Candidate, **spec: object) ->
 
 @pytest.fixture(scope="module")
 def sequences(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ProbeJob, object]]:
-    """Two launches of several candidates each: BIG, ZERO3, then SMALL; SMALL alone, then
-    ZERO3 with the "leak" fault (it keeps its model and a tensor alive), then SMALL again."""
+    """Two launches of several candidates each: BIG, ZERO3, SMALL, then SMALL with TF32
+    ("high": the ranks cannot serve it, the TF32 override of a process's environment is
+    read once, so it starts a launch of its own); SMALL alone, then ZERO3 with the "leak"
+    fault (it keeps its model and a tensor alive), then SMALL again. The driver's
+    environment exports the TF32 override, as NGC's PyTorch containers do."""
     root = tmp_path_factory.mktemp("sequences")
     first = [
-        sequence_job(root, "big", BIG, float32_matmul_precision="high"),
+        sequence_job(root, "big", BIG),
         # DeepSpeed's ZeRO-3 objects outlive destroy(): what they held must not count next
         sequence_job(root, "zero3", ZERO3),
         sequence_job(root, "small_after_big", SMALL),
+        sequence_job(root, "small_tf32", SMALL, float32_matmul_precision="high"),
     ]
     second = [
         sequence_job(root, "small_alone", SMALL),
@@ -213,7 +217,9 @@ def sequences(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Probe
         sequence_job(root, "small_after_leak", SMALL),
     ]
     jobs = first + second
-    results = launch_probes(first) + launch_probes(second)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+        results = launch_probes(first) + launch_probes(second)
     assert_no_probe_left()
     return {Path(j.trial_dir).name: (j, r) for j, r in zip(jobs, results, strict=True)}
 
@@ -233,13 +239,17 @@ def test_a_candidate_after_another_in_the_same_ranks_measures_as_alone(sequences
 
 
 def test_each_probe_applies_its_own_float32_matmul_precision(sequences) -> None:
-    _, big = sequences["big"]
+    """Each probe sets the study's precision, and its ranks' environment the study's TF32
+    override explicitly: the driver's (1, forcing TF32 on CUDA) is not inherited."""
     _, after = sequences["small_after_big"]
-    assert big.versions["float32_matmul_precision"] == "high"
-    assert big.versions["cuda_matmul_allow_tf32"] == "True"
-    # not the previous candidate's setting: PyTorch's default, set explicitly
+    _, tf32 = sequences["small_tf32"]
+    assert tf32.versions["float32_matmul_precision"] == "high"
+    assert tf32.versions["cuda_matmul_allow_tf32"] == "True"
+    assert tf32.versions["tf32_cublas_override"] == "1"
+    assert tf32.cold_start  # not in the ranks of the candidates before it
     assert after.versions["float32_matmul_precision"] == "highest"
     assert after.versions["cuda_matmul_allow_tf32"] == "False"
+    assert after.versions["tf32_cublas_override"] == "0"
 
 
 def test_zero3_builds_partitioned_under_zero_init_other_stages_in_their_dtype(sequences) -> None:
@@ -350,3 +360,64 @@ def test_modules_in_the_working_folder_shadow_nothing(tmp_path: Path) -> None:
     result = launch_probe(make_job(tmp_path, timeout_s=240))
     assert result.status == "ok", result.error + result.log_tail[-2000:]
     assert "shadowed" not in result.log_tail
+
+
+# A workload file (user code, imported by each rank) that counts, in a file per process, the
+# calls that reach DeepSpeed's accelerator's own reset_peak_memory_stats: the class's method,
+# which the probe's guard shadows on the accelerator object while a candidate runs.
+RESET_COUNTING_WORKLOAD = """
+import os
+
+from deepspeed.accelerator import get_accelerator
+
+from autotune.workloads import get_workload
+
+_accelerator_class = type(get_accelerator())
+_reset = _accelerator_class.reset_peak_memory_stats
+
+
+def _counted_reset(self, *args, **kwargs):
+    with open(os.path.join({folder!r}, f"resets-{{os.getpid()}}.txt"), "a") as counted:
+        counted.write("reset\\n")
+    return _reset(self, *args, **kwargs)
+
+
+_accelerator_class.reset_peak_memory_stats = _counted_reset
+
+
+def gpt_tiny():
+    return get_workload("gpt-tiny")
+"""
+# ZeRO-1 in bf16 with fp32 gradient accumulation and no offload: DeepSpeed's bf16 optimizer,
+# whose set-up calls see_memory_usage(force=True) on rank 0 (deepspeed/runtime/bf16_optimizer.py)
+BF16_OPTIMIZER = Candidate(
+    precision="bf16",
+    zero_stage=1,
+    micro_batch_size=2,
+    gradient_accumulation_steps=1,
+    data_parallel_size=2,
+    zero_knobs=SMALL_BUCKETS,
+)
+
+
+def test_deepspeed_cannot_reset_the_peak_counters_during_a_candidate(tmp_path: Path) -> None:
+    """DeepSpeed's bf16 optimizer runs see_memory_usage(force=True), which ends with the
+    accelerator's reset_peak_memory_stats (on CUDA: rank 0 would forget the build's and
+    initialize's peak). The path is taken (its message is in the log), and no call reaches
+    the accelerator's own reset while the candidate runs."""
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    workload = tmp_path / "counting_workload.py"
+    workload.write_text(RESET_COUNTING_WORKLOAD.format(folder=str(counts)), encoding="utf-8")
+    job = make_job(tmp_path, candidate=BF16_OPTIMIZER)
+    config = {**job.spec.ds_config, "data_types": {"grad_accum_dtype": "fp32"}}
+    spec = job.spec.model_copy(
+        update={"workload": f"{workload}:gpt_tiny", "ds_config": config, "timed_steps": 2}
+    )
+    result = launch_probe(job.model_copy(update={"spec": spec}))
+    assert result.status == "ok", result.error + result.log_tail
+    log = (tmp_path / "trial" / "probe.log").read_text()
+    assert "begin bf16_optimizer" in log  # see_memory_usage(force=True) ran on rank 0
+    resets = [line for path in counts.glob("resets-*.txt") for line in path.read_text().split()]
+    assert resets == []
+    assert_no_probe_left()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 MiB = 2**20
+FAKE_GPU_UUID = "fa4e0000-0000-0000-0000-000000000000"  # as str(torch's device uuid) prints
 
 
 class FakeCudaMemory:
@@ -92,7 +93,9 @@ class FakeCudaMemory:
         return self.total_bytes - used, self.total_bytes
 
     def get_device_properties(self, device: Any = None) -> Any:
-        return types.SimpleNamespace(total_memory=self.total_bytes, name="FakeCudaMemory GPU")
+        return types.SimpleNamespace(
+            total_memory=self.total_bytes, name="FakeCudaMemory GPU", uuid=FAKE_GPU_UUID
+        )
 
     def set_per_process_memory_fraction(self, fraction: float, device: Any = None) -> None:
         assert isinstance(fraction, float) and 0 <= fraction <= 1  # torch's own checks
@@ -125,7 +128,7 @@ class FakeCudaMemory:
 
         module.NVMLError = NVMLError  # type: ignore[attr-defined]
         module.nvmlInit = lambda: None  # type: ignore[attr-defined]
-        module.nvmlDeviceGetHandleByIndex = lambda index: ("handle", index)  # type: ignore[attr-defined]
+        module.nvmlDeviceGetHandleByUUID = lambda uuid: ("handle", uuid)  # type: ignore[attr-defined]
         module.nvmlDeviceGetComputeRunningProcesses = processes  # type: ignore[attr-defined]
         return module
 

@@ -16,12 +16,11 @@ from autotune.backends._shell_text import export_lines
 
 
 def _exports(accelerator: str, env: Mapping[str, str]) -> str:
-    """``export`` lines, each keeping a value the caller's environment already has: the CPU
-    accelerator for DeepSpeed on CPU ranks, then ``env`` (what production must set to
-    compute as the probes did)."""
+    """``export`` lines: the CPU accelerator for DeepSpeed on CPU ranks, keeping a value the
+    caller's environment already has, then ``env`` (what production must set to compute as
+    the probes did), set whatever the caller's environment holds."""
     wanted = {"DS_ACCELERATOR": "cpu"} if accelerator == "cpu" else {}
-    wanted.update(env)
-    return export_lines(wanted)
+    return export_lines(wanted) + export_lines(env, keep_callers=False)
 
 
 def launch_script(
