@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# One prepared check of every CUDA path of autotune on one GPU, in at most 9 minutes; writes
-# gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md) and logs to OUT_DIR.
+# One prepared check of every CUDA path of autotune on one GPU, in at most 9 minutes with its
+# install; writes gpu_check.json, gpu_check.md (the table for benchmarks/RESULTS.md) and logs
+# to OUT_DIR.
 #
 #   benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels   # a CUDA GPU node, offline
-#   benchmarks/gpu_check.sh OUT_DIR --dry-run              # CPU ranks, tiny workload (CI)
+#   benchmarks/gpu_check.sh OUT_DIR --dry-run --nvme       # CPU ranks, tiny workload (CI)
+#   benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels --plan-from OLD/gpu_check.json
+#                                      # the time plan re-made from an earlier run's times
 #
 # The wheels come from `python benchmarks/prepare_gpu_wheels.py .gpu-wheels`, made where
 # PyPI is reachable. The interpreter is $GPU_CHECK_PYTHON, else in a dry run this

@@ -25,7 +25,16 @@ from typing import Any
 from ._phases import PHASES
 from ._run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
 from .report import exit_code, render_markdown, verdict, verdict_counts
-from .settings import DRY_RUN_SETTINGS, GPU_SETTINGS, MIN_PHASE_S, plan_lines
+from .settings import (
+    DRY_RUN_SETTINGS,
+    GPU_SETTINGS,
+    MIN_PHASE_S,
+    NVME_S,
+    Settings,
+    own_need,
+    plan_lines,
+    replan,
+)
 from .setup_checks import leftover_check
 
 # how long a phase's processes may take to end after its last command: a DataLoader's
@@ -38,7 +47,7 @@ def run_phase(run: Run, name: str, body: Callable[[Run, Phase], None]) -> Phase:
     """One phase under its limit (never past the whole budget); what happened, recorded."""
     phase = Phase(name=name)
     run.phases.append(phase)
-    limit = run.settings.timeouts[name]  # the time plan (settings.py)
+    limit = phase_limit(run, name)  # the time plan (settings.py)
     phase.timeout_s = max(0.0, min(limit, run.left_s()))
     started = time.monotonic()
     phase.deadline = started + phase.timeout_s
@@ -46,7 +55,12 @@ def run_phase(run: Run, name: str, body: Callable[[Run, Phase], None]) -> Phase:
         if run.facts.get("abort"):
             raise Skip(run.facts["abort"])
         if not limit:
-            raise Skip("not in the time plan (settings.py): it does not fit the budget")
+            raise Skip(OFF_REASONS.get(name, OFF_REASON))
+        if name in run.settings.if_time_left and limit < own_need(run.settings, name):
+            raise Skip(
+                f"the plan left {max(limit, 0.0):.0f} s for it, under its "
+                f"{own_need(run.settings, name):.0f} s"
+            )
         if phase.timeout_s < MIN_PHASE_S:
             raise Skip(f"no time left of the {run.settings.total_s:.0f} s budget")
         body(run, phase)
@@ -74,6 +88,26 @@ def run_phase(run: Run, name: str, body: Callable[[Run, Phase], None]) -> Phase:
     return phase
 
 
+# why a phase planned at 0 does not run (settings.py's time plan)
+OFF_REASON = "not in the time plan (settings.py): it does not fit the budget"
+OFF_REASONS = {
+    "world_size": "needs 2+ devices and --world-size-s, which adds its time to the budget",
+    "nvme": "off by default: --nvme runs it, beyond the budget",
+}
+
+
+def phase_limit(run: Run, name: str) -> float:
+    """The phase's limit in the time plan; for a phase that runs in the time the plan
+    leaves, what is left once the phases after it have their limits and the last phase's
+    processes their grace."""
+    settings = run.settings
+    if settings.timeouts[name] or name not in settings.if_time_left:
+        return settings.timeouts[name]
+    names = list(settings.timeouts)
+    later = sum(settings.timeouts[n] for n in names[names.index(name) + 1 :])
+    return run.left_s() - later - LEFTOVER_GRACE_S
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="One prepared check of every CUDA path of autotune on one GPU."
@@ -96,19 +130,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds for the world-size phase (2+ devices: 2 predicted from 1, then probed), "
         "added to the budget",
     )
+    parser.add_argument(
+        "--nvme",
+        action="store_true",
+        help="NVMe offload in a phase of its own, its time added to the budget",
+    )
+    parser.add_argument(
+        "--plan-from",
+        type=Path,
+        metavar="REPORT",
+        help="re-plan each phase's limit from an earlier gpu_check.json's wall times, "
+        "within the budget",
+    )
     return parser.parse_args(argv)
 
 
-def make_run(args: argparse.Namespace) -> Run:
+def settings_for(args: argparse.Namespace) -> Settings:
+    """The mode's settings with the command line's changes: the plan re-made from an
+    earlier report (within the budget), then the phases beyond the budget given time."""
     settings = dataclasses.replace(DRY_RUN_SETTINGS if args.dry_run else GPU_SETTINGS)
     if args.total:
         settings.total_s = args.total
-    if args.world_size_s:
-        settings.timeouts = {**settings.timeouts, "world_size": args.world_size_s}
-        settings.total_s += args.world_size_s
+    if args.plan_from:
+        report = json.loads(Path(args.plan_from).read_text())
+        settings = replan(settings, report["phases"])
+    for name, seconds in (("world_size", args.world_size_s), ("nvme", NVME_S[args.dry_run])):
+        if seconds and (name != "nvme" or args.nvme):
+            settings.timeouts = {**settings.timeouts, name: seconds}
+            settings.total_s += seconds
     if args.study_budget:
         settings.study_budget_max_s = args.study_budget
         settings.study_budget_min_s = min(settings.study_budget_min_s, args.study_budget)
+    return settings
+
+
+def make_run(args: argparse.Namespace, settings: Settings) -> Run:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.wheels:
         args.wheels = args.wheels.resolve()  # commands run in the repository's root
@@ -141,6 +197,9 @@ def write_report(run: Run) -> dict[str, Any]:
         "versions": versions,
         "budget_s": run.settings.total_s,
         "total_s": time.monotonic() - run.started,
+        # the time plan this run ran under (--plan-from re-makes it from the phases' seconds)
+        "plan": dict(run.settings.timeouts),
+        "plan_from": str(run.args.plan_from or ""),
         "work": str(run.work),
         "facts": {k: v for k, v in run.facts.items() if k != "versions"},
         "phases": [
@@ -164,6 +223,25 @@ def collect_logs(folder: Path, target: Path, keep_bytes: int = 400_000) -> None:
             out.write(f"\n===== {log.name} =====\n{text}")
 
 
+# what the phases leave in the work folder that the archive keeps (_memory_phases.py,
+# _fsdp2_phase.py, _study_phases.py)
+ARCHIVED = (
+    "studies.db",
+    "trials",
+    "memory",
+    "memory.json",
+    "memory-predicted.json",
+    "nvme-probes",
+    "nvme.json",
+    "nvme-predicted.json",
+    "fsdp2",
+    "fsdp2.json",
+    "fsdp2-predicted.json",
+    "fsdp2-export",
+    "oom_space.yaml",
+)
+
+
 def archive_trials(work: Path, target: Path, max_file_bytes: int = 2_000_000) -> None:
     """The studies' database, trial folders and the memory probes' reports, small files only
     (no swap or op build files)."""
@@ -172,8 +250,7 @@ def archive_trials(work: Path, target: Path, max_file_bytes: int = 2_000_000) ->
         return None if info.isfile() and info.size > max_file_bytes else info
 
     with tarfile.open(target, "w:gz") as tar:
-        names = ("studies.db", "trials", "memory", "memory.json", "memory-nvme.json")
-        for name in (*names, "oom_space.yaml"):
+        for name in ARCHIVED:
             path = work / name
             if path.exists():
                 tar.add(path, arcname=name, filter=keep)
@@ -181,10 +258,15 @@ def archive_trials(work: Path, target: Path, max_file_bytes: int = 2_000_000) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        settings = settings_for(args)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"--plan-from {args.plan_from}: not a gpu_check.json report ({exc})", file=sys.stderr)
+        return 2
     if args.plan:
-        print("\n".join(plan_lines(DRY_RUN_SETTINGS if args.dry_run else GPU_SETTINGS)))
+        print("\n".join(plan_lines(settings)))
         return 0
-    run = make_run(args)
+    run = make_run(args, settings)
     mode = "CPU dry run" if args.dry_run else "GPU"
     run.say(f"GPU check ({mode}); budget {run.settings.total_s:.0f} s; work in {run.work}")
     for line in plan_lines(run.settings):

@@ -45,13 +45,15 @@ class OverTime(Exception):
 class Phase:
     name: str
     status: str = "passed"  # passed | failed | timeout | skipped
-    seconds: float = 0.0
+    seconds: float = 0.0  # the phase's own wall time (what --plan-from re-plans from)
     timeout_s: float = 0.0
     reason: str = ""
     summary: str = ""
     checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     commands: list[str] = dataclasses.field(default_factory=list)
+    # what the phase leaves outside the time plan, each not verified with its reason
+    outside_plan: list[dict[str, str]] = dataclasses.field(default_factory=list)
     gpu_memory_used_mib_after: float | None = None
     deadline: float = 0.0
 

@@ -17,6 +17,9 @@ from .settings import OOM_AFTER_S
 from .study_checks import study_checks, study_summary, train_checks, train_speed_check
 
 TRAIN = str(REPO / "benchmarks" / "gpu_check" / "train.py")
+# the study's space on a GPU: the default space's DeepSpeed half, so that its best is a
+# DeepSpeed config, which the train_export phase trains (FSDP2 has a phase of its own)
+STUDY_SPACE = REPO / "benchmarks" / "spaces" / "gpu_check_study.yaml"
 DIT_PREFERRED = ("dit-b-2", "dit-s-2")
 # what a phase's time left may fall short of its plan by and still run: the moments between
 # one phase's end and the next one's start
@@ -120,7 +123,9 @@ def _run_flags(run: Run, study: str) -> list[str]:
 
 DRY_RUN_SPACE = """\
 # The GPU check's dry-run study: a small space whose probes are quick on two CPU cores (the
-# default space's first probe, an offloading ZeRO-1 candidate, takes over a minute there).
+# default space's first probe, an offloading ZeRO-1 candidate, takes over a minute there),
+# DeepSpeed's as on a GPU (benchmarks/spaces/gpu_check_study.yaml).
+backend: [deepspeed]
 precision: [fp32]
 zero_stage: [0, 1]
 offload_optimizer: [none]
@@ -186,7 +191,7 @@ def phase_study(run: Run, phase: Phase) -> None:
         raise Skip(f"{budget:.0f} s left for its budget, under {s.study_budget_min_s:.0f} s")
     phase.deadline = min(phase.deadline, time.monotonic() + budget + s.study_overhead_s)
     phase.timeout_s = budget + s.study_overhead_s
-    space = ""  # the default space on a GPU
+    space = str(STUDY_SPACE)
     if s.dry_run:
         space = str(run.work / "dry_run_space.yaml")
         Path(space).write_text(DRY_RUN_SPACE)
@@ -200,18 +205,14 @@ def phase_train_export(run: Run, phase: Phase) -> None:
     argv = ["bash", str(Path(export["folder"]) / "launch.sh"), TRAIN]
     argv += ["--workload", export["workload"], "--steps", str(run.settings.train_steps)]
     argv += ["--checkpointing"] * export["checkpointing"]
-    # launch.sh runs in the check's environment (its PATH: deepspeed, torchrun). On a GPU
-    # its ops are built as in production: DeepSpeed's flags, in a fresh folder (autotune
-    # builds its own without debug information, in a folder of its own). A dry run loads
-    # autotune's, already built: two CPU cores compile nothing again.
-    # On a GPU node its default launcher (deepspeed); in a dry run torchrun, whose
-    # --standalone takes a free port where the deepspeed launcher's fixed 29500 may be busy
+    # launch.sh runs in the check's environment (its PATH: deepspeed, torchrun), and loads
+    # the ops the ops phase built, as the probes did (the same machine code, and nothing
+    # compiled again in a fresh folder). On a GPU node its default launcher (deepspeed); in
+    # a dry run torchrun, whose --standalone takes a free port where the deepspeed
+    # launcher's fixed 29500 may be busy
     launcher = "torchrun" if run.settings.dry_run else "deepspeed"
     env = {**run.env, "LAUNCHER": launcher}
-    if run.settings.dry_run:
-        argv.append("--autotune-ops")
-    else:
-        env["TORCH_EXTENSIONS_DIR"] = str(run.work / "torch_extensions_production")
+    argv.append("--autotune-ops")
     code, out = run.run(phase, argv, env=env)
     checks, data = train_checks(out, code, run.settings.train_steps)
     phase.checks += checks

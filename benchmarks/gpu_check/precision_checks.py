@@ -1,9 +1,10 @@
 """The GPU check's precision and offload checks, over the rows of the memory phase's probes
 (benchmarks/gpu_check/probes.py), each read from what the engine did as its rank reported
 it, not from the config autotune wrote: fp16 runs and its loss scale is dynamic (lowered on
-overflow), bf16 runs, optimizer offload to CPU runs in page-locked (pinned) memory, NVMe
-offload runs, and the optimizer that stepped is the one the ops allow (FusedAdam, else
-torch's Adam; DeepSpeed's CPU Adam offloaded).
+overflow), bf16 runs, optimizer offload to CPU runs in page-locked (pinned) memory, and the
+optimizer that stepped is the one the ops allow (FusedAdam, else torch's Adam; DeepSpeed's
+CPU Adam offloaded); and over the NVMe phase's rows, NVMe offload runs and steps with
+DeepSpeed's CPU Adam.
 
 Pure functions over data, standard library only (the check's driver imports this before
 anything is installed); tests/benchmarks/test_gpu_check_doctored.py feeds each a doctored
@@ -23,21 +24,14 @@ def _offloads(row: dict[str, Any], device: str) -> bool:
 
 
 def precision_offload_checks(
-    rows: list[dict[str, Any]],
-    accelerator: str,
-    *,
-    nvme_expected: bool,
-    nvme_reason: str,
-    fused_adam_builds: bool,
+    rows: list[dict[str, Any]], accelerator: str, *, fused_adam_builds: bool
 ) -> list[dict[str, Any]]:
-    """fp16 (dynamic loss scale), bf16, optimizer offload to pinned CPU memory, NVMe, and
-    the optimizer that stepped. A kind of candidate the run should have probed and did not
-    is a failure; one it could not (fp16 on CPU ranks, NVMe without async I/O) is not
-    verified, with the reason."""
+    """fp16 (dynamic loss scale), bf16, optimizer offload to pinned CPU memory, and the
+    optimizer that stepped. A kind of candidate the run should have probed and did not is
+    a failure; one it could not (fp16 on CPU ranks) is not verified, with the reason."""
     on_cuda = accelerator == "cuda"
     fp16 = [r for r in rows if r["precision"] == "fp16"]
     cpu = [r for r in rows if _offloads(r, "cpu")]
-    nvme = [r for r in rows if _offloads(r, "nvme")]
     no_fp16 = "DeepSpeed's CPU accelerator refuses fp16 here (needs CUDA)"
     return [
         _ran_check("fp16 runs", fp16, expected=on_cuda, missing_reason=no_fp16),
@@ -45,8 +39,20 @@ def precision_offload_checks(
         _ran_check("bf16 runs", [r for r in rows if r["precision"] == "bf16"], expected=True),
         _ran_check("optimizer offload to CPU runs", cpu, expected=True),
         _pinned_check(cpu, on_cuda),
-        _ran_check("NVMe offload runs", nvme, expected=nvme_expected, missing_reason=nvme_reason),
         _optimizer_check(rows, fused_adam_builds),
+    ]
+
+
+def nvme_checks(
+    rows: list[dict[str, Any]], *, nvme_expected: bool, nvme_reason: str, fused_adam_builds: bool
+) -> list[dict[str, Any]]:
+    """The NVMe phase's probe: NVMe offload runs where async I/O builds and the disk has
+    room (``nvme_expected``; elsewhere not verified with ``nvme_reason``), and it steps with
+    DeepSpeed's CPU Adam."""
+    nvme = [r for r in rows if _offloads(r, "nvme")]
+    return [
+        _ran_check("NVMe offload runs", nvme, expected=nvme_expected, missing_reason=nvme_reason),
+        _optimizer_check(nvme, fused_adam_builds, expected=nvme_expected, why=nvme_reason),
     ]
 
 
@@ -160,14 +166,17 @@ def _expected_optimizer(row: dict[str, Any], fused_adam_builds: bool) -> str:
     return FUSED_ADAM if fused_adam_builds else TORCH_OPTIMIZERS
 
 
-def _optimizer_check(rows: list[dict[str, Any]], fused_adam_builds: bool) -> dict[str, Any]:
+def _optimizer_check(
+    rows: list[dict[str, Any]], fused_adam_builds: bool, *, expected: bool = True, why: str = ""
+) -> dict[str, Any]:
     """Every probe stepped with the optimizer the ops allow, as its rank reported the
     engine's: DeepSpeed's FusedAdam where it builds, else torch's Adam (the fallback), and
-    its CPU Adam with the optimizer offloaded; and the probes that fell back ran ``ok``."""
+    its CPU Adam with the optimizer offloaded; and the probes that fell back ran ``ok``.
+    No probe at all fails where the run should have probed (``expected``)."""
     name = "the probes stepped with the optimizer the ops allow (FusedAdam, else torch's Adam)"
     fallback = "FusedAdam builds" if fused_adam_builds else "FusedAdam does not build"
     if not rows:
-        return check(name, None, f"{fallback}; no probe ran")
+        return check(name, False if expected else None, f"{fallback}; no probe ran {why}".strip())
     wrong, used = [], {}
     for r in rows:
         want = _expected_optimizer(r, fused_adam_builds)

@@ -7,12 +7,13 @@ anything is installed); tests/benchmarks/test_gpu_check.py feeds them recorded s
 A check is ``{"name", "ok", "detail"}`` with ``ok`` True (passed), False (failed) or None
 (not verified: a target that applies on CUDA only, a step the run did not reach; ``detail``
 says why). Checks are made by the judging modules only (setup_checks.py, memory_checks.py,
-oom_checks.py, study_checks.py), each able to fail (tests/benchmarks/
-test_gpu_check_doctored.py); what is a fact, not a judgement (FusedAdam builds here or
-not), goes in a phase's data and summary. The whole check's verdict (:func:`verdict`) is
-passed only when nothing failed and nothing is left not verified: a skipped phase, one that
-ran out of time or never ran, a check with ``ok`` None and what one GPU cannot show each
-count as not verified, with their reason; the last in a count of their own. What each check
+precision_checks.py, fsdp2_checks.py, oom_checks.py, study_checks.py), each able to fail
+(tests/benchmarks/test_gpu_check_doctored.py); what is a fact, not a judgement (FusedAdam
+builds here or not), goes in a phase's data and summary. The whole check's verdict
+(:func:`verdict`) is passed only when nothing failed and nothing is left not verified: a
+skipped phase, one that ran out of time or never ran, a check with ``ok`` None, a test left
+outside the time plan and what one GPU cannot show each count as not verified, with their
+reason; the last in a count of their own. What each check
 expects, with the number that passes it: docs/gpu_expectations.md.
 """
 
@@ -51,14 +52,22 @@ def verdict(
 ) -> dict[str, Any]:
     """Every phase and check as passed, failed or not verified, with each one's reason. A
     phase of ``expected`` missing from ``phases`` (the run never reached it) is not
-    verified; so is each item of ``beyond`` (what the machine cannot show), counted apart
-    in ``beyond_one_gpu``. Passed only when nothing failed and nothing is left not verified."""
+    verified; so is what a phase left outside the time plan, and each item of ``beyond``
+    (what the machine cannot show), counted apart in ``beyond_one_gpu``. ``judged`` counts
+    the checks that passed or failed (not those left not verified). Passed only when
+    nothing failed and nothing is left not verified."""
     passed: list[str] = []
     failed: list[dict[str, str]] = []
     not_verified: list[dict[str, str]] = []
+    judged = 0
     for phase in phases:
         name = phase["name"]
+        not_verified += [
+            {"where": f"{name}: {item['where']}", "reason": item["reason"]}
+            for item in phase.get("outside_plan", [])
+        ]
         for c in phase.get("checks", []):
+            judged += c["ok"] is not None
             where = f"{name}: {c['name']}"
             if c["ok"] is True:
                 passed.append(where)
@@ -81,6 +90,7 @@ def verdict(
     return {
         "status": status,
         "passed": len(passed),
+        "judged": judged,
         "failed": failed,
         "not_verified": not_verified,
         "beyond_one_gpu": len(beyond),
@@ -161,8 +171,9 @@ def verdict_counts(v: dict[str, Any]) -> str:
     """The verdict's counts, what one GPU cannot show apart from what it could."""
     beyond = v.get("beyond_one_gpu", 0)
     within = len(v["not_verified"]) - beyond
+    judged = f" ({v['judged']} checks judged)" if "judged" in v else ""
     return (
-        f"{v['passed']} passed, {len(v['failed'])} failed, {within} not verified, "
+        f"{v['passed']} passed, {len(v['failed'])} failed{judged}, {within} not verified, "
         f"and {beyond} not verified {BEYOND_ONE_GPU} (what one GPU cannot show)"
     )
 
@@ -192,7 +203,8 @@ def _memory_table(report: dict[str, Any]) -> list[str]:
         return []
     out = [
         "",
-        f"Memory model against the allocator ({phase['data'].get('workload')}, 1 rank; "
+        f"Memory model against the allocator ({phase['data'].get('workload')}, "
+        f"{phase['data'].get('ranks', 1)} rank(s); "
         "predicted device peak per rank, no calibration; reserved = the caching allocator's "
         "peak without the context overhead):",
         "",

@@ -185,12 +185,14 @@ def pytest_outcomes(output: str) -> dict[str, str]:
 
 
 def gpu_tests_checks(outcomes: dict[str, str], exit_code: int) -> list[dict[str, Any]]:
-    """pytest -m gpu: every test ran and passed (or failed as marked xfail); none collected
-    is a failure too (pytest's exit code 5)."""
-    bad = [f"{n}: {o}" for n, o in outcomes.items() if o in ("FAILED", "ERROR")]
+    """pytest -m gpu over the tests in the plan: every one ran and passed. A test that
+    failed as marked xfail did not pass (what it checks does not hold on this GPU), nor did
+    one skipped on it; none collected is a failure too (pytest's exit code 5). XPASS is a
+    pass: its assertions held (its marker is not strict)."""
+    bad = [f"{n}: {o}" for n, o in outcomes.items() if o not in ("PASSED", "XPASS")]
     return [
         check(
-            "every gpu test passed (or failed as marked xfail)",
+            "every gpu test in the plan passed (a failure marked xfail is no pass)",
             not bad and exit_code == 0 and bool(outcomes),
             "; ".join(bad) or f"{len(outcomes)} tests; pytest exit code {exit_code}",
         ),

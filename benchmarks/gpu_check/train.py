@@ -37,7 +37,7 @@ def main() -> None:
         "--autotune-ops",
         action="store_true",
         help="load DeepSpeed's ops from autotune's op folder, as its probes do (built without "
-        "debug information: the same machine code); the CPU dry run's ops are built already",
+        "debug information: the same machine code); the GPU check's ops phase built them",
     )
     args = parser.parse_args()
     if args.autotune_ops:

@@ -68,6 +68,28 @@ def test_a_phase_the_run_never_reached_is_not_verified() -> None:
     assert v["not_verified"] == [{"where": "ops", "reason": "missing: the run did not reach it"}]
 
 
+def test_the_checks_judged_are_those_passed_or_failed_never_those_not_verified() -> None:
+    v = verdict(
+        [
+            phase("memory", "failed", "x", check("a", True), check("b", False, "20% off")),
+            phase(
+                "precision_offload", "passed", "", check("c", None, "CPU ranks"), check("d", True)
+            ),
+        ]
+    )
+    assert v["judged"] == 3 and v["passed"] == 2 and len(v["failed"]) == 1
+
+
+def test_a_test_left_outside_the_plan_is_not_verified_with_its_reason() -> None:
+    tests = phase("gpu_tests", "passed", "", check("every gpu test in the plan passed", True))
+    tests["outside_plan"] = [{"where": "t.py::test_x[4]", "reason": "outside the plan"}]
+    v = verdict([tests], beyond=())
+    assert v["status"] == "not verified" and v["judged"] == 1
+    assert v["not_verified"] == [
+        {"where": "gpu_tests: t.py::test_x[4]", "reason": "outside the plan"}
+    ]
+
+
 def test_only_all_passed_exits_zero() -> None:
     assert exit_code("passed") == EXIT_PASSED == 0
     assert exit_code("failed") == EXIT_FAILED == 1
@@ -90,8 +112,8 @@ def test_the_markdown_shows_the_not_verified_count_and_each_reason() -> None:
     table = render_markdown(report)
     beyond = len(ONE_GPU_CANNOT_SHOW)
     assert (
-        f"**Verdict: not verified**: 0 passed, 0 failed, 1 not verified, and {beyond} not "
-        "verified beyond one GPU (what one GPU cannot show)." in table
+        f"**Verdict: not verified**: 0 passed, 0 failed (0 checks judged), 1 not verified, and "
+        f"{beyond} not verified beyond one GPU (what one GPU cannot show)." in table
     )
     assert "- oom: skipped: needs CUDA" in table
 

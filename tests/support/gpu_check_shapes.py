@@ -10,10 +10,13 @@ from typing import Any
 
 from benchmarks.gpu_check import (
     env_checks,
+    fsdp2_checks,
     gpu_tests_checks,
     install_checks,
     leftover_check,
+    limit_over_predictions,
     memory_checks,
+    nvme_checks,
     oom_checks,
     oom_limit,
     ops_checks,
@@ -27,7 +30,8 @@ from benchmarks.gpu_check import (
 
 MiB = 2**20
 GiB = 2**30
-LIMIT = 40 * GiB
+# GPT-2's allocated peak at the memory design's two micro-batches, roughly
+ALLOCATED_BYTES = {4: 5000 * MiB, 16: 20000 * MiB}
 FUSED_ADAM = "deepspeed.ops.adam.fused_adam.FusedAdam"
 CPU_ADAM = "deepspeed.ops.adam.cpu_adam.DeepSpeedCPUAdam"
 TORCH_ADAMW = "torch.optim.adamw.AdamW"
@@ -39,8 +43,10 @@ CUDA_OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 384.00
 
 def memory_row(precision: str, stage: int, mb: int, **extra: Any) -> dict[str, Any]:
     """A measured candidate of the memory design: predicted 2% over its allocated peak,
-    within its limit, stepped with FusedAdam; fp16 with its scale lowered on overflow."""
+    stepped with FusedAdam; fp16 with its scale lowered on overflow. Its limit is set by
+    :func:`memory_rows`."""
     fp16 = precision == "fp16"
+    allocated = ALLOCATED_BYTES[mb]
     return {
         "label": f"z{stage} {precision} mb{mb}",
         "design": True,
@@ -52,11 +58,11 @@ def memory_row(precision: str, stage: int, mb: int, **extra: Any) -> dict[str, A
         "pin_memory": None,
         "status": "ok",
         "error": "",
-        "predicted_bytes": 1020 * MiB,
-        "allocated_bytes": 1000 * MiB,
-        "reserved_bytes": 1100 * MiB,
+        "predicted_bytes": int(1.02 * allocated),
+        "allocated_bytes": allocated,
+        "reserved_bytes": int(1.05 * allocated),
         "overhead_bytes": 600 * MiB,
-        "vram_limit_bytes": LIMIT,
+        "vram_limit_bytes": 0,
         "leaked_bytes": 0,
         "skipped_steps": 10 if fp16 else 0,
         "loss_scale_at_start": 2.0**24 if fp16 else 0.0,
@@ -88,16 +94,77 @@ def offload_row(optimizer: str, param: str, stage: int) -> dict[str, Any]:
     )
 
 
+def limited(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` under the limit the phase sets: 1.3x the largest prediction."""
+    limit = limit_over_predictions([r["predicted_bytes"] for r in rows])
+    return [dict(r, vram_limit_bytes=limit) for r in rows]
+
+
 def memory_rows() -> list[dict[str, Any]]:
-    """The 16 design candidates, then the offload extras (CPU at ZeRO-2 and 3, NVMe)."""
+    """The 16 design candidates, then the CPU offload extras at ZeRO-2 and 3."""
     design = [
         memory_row(precision, stage, mb)
         for precision in ("bf16", "fp16")
         for stage in (0, 1, 2, 3)
         for mb in (4, 16)
     ]
-    extras = [offload_row("cpu", "none", 2), offload_row("cpu", "cpu", 3)]
-    return [*design, *extras, offload_row("nvme", "nvme", 3)]
+    return limited([*design, offload_row("cpu", "none", 2), offload_row("cpu", "cpu", 3)])
+
+
+def nvme_rows() -> list[dict[str, Any]]:
+    """The NVMe phase's candidate: ZeRO-3 with optimizer and parameters swapped to disk."""
+    return limited([offload_row("nvme", "nvme", 3)])
+
+
+# ---------------------------------------------------------------- the fsdp2 phase
+
+
+def fsdp2_row(offload: bool, each: bool, ranks: int = 1) -> dict[str, Any]:
+    """A measured FSDP2 candidate: per block (GPT-2's 12 and the root), clipping on,
+    predicted 4% over its allocated peak, each rank's engine as asked."""
+    allocated = (3000 if offload else 4500) * MiB
+    state = {
+        "units": 13,
+        "resharded_units": 12,
+        "post_forward_ranks": ranks,
+        "param_dtype": "bfloat16",
+        "reduce_dtype": "float32",
+        "offload": "CPUOffloadPolicy" if offload else "OffloadPolicy",
+        "shard_device": "cpu" if offload else "cuda",
+        "checkpointed": False,
+        "first_micro_batch_reduced": each,
+    }
+    label = "fsdp2 bf16 mb4x2 reshard:yes" + " sync:each" * each + " cpu" * offload
+    return {
+        "label": label,
+        "precision": "bf16",
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "ranks": ranks,
+        "wrap": "block",
+        "cpu_offload": offload,
+        "sync_each_micro_batch": each,
+        "gradient_clipping": 1.0,
+        "vram_limit_bytes": 0,
+        "predicted_bytes": int(1.04 * allocated),
+        "predicted_host_bytes": 0,
+        "phase": "backward",
+        "status": "ok",
+        "error": "",
+        "allocated_bytes": allocated,
+        "reserved_bytes": int(1.05 * allocated),
+        "overhead_bytes": 600 * MiB,
+        "host_peak_bytes": 0,
+        "expected_units": 13,
+        "sharding": [dict(state) for _ in range(ranks)],
+    }
+
+
+def fsdp2_rows() -> list[dict[str, Any]]:
+    """FSDP2's four candidates: CPU offload off and on, reduced at the last micro-batch or
+    after each."""
+    settings = [(offload, each) for offload in (False, True) for each in (False, True)]
+    return limited([fsdp2_row(offload, each) for offload, each in settings])
 
 
 # ---------------------------------------------------------------- the oom phase
@@ -209,7 +276,9 @@ GPU_TESTS = {
     "tests/integration/test_gpu_paths.py::test_zero3_builds_under_zero_init_on_the_device": (
         "PASSED"
     ),
-    "tests/integration/test_gpu_paths.py::test_memory_model_matches_cuda_attention[4]": "XFAIL",
+    "tests/integration/test_gpu_paths.py::test_probes_follow_the_float32_matmul_precision": (
+        "XPASS"  # its assertions held: a pass
+    ),
 }
 
 
@@ -244,14 +313,18 @@ def passing_inputs() -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
         ),
         "precision_offload_checks": (
             precision_offload_checks,
+            {"rows": memory_rows(), "accelerator": "cuda", "fused_adam_builds": True},
+        ),
+        "nvme_checks": (
+            nvme_checks,
             {
-                "rows": memory_rows(),
-                "accelerator": "cuda",
+                "rows": nvme_rows(),
                 "nvme_expected": True,
                 "nvme_reason": "",
                 "fused_adam_builds": True,
             },
         ),
+        "fsdp2_checks": (fsdp2_checks, {"rows": fsdp2_rows(), "accelerator": "cuda"}),
         "oom_checks": (
             oom_checks,
             {
