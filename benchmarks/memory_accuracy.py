@@ -12,6 +12,10 @@ Reproduce:
         --out benchmarks/data/memory_accuracy_dit.json   # diffusion transformers
     python benchmarks/memory_accuracy.py --repredict benchmarks/data/memory_accuracy.json
         # the measured peaks of an earlier run against the current model (no probes)
+    python benchmarks/memory_accuracy.py --repredict benchmarks/data/memory_accuracy.json \
+        benchmarks/data/memory_accuracy_gpt2.json benchmarks/data/memory_accuracy_dit.json \
+        --out benchmarks/data/memory_accuracy_repredicted.json
+        # the same, written as JSON: every row and each file's workload's summary
     python benchmarks/memory_accuracy.py --workloads dit-s-8 dit-s-2 dit-b-8 \
         --stages 1 2 --precisions bf16 --out /tmp/z12.json   # a part of the grid
     python benchmarks/memory_accuracy.py --backend fsdp2 --workloads gpt-tiny gpt2-seq32 \
@@ -34,6 +38,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.memory import MemoryModel
 
 HERE = Path(__file__).resolve().parent
 WORKLOADS = {
@@ -148,7 +156,7 @@ def measure(
 def main() -> int:
     args = parse_args()
     if args.repredict:
-        return repredict(args.repredict)
+        return repredict(args.repredict, args.out)
     records = []
     for name in args.workloads:
         records += measure_workload(name, args)
@@ -156,8 +164,9 @@ def main() -> int:
     if not errors:
         return 1
     _summary(errors, args.workloads)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(records, indent=1))
+    out = args.out or HERE / "data" / "memory_accuracy.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(records, indent=1))
     return 0
 
 
@@ -166,7 +175,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--workloads", nargs="+", default=list(DEFAULT_WORKLOADS), choices=WORKLOADS
     )
-    parser.add_argument("--out", type=Path, default=HERE / "data" / "memory_accuracy.json")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the probes' records go (default benchmarks/data/memory_accuracy.json); "
+        "with --repredict, where the re-predictions are written as JSON (default: printed only)",
+    )
     parser.add_argument(
         "--repredict", type=Path, nargs="+", help="JSON of earlier runs: predict again, no probe"
     )
@@ -239,13 +253,15 @@ def measure_workload(name: str, args: argparse.Namespace) -> list[dict]:
     return records
 
 
-def repredict(paths: list[Path]) -> int:
-    from autotune.candidate import Candidate
+def repredict(paths: list[Path], out: Path | None = None) -> int:
+    """The measured peaks of earlier runs against the current model, printed per workload
+    and (with ``out``) written as JSON: each row, and each file's workload's summary."""
     from autotune.memory import MemoryModel
     from autotune.workloads import get_workload
 
     errors: list[float] = []
     names: list[str] = []
+    document: dict[str, list[dict]] = {"summaries": [], "rows": []}
     for path in paths:
         records = json.loads(path.read_text())
         by_workload: dict[str, list[dict]] = {}
@@ -253,28 +269,59 @@ def repredict(paths: list[Path]) -> int:
             by_workload.setdefault(record["workload"], []).append(record)
         for name, rows in by_workload.items():
             names.append(name)
-            model = MemoryModel(get_workload(WORKLOADS[name][0]))
             print(f"\n## {name} (re-predicted from {path.name})\n")
             print("| candidate | phase | predicted MiB | measured MiB | error |")
             print("|---|---|---|---|---|")
-            # files written before candidate_json was stored: match the label
-            by_label = {c.label: c for c in candidates(*WORKLOADS[name][1:])}
-            for record in rows:
-                candidate = (
-                    Candidate.model_validate(record["candidate_json"])
-                    if "candidate_json" in record
-                    else by_label[record["candidate"]]
-                )
-                estimate = model.predict(candidate)
-                predicted, measured = estimate.tracked_bytes("cpu"), record["measured_bytes"]
-                error = (predicted - measured) / measured
-                errors.append(error)
-                print(
-                    f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
-                    f"{measured / 2**20:.1f} | {100 * error:+.1f}% |"
-                )
+            model = MemoryModel(get_workload(WORKLOADS[name][0]))
+            predicted = [repredict_row(model, name, record) for record in rows]
+            for row in predicted:
+                row["measured_in"] = path.name
+            errors += [row["error"] for row in predicted]
+            document["rows"] += predicted
+            summary = {"file": path.name, "workload": name, **_errors_summary(predicted)}
+            document["summaries"].append(summary)
     _summary(errors, names)
+    if out is not None:
+        out.write_text(json.dumps(document, indent=1) + "\n")
     return 0
+
+
+def repredict_row(model: MemoryModel, name: str, record: dict) -> dict:
+    """One measured record of workload ``name`` predicted again by the current ``model``
+    (printed as a table row)."""
+    from autotune.candidate import Candidate
+
+    if "candidate_json" in record:
+        candidate = Candidate.model_validate(record["candidate_json"])
+    else:  # files written before candidate_json was stored: match the label
+        by_label = {c.label: c for c in candidates(*WORKLOADS[name][1:])}
+        candidate = by_label[record["candidate"]]
+    estimate = model.predict(candidate)
+    predicted, measured = estimate.tracked_bytes("cpu"), record["measured_bytes"]
+    error = (predicted - measured) / measured
+    print(
+        f"| {candidate.label} | {estimate.phase} | {predicted / 2**20:.1f} | "
+        f"{measured / 2**20:.1f} | {100 * error:+.1f}% |"
+    )
+    return {
+        "workload": name,
+        "candidate": candidate.label,
+        "phase": estimate.phase,
+        "predicted_bytes": predicted,
+        "measured_bytes": measured,
+        "error": error,
+    }
+
+
+def _errors_summary(rows: list[dict]) -> dict:
+    """Median and worst |error| and the worst under-prediction of ``rows``, as fractions."""
+    errors = [row["error"] for row in rows]
+    return {
+        "candidates": len(errors),
+        "median_abs_error": statistics.median(abs(e) for e in errors),
+        "worst_abs_error": max(abs(e) for e in errors),
+        "worst_under_prediction": max((-e for e in errors if e < 0), default=0.0),
+    }
 
 
 def _summary(errors: list[float], names: list[str]) -> None:

@@ -16,10 +16,17 @@
 # Each replay takes 30-60 s on two idle CPU cores (all 18: 5-7 min). PYTHON overrides
 # the interpreter (default python). Arguments not given take the defaults of
 # benchmarks/search_efficiency.py: --max-probes 40, --noise 0.03, --confirmation-rule
-# median+simpler+steadier, --limit 64GiB.
+# lower+simpler+steadier, --limit 64GiB.
+#
+# With --100-seeds as the second argument it runs instead the 100-seed replays that
+# RESULTS.md's 100-seed counts and docs/search.md's headline quote (the
+# search_efficiency_*_100seeds.json files: the tuner's rule and, for the "before" column
+# of "The lower of median and mean in the round", median+simpler+steadier): about 2.5 min
+# of CPU each, 14 in all.
 set -euo pipefail
 
 out=${1:-benchmarks/data}
+seeds=${2:-}
 python=${PYTHON:-python}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -36,6 +43,27 @@ replay() {  # replay NAME ARGS...: write $out/search_efficiency_NAME.json
 }
 
 data=benchmarks/data
+
+if [ "$seeds" = --100-seeds ]; then
+    amx="$data/table_gpt-tiny-amx.json"
+    for rule in lower+simpler+steadier median+simpler+steadier; do
+        suffix=${rule/#lower+simpler+steadier/}  # the tuner's rule: no suffix
+        suffix=${suffix:+_$suffix}_100seeds
+        flags=(--repeats 100 --confirmation-rule "$rule")
+        replay "gpt-tiny-amx_unlimited$suffix" --table "$amx" "${flags[@]}"
+        replay "gpt-tiny-amx_unlimited_noise0.075$suffix" --table "$amx" --noise 0.075 \
+            "${flags[@]}"
+        replay "gpt-tiny-amx_bimodal_$rule"_100seeds --table "$amx" --noise 0.075 --bimodal \
+            "${flags[@]}"
+        replay "dit-cpu_unlimited$suffix" --table "$data/table_dit-cpu.json" "${flags[@]}"
+        replay "dit-cpu_unlimited_noise-measured$suffix" --table "$data/table_dit-cpu.json" \
+            --noise measured "${flags[@]}"
+        replay "gpt-tiny_unlimited$suffix" --table "$data/table_gpt-tiny.json" "${flags[@]}"
+        replay "vision-script_unlimited_noise-measured$suffix" \
+            --table "$data/table_vision-script.json" --noise measured "${flags[@]}"
+    done
+    exit 0
+fi
 
 # AVX2 tables (2026-11-29)
 replay gpt-tiny_unlimited --table "$data/table_gpt-tiny.json" --limit 64GiB --repeats 30

@@ -20,13 +20,15 @@ some tables is also the fastest.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 from collections.abc import Callable
+from pathlib import Path
 
 from autotune.candidate import Candidate
 from benchmarks.search_efficiency_replay import BUDGETS, GOOD_PICK
-from benchmarks.search_efficiency_table import Table
+from benchmarks.search_efficiency_table import Table, relative
 
 CLOSE = 0.05  # the candidates within this share of the best are the ideal search's
 HALVING_KEEP = 3  # candidates the halving allocation keeps after one probe each
@@ -121,3 +123,18 @@ def print_ideal_search(report: dict, noise: float) -> None:
         equal = report["shares"]["equal rounds"][budget]
         halving = report["shares"]["halving"][budget]
         print(f"| {budget} | {equal:.3f} | {halving:.3f} | {top:.3f} ({30 * top:.1f}) |")
+
+
+def write_ideal_search(report: dict, table_path: Path, table: Table, out: Path) -> None:
+    """The report of :func:`ideal_search` as JSON at ``out``, with the table, limit, noise
+    and bimodal mode it was run at."""
+    document = {
+        "table": relative(str(table_path.resolve())),
+        "limit_bytes": table.limit_bytes,
+        "noise": table.noise,
+        "bimodal": None
+        if table.bimodal is None
+        else {"share": table.bimodal.share, "slow": table.bimodal.slow},
+        **report,
+    }
+    out.write_text(json.dumps(document, indent=1) + "\n")

@@ -20,12 +20,21 @@ Then one common harness re-measures every pick and the exhaustive grid of the co
 space: fixed-length probes (3 warm-up, 6 timed steps), all candidates of a round in one
 torchrun launch with the order rotated each round, so that drift hits all alike; a config's
 throughput is its median over the rounds, with the min..max spread. Each pick is reported as
-a fraction of the best grid config.
+a fraction of the best grid config: the best of DeepSpeed's space, not of autotune's full
+space. ``--reference-table TABLE --reference-top K`` widens the reference set
+(``benchmarks/vs_deepspeed_reference.py``): the table's K fastest configs (a table of the
+same workload, ``benchmarks/data/table_*.json``) and the round winners (each autotune
+study's export and the config its confirmation round ranked first) are measured in the
+same interleaved rounds, and each pick is scored against the best of that set; the tables
+and the JSON (``score``) name the set.
 
 Reproduce:
     python benchmarks/vs_deepspeed_autotuner.py --repeats 3 --budget-fraction 0.5 \\
         --out benchmarks/data/vs_deepspeed_autotuner.json
     python benchmarks/vs_deepspeed_autotuner.py --report benchmarks/data/vs_deepspeed_autotuner.json
+    python benchmarks/vs_deepspeed_autotuner.py --repeats 5 --budget-fraction 0.5 \\
+        --reference-table benchmarks/data/table_gpt-tiny-amx.json --reference-top 5 \\
+        --out /tmp/vs_deepspeed_autotuner_reference.json
 
 With ``--script``, autotune tunes the same unmodified script DeepSpeed's autotuner runs
 (``autotune run --script benchmarks/ds_autotuner_train.py -- --workload gpt-tiny
@@ -57,10 +66,17 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vs_deepspeed_tuners import (
+# run by path, this folder is first on sys.path; the repository root makes its sibling
+# modules importable as the package ``benchmarks`` (as the tests import them)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.vs_deepspeed_reference import key as candidate_key
+from benchmarks.vs_deepspeed_reference import reference, reference_keys, score
+from benchmarks.vs_deepspeed_tuners import (
     COMPARABLE_SPACE,
     GLOBAL_BATCH,
     HERE,
@@ -73,16 +89,19 @@ from vs_deepspeed_tuners import (
     user_config,
 )
 
+# measures candidates in interleaved rounds: (candidates, rounds, workload) -> per key, its
+# label, candidate, samples/s per round and their median (:func:`harness`)
+Measure = Callable[[list[dict[str, Any]], int, str], dict[str, dict[str, Any]]]
+
 
 def harness(
     candidates: list[dict[str, Any]], rounds: int, workload: str = WORKLOAD
 ) -> dict[str, dict[str, Any]]:
     """Samples/s of each candidate by the same fixed-length probe, interleaved in rounds
     (``workload``: a name of :data:`WORKLOADS`)."""
-    from probe_jobs import cpu_probe_jobs
-
     from autotune.candidate import Candidate
     from autotune.execution import launch_probes
+    from benchmarks.probe_jobs import cpu_probe_jobs
 
     parsed = {Candidate.model_validate(c).key: Candidate.model_validate(c) for c in candidates}
     ordered = list(parsed.values())
@@ -116,27 +135,81 @@ def harness(
     }
 
 
-def recheck(data: dict[str, Any], top: int, rounds: int) -> None:
-    """Measure the grid's ``top`` fastest and every tuner's pick ``rounds`` more times,
-    interleaved (:func:`harness`); their samples join the run's, so a best that three rounds
-    ranked by chance is ranked again on more."""
-    from autotune.candidate import Candidate
-
+def recheck(
+    data: dict[str, Any],
+    top: int,
+    rounds: int,
+    widen: dict[str, Any] | None = None,
+    measure: Measure = harness,
+) -> None:
+    """Measure the grid's ``top`` fastest, every tuner's pick and every config of the
+    reference beyond the grid (``widen``, :func:`vs_deepspeed_reference.reference`, or the
+    run's own) ``rounds`` more times, interleaved (``measure``: :func:`harness`); their
+    samples join the run's, so a best that three rounds ranked by chance is ranked again on
+    more."""
+    if widen is not None:
+        data["reference"] = widen
     measured = data["harness"]
-    grid_keys = [Candidate.model_validate(c).key for c in data["grid"]]
+    grid_keys = [candidate_key(c) for c in data["grid"]]
     fastest = sorted(grid_keys, key=lambda k: -measured[k]["median"])[:top]
-    picks = [Candidate.model_validate(run["candidate"]).key for run in data["runs"]]
-    keys = list(dict.fromkeys(fastest + picks))
-    again = harness([measured[k]["candidate"] for k in keys], rounds, data["workload"])
-    merge_recheck(data, again, rounds)
+    picks = [run["candidate"] for run in data["runs"]]
+    beyond = data.get("reference", {}).get("candidates", [])
+    again = [measured[k]["candidate"] for k in fastest] + picks + beyond
+    merge_recheck(data, measure(again, rounds, data["workload"]), rounds)
+    data["score"] = score(data)
 
 
 def merge_recheck(data: dict[str, Any], extra: dict[str, dict[str, Any]], rounds: int) -> None:
-    """Add a recheck's samples (:func:`harness`'s result) to the run's harness."""
-    for key, row in extra.items():
-        rates = data["harness"][key]["samples_per_s"] + row["samples_per_s"]
-        data["harness"][key].update(samples_per_s=rates, median=statistics.median(rates))
+    """Add a recheck's samples (:func:`harness`'s result) to the run's harness; a config the
+    run had not measured joins it with the recheck's samples alone."""
+    for name, row in extra.items():
+        before = data["harness"].get(name, {**row, "samples_per_s": []})
+        rates = before["samples_per_s"] + row["samples_per_s"]
+        median = statistics.median(rates) if rates else 0.0
+        data["harness"][name] = {**before, "samples_per_s": rates, "median": median}
     data["recheck"] = {"labels": [row["label"] for row in extra.values()], "rounds": rounds}
+
+
+def measure_runs(
+    args: argparse.Namespace, runs: list[dict[str, Any]], measure: Measure = harness
+) -> dict[str, Any]:
+    """The grid, every pick and the reference set beyond the grid (with
+    ``--reference-table``) measured in the same interleaved rounds (``measure``:
+    :func:`harness`), as the run's JSON keeps them."""
+    grid_candidates = grid()
+    widen = widened(args, runs)
+    extra = widen["candidates"] if widen else []
+    picks = [run["candidate"] for run in runs]
+    data = {
+        "workload": args.workload,
+        "ranks": RANKS,
+        "global_batch": GLOBAL_BATCH,
+        "threads_per_rank": threads_per_rank(),
+        "rounds": args.rounds,
+        "budget_fraction": min(1.0, args.budget_fraction),
+        "script": args.script,
+        "runs": runs,
+        "grid": grid_candidates,
+        "harness": measure(grid_candidates + picks + extra, args.rounds, args.workload),
+    }
+    if widen:
+        data["reference"] = widen
+    data["score"] = score(data)
+    return data
+
+
+def widened(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The reference set beyond the grid that ``--reference-table`` asks for, else None."""
+    if args.reference_table is None:
+        return None
+    return reference(
+        args.reference_table,
+        args.reference_top,
+        runs,
+        WORKLOADS[args.workload],
+        RANKS,
+        GLOBAL_BATCH,
+    )
 
 
 def grid() -> list[dict[str, Any]]:
@@ -150,16 +223,15 @@ def grid() -> list[dict[str, Any]]:
 
 
 def report(data: dict[str, Any]) -> None:
-    from autotune.candidate import Candidate
-
+    """The run's tables: each pick against the best of the reference set, which they name
+    (:func:`vs_deepspeed_reference.score`), the grid, and the reference beyond it."""
     measured = data["harness"]
-    grid_keys = {Candidate.model_validate(c).key for c in data["grid"]}
-    best_key = max(grid_keys, key=lambda k: measured[k]["median"])
-    best = measured[best_key]["median"]
+    scored = score(data)
+    best = scored["best_samples_per_s"]
     print(
-        f"\nworkload {data['workload']}, {RANKS} CPU ranks, bf16 grid of {len(grid_keys)} configs; "
-        f"best {measured[best_key]['label']} at {best:.2f} samples/s "
-        f"({data['rounds']} interleaved rounds); autotune's budget: "
+        f"\nworkload {data['workload']}, {RANKS} CPU ranks, bf16 grid of {len(data['grid'])} "
+        f"configs; scored against the best of {scored['reference_set']}: {scored['best']} at "
+        f"{best:.2f} samples/s ({data['rounds']} interleaved rounds); autotune's budget: "
         f"{data.get('budget_fraction', 1.0):g} x DeepSpeed's wall time of the same repeat\n"
     )
     if "recheck" in data:
@@ -172,25 +244,46 @@ def report(data: dict[str, Any]) -> None:
         "| of best |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for run in data["runs"]:
-        key = Candidate.model_validate(run["candidate"]).key
-        rates = measured[key]["samples_per_s"]
-        spread = f"{min(rates):.2f}..{max(rates):.2f}" if rates else "-"
+    for run, of_best in zip(data["runs"], scored["of_best"], strict=True):
+        row = measured[candidate_key(run["candidate"])]
         per_probe = run.get("probe_wall_s", run["wall_s"] / max(run["probes"], 1))
         overhead = run.get("probe_overhead_s")
         cost = f"{per_probe:.0f} s" + (f" ({overhead:.0f} s)" if overhead is not None else "")
         print(
             f"| {run['repeat']} | {run['tuner']} | {run['wall_s']:.0f} s | {run['probes']} | "
-            f"{cost} | {measured[key]['label']} | {measured[key]['median']:.2f} ({spread}) | "
-            f"{measured[key]['median'] / best:.3f} |"
+            f"{cost} | {row['label']} | {row['median']:.2f} ({spread(row)}) | {of_best:.3f} |"
         )
     print("\ngrid, by the common harness:\n")
-    print("| config | samples/s median | min..max |")
-    print("|---|---|---|")
-    for key in sorted(grid_keys, key=lambda k: -measured[k]["median"]):
-        rates = measured[key]["samples_per_s"]
-        spread = f"{min(rates):.2f}..{max(rates):.2f}" if rates else "-"
-        print(f"| {measured[key]['label']} | {measured[key]['median']:.2f} | {spread} |")
+    print_configs(measured, {candidate_key(c) for c in data["grid"]})
+    if "reference" in data:
+        beyond = reference_keys(data) - {candidate_key(c) for c in data["grid"]}
+        print(
+            f"\nthe reference beyond the grid ({data['reference']['name']}), by the same harness:\n"
+        )
+        print_configs(measured, beyond & set(measured))
+
+
+def print_configs(measured: dict[str, dict[str, Any]], keys: set[str]) -> None:
+    print("| config | samples/s median | min..max | rounds |")
+    print("|---|---|---|---|")
+    for name in sorted(keys, key=lambda k: (-measured[k]["median"], k)):
+        row = measured[name]
+        print(
+            f"| {row['label']} | {row['median']:.2f} | {spread(row)} | "
+            f"{len(row['samples_per_s'])} |"
+        )
+
+
+def spread(row: dict[str, Any]) -> str:
+    rates = row["samples_per_s"]
+    return f"{min(rates):.2f}..{max(rates):.2f}" if rates else "-"
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -215,6 +308,20 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--recheck-top", type=int, default=2)
     parser.add_argument("--recheck-rounds", type=int, default=9)
     parser.add_argument(
+        "--reference-table",
+        type=Path,
+        help="a table of the same workload (benchmarks/data/table_*.json): its "
+        "--reference-top fastest configs and the round winners (each autotune study's export "
+        "and the config its round ranked first) are measured in the same rounds as the grid, "
+        "and each pick is scored against the best of them all, not of the grid alone",
+    )
+    parser.add_argument(
+        "--reference-top",
+        type=positive,
+        default=5,
+        help="how many of the reference table's fastest configs to measure",
+    )
+    parser.add_argument(
         "--no-full-space", action="store_true", help="skip autotune on its full space"
     )
     parser.add_argument(
@@ -235,12 +342,17 @@ def arguments() -> argparse.ArgumentParser:
 def main() -> int:
     parser = arguments()
     args = parser.parse_args()
+    if args.reference_table is not None and args.report:
+        parser.error(
+            "--reference-table needs measurements: give it with a new run or with --recheck"
+        )
     if args.report:
         report(json.loads(args.report.read_text()))
         return 0
     if args.recheck:
         data = json.loads(args.recheck.read_text())
-        recheck(data, args.recheck_top, args.recheck_rounds)
+        args.workload = data["workload"]
+        recheck(data, args.recheck_top, args.recheck_rounds, widened(args, data["runs"]))
         args.recheck.write_text(json.dumps(data, indent=1))
         report(data)
         return 0
@@ -250,21 +362,7 @@ def main() -> int:
     runs: list[dict[str, Any]] = []
     for repeat in range(1, args.repeats + 1):
         runs += run_repeat(args, scratch, repeat)
-    grid_candidates = grid()
-    picks = [run["candidate"] for run in runs]
-    measured = harness(grid_candidates + picks, args.rounds, args.workload)
-    data = {
-        "workload": args.workload,
-        "ranks": RANKS,
-        "global_batch": GLOBAL_BATCH,
-        "threads_per_rank": threads_per_rank(),
-        "rounds": args.rounds,
-        "budget_fraction": min(1.0, args.budget_fraction),
-        "script": args.script,
-        "runs": runs,
-        "grid": grid_candidates,
-        "harness": measured,
-    }
+    data = measure_runs(args, runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(data, indent=1))
     report(data)

@@ -15,7 +15,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.study import Confirmation, TrialView
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -219,8 +222,11 @@ def autotune_command(
 
 
 def autotune_pick(storage: str, workdir: Path) -> dict[str, Any]:
-    """The study's exported trial, as a candidate, and its probes (confirmation re-probes
-    included) with their mean wall time and overhead."""
+    """The study's exported trial, as a candidate, its probes (confirmation re-probes
+    included) with their mean wall time and overhead, and the config its confirmation round
+    ranked first (the highest estimate, which a simpler or steadier winner may have beaten;
+    None without a round): the comparison's reference set holds it
+    (benchmarks/vs_deepspeed_reference.py)."""
     import optuna
 
     from autotune.study import best, records
@@ -241,4 +247,15 @@ def autotune_pick(storage: str, workdir: Path) -> dict[str, Any]:
             (r.probe_wall_s or 0.0) - r.probe_timed_s for r in probed
         ),
         "candidate": trials[decided.trial].candidate.model_dump(mode="json"),
+        "round_first": round_first(verdict, trials),
     }
+
+
+def round_first(verdict: Confirmation | None, trials: list[TrialView]) -> dict[str, Any] | None:
+    """The candidate of the round's highest estimate, by the goal the round ranked by
+    (``verdict``: the study's stored ``Confirmation``; ``trials``: its trials by number)."""
+    if verdict is None or not verdict.contenders:
+        return None
+    goal = verdict.ranking
+    first = max(verdict.contenders, key=lambda c: goal.score(c.estimate, c.gpus))
+    return trials[first.trial].candidate.model_dump(mode="json")

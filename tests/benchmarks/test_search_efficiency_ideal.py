@@ -3,10 +3,11 @@ best, noisy ones over close candidates cannot, and more probes help."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from benchmarks import search_efficiency_ideal as ideal
-from benchmarks.search_efficiency_table import Table
+from benchmarks.search_efficiency_table import Bimodal, Table
 
 ROOT = Path(__file__).resolve().parents[2]
 AMX_TABLE = ROOT / "benchmarks" / "data" / "table_gpt-tiny-amx.json"
@@ -39,3 +40,30 @@ def test_noisy_probes_over_close_candidates_miss_some_picks_and_more_probes_help
     assert top[5] < top[10] < top[20]
     for name in ("equal rounds", "halving"):
         assert all(report["shares"][name][b] <= top[b] for b in top)
+
+
+def test_the_report_is_written_with_what_it_was_run_at(tmp_path: Path) -> None:
+    table = Table.load(AMX_TABLE, UNLIMITED, noise=0.075, bimodal=Bimodal())
+    report = ideal.ideal_search(table, repeats=100)
+    out = tmp_path / "ideal.json"
+    ideal.write_ideal_search(report, AMX_TABLE, table, out)
+    written = json.loads(out.read_text())
+    assert written["table"] == "benchmarks/data/table_gpt-tiny-amx.json"
+    assert written["limit_bytes"] == UNLIMITED and written["noise"] == 0.075
+    assert written["bimodal"] == {"share": Bimodal.share, "slow": Bimodal.slow}
+    assert written["best_share"] == {str(b): share for b, share in report["best_share"].items()}
+    assert written["close"] == report["close"]
+
+
+def test_the_committed_ideal_searches_bound_the_tables_as_they_are() -> None:
+    # benchmarks/data/ideal_search_*.json (RESULTS.md, docs/search.md): the candidates each
+    # drew on are the table's close ones today, at the table, limit and mode it names
+    files = sorted((ROOT / "benchmarks" / "data").glob("ideal_search_*.json"))
+    assert len(files) == 15
+    for path in files:
+        written = json.loads(path.read_text())
+        bimodal = Bimodal() if written["bimodal"] else None
+        table = Table.load(ROOT / written["table"], written["limit_bytes"], bimodal=bimodal)
+        close = ideal.close_to_best(table)
+        assert written["close"] == [table.rows[k]["label"] for k in close], path.name
+        assert written["repeats"] == 20000, path.name

@@ -1,0 +1,121 @@
+"""Every data file the published results name is committed and reads: README.md,
+docs/*.md and benchmarks/RESULTS.md quote numbers from files under benchmarks/data/, named
+either by path (``benchmarks/data/x.json``) or bare (``x.json`` of one of the data files'
+families); each named file must exist and parse. A name with a placeholder
+(``table_NAME.json``) is a template and names no file; a glob
+(``search_efficiency_dit-cpu_*.json``) must match at least one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "benchmarks" / "data"
+PUBLISHED = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), DATA.parent / "RESULTS.md"]
+
+# The families of benchmarks/data's files: a bare name of one of them is a data file; other
+# bare names (ds_config.json, exp.json) are files of a run, not data.
+FAMILIES = (
+    "backends_side_by_side",
+    "ideal_search_",
+    "memory_accuracy",
+    "plan_tables",
+    "script_memory_accuracy",
+    "search_efficiency_",
+    "table_",
+    "vs_deepspeed_autotuner",
+)
+# a file name, with the folder it is written under where one is (any folder but
+# benchmarks/data/ names something else: /tmp/x.json, trials/<study>/best/ds_config.json)
+NAME = re.compile(r"(?P<folder>[\w./<>-]*/)?(?P<name>[\w.+*<>-]+\.(?:json|csv))\b")
+
+
+def named_data_files(text: str) -> set[str]:
+    """The data files ``text`` names, by file name (globs kept as written)."""
+    found = set()
+    # a name broken over a line inside a code span (`benchmarks/data/\nx.json`) is one name
+    text = re.sub(r"/\n\s*", "/", text)
+    for match in NAME.finditer(text):
+        folder, name = match.group("folder"), match.group("name")
+        if folder not in (None, "benchmarks/data/", "data/"):
+            continue
+        if folder is None and not name.startswith(FAMILIES):
+            continue
+        if is_template(name):
+            continue
+        found.add(name)
+    return found
+
+
+def is_template(name: str) -> bool:
+    """A name with a placeholder (``NAME``, ``LIMIT``, ``<name>``) stands for many files."""
+    if "<" in name:
+        return True
+    parts = re.split(r"[_.\-+]", name.rsplit(".", 1)[0])
+    return any(part.isupper() and part.isalpha() for part in parts)
+
+
+def problems(names: set[str]) -> list[str]:
+    """What is wrong with each named file: missing, or not parsable."""
+    found = []
+    for name in sorted(names):
+        paths = sorted(DATA.glob(name)) if "*" in name else [DATA / name]
+        if not paths or not all(p.is_file() for p in paths):
+            found.append(f"{name}: no such file in benchmarks/data")
+            continue
+        for path in paths:
+            try:
+                if path.suffix == ".csv":
+                    rows = list(csv.reader(path.read_text().splitlines()))
+                    assert len(rows) > 1, "no rows"
+                else:
+                    json.loads(path.read_text())
+            except (ValueError, AssertionError) as error:
+                found.append(f"{path.name}: does not parse ({error})")
+    return found
+
+
+@pytest.mark.parametrize("doc", PUBLISHED, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_data_file_a_published_page_names_is_committed_and_parses(doc: Path) -> None:
+    names = named_data_files(doc.read_text())
+    assert problems(names) == []
+
+
+def test_the_pages_name_the_data_behind_their_numbers() -> None:
+    names = set().union(*(named_data_files(p.read_text()) for p in PUBLISHED))
+    # the headline's families, each named somewhere
+    for family in (
+        "vs_deepspeed_autotuner",
+        "search_efficiency_",
+        "ideal_search_",
+        "memory_accuracy",
+        "table_",
+    ):
+        assert any(n.startswith(family) for n in names), family
+    assert len(names) > 40
+
+
+def test_a_missing_or_broken_file_is_reported(tmp_path: Path) -> None:
+    text = (
+        "see `benchmarks/data/vs_deepspeed_autotuner_nowhere.json`, "
+        "search_efficiency_nowhere_*.json and table_gpt-tiny.json; not /tmp/x.json, "
+        "ds_config.json or table_NAME.json"
+    )
+    names = named_data_files(text)
+    assert names == {
+        "vs_deepspeed_autotuner_nowhere.json",
+        "search_efficiency_nowhere_*.json",
+        "table_gpt-tiny.json",
+    }
+    assert problems(names) == [
+        "search_efficiency_nowhere_*.json: no such file in benchmarks/data",
+        "vs_deepspeed_autotuner_nowhere.json: no such file in benchmarks/data",
+    ]
+    assert named_data_files("`benchmarks/data/\n   memory_accuracy_dit.json`") == {
+        "memory_accuracy_dit.json"
+    }
