@@ -20,9 +20,23 @@ fail() {
   exit 1
 }
 
-where="$(python -c 'import autotune; print(autotune.__file__)')"
+# Installed, not editable: the module lies in site-packages (which may sit inside the
+# checkout, as CI's .venv does), not in the checkout's autotune/, and pip recorded no
+# editable install (PEP 610's direct_url.json).
+where="$(python - <<'WHERE'
+import json
+from importlib.metadata import distribution
+
+import autotune
+
+url = distribution("autotune").read_text("direct_url.json") or "{}"
+editable = json.loads(url).get("dir_info", {}).get("editable", False)
+print(("editable " if editable else "") + autotune.__file__)
+WHERE
+)"
 case "$where" in
-  "$checkout"/*) fail "autotune is imported from the checkout ($where), not the installed wheel" ;;
+  editable\ * | "$checkout"/autotune/*)
+    fail "autotune is imported from the checkout ($where), not the installed wheel" ;;
 esac
 autotune space --gpus 2 >space.log 2>&1 \
   || fail "autotune space --gpus 2 failed: $(tail -n 3 space.log)"

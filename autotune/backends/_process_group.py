@@ -14,8 +14,9 @@ from __future__ import annotations
 from typing import Literal
 
 CUDA_WITH_HOST = "cuda:nccl,cpu:gloo"
+CPU_ONLY = "gloo"
 
 
 def process_group_backend(accelerator: Literal["cuda", "cpu"] | str) -> str:
     """The ``backend`` of ``init_process_group`` for ranks on ``accelerator``."""
-    return CUDA_WITH_HOST if accelerator == "cuda" else "gloo"
+    return CUDA_WITH_HOST if accelerator == "cuda" else CPU_ONLY

@@ -20,13 +20,19 @@ def installed_torch() -> str | None:
         return None
 
 
+def torch_release(found: str | None) -> tuple[int, int] | None:
+    """(major, minor) of a torch version ("2.13.0+cpu" -> (2, 13)), or None unreadable."""
+    parsed = re.match(r"(\d+)\.(\d+)", found or "")
+    return None if parsed is None else (int(parsed[1]), int(parsed[2]))
+
+
 def torch_floor_problem(floor: tuple[int, int], needs: str) -> str | None:
     """Why the installed torch is below ``floor`` (major, minor) for what ``needs`` says, in
     one line with the fix; None at or above it, or where the version cannot be read (then
     torch's own import says more than this could)."""
     found = installed_torch()
-    parsed = re.match(r"(\d+)\.(\d+)", found or "")
-    if found is None or parsed is None or (int(parsed[1]), int(parsed[2])) >= floor:
+    release = torch_release(found)
+    if release is None or release >= floor:
         return None
     wanted = f"{floor[0]}.{floor[1]}"
     return (

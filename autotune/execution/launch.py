@@ -225,6 +225,9 @@ def launch_probes(
         results: list[ProbeResult] = []
         leaked = 0
         while len(results) < len(jobs):
+            if results and (results[-1].status != "ok" or (cancel and cancel.is_set())):
+                results += [_NOT_PROBED.model_copy() for _ in jobs[len(results) :]]
+                break
             launched, unclean = _launch(_alike(jobs[len(results) :]), visible_devices, cancel)
             launched[0].leak_restart_bytes = leaked
             results += launched
@@ -233,6 +236,12 @@ def launch_probes(
     finally:
         for job in jobs:
             remove_scratch(job)
+
+
+# a candidate after one that failed (or after a cancel): never started
+_NOT_PROBED = ProbeResult(
+    status="error", error="not probed: the launch stopped at an earlier candidate"
+)
 
 
 def _alike(jobs: list[ProbeJob]) -> list[ProbeJob]:
@@ -304,12 +313,7 @@ def _launch_results(
             return results, leaked  # this one and the rest go to a fresh launch
         if not reports and results and results[-1].status != "ok":
             results.append(
-                ProbeResult(
-                    status="error",
-                    error="not probed: the launch stopped at an earlier candidate",
-                    exit_code=exit_code,
-                    log_tail=log_tail,
-                )
+                _NOT_PROBED.model_copy(update={"exit_code": exit_code, "log_tail": log_tail})
             )
             continue
         # A candidate every rank finished is not failed by a later one that ended the launch.

@@ -9,7 +9,7 @@ study's own probes, and monotonicity in the micro-batch.
   CUDA the host memory of every rank of every probe running at once on a node must fit the
   node's RAM. On CUDA the limit is first reduced by the largest memory outside the caching
   allocator (the CUDA context, NCCL's communicators and buffers, cuBLAS) the study's probes
-  measured: the model predicts what tensors allocate, and a probe's allocator gets the
+  measured at the candidate's world size: the model predicts what tensors allocate, and a probe's allocator gets the
   limit less that overhead (:mod:`autotune.probe._cuda_memory`), as a card of the limit's
   size would leave its tensors.
 
@@ -172,8 +172,9 @@ class MemoryScreen:
         use_model: bool = True,
     ) -> None:
         self.limits = limits
-        # the largest memory outside the allocator a probe of the study measured (CUDA)
-        self.overhead_bytes = 0
+        # the largest memory outside the allocator the study's probes measured (CUDA), by
+        # world size: NCCL's communicators and buffers grow with the ranks they connect
+        self.overhead_bytes_by_world: dict[int, int] = {}
         self.calibration = Calibration()
         self.monotonicity = Monotonicity()
         self.failures = SameFailures()
@@ -216,7 +217,9 @@ class MemoryScreen:
         model = self.model
         if model is not None and hasattr(model, "learn"):
             model.learn(trial)
-        self.overhead_bytes = max(self.overhead_bytes, record.overhead_bytes)
+        world = record.candidate.data_parallel_size
+        known = self.overhead_bytes_by_world.get(world, 0)
+        self.overhead_bytes_by_world[world] = max(known, record.overhead_bytes)
         if trial.status == "ok" and record.predicted_raw_bytes:
             # the model predicts what tensors allocate; on CUDA the reserved peak also holds
             # the caching allocator's slack and the context, outside the model
@@ -268,7 +271,7 @@ class MemoryScreen:
             predicted_phase=estimate.phase,
             memory_correction=estimate.correction,
         )
-        overhead = self.outside_allocator_bytes()
+        overhead = self.outside_allocator_bytes(candidate.data_parallel_size)
         threshold = limits.threshold_bytes(overhead)
         if predicted > threshold:
             outside = (
@@ -299,13 +302,17 @@ class MemoryScreen:
             )
         return Verdict(prediction=prediction)
 
-    def outside_allocator_bytes(self) -> int:
-        """What the limit loses to memory outside the allocator: the most a probe of the
-        study measured there; none for a script's model, which is learnt from measured
-        peaks that hold it already (the reserved peak plus what lies outside)."""
-        if getattr(self._workload, "script", None) is not None:
+    def outside_allocator_bytes(self, world_size: int) -> int:
+        """What the limit of a candidate on ``world_size`` ranks loses to memory outside
+        the allocator: the most the study's probes at that world size measured there, else
+        at the nearest larger one measured (communicators grow with the ranks), else at the
+        largest measured; none for a script's model, which is learnt from measured peaks
+        that hold it already (the reserved peak plus what lies outside)."""
+        measured = self.overhead_bytes_by_world
+        if getattr(self._workload, "script", None) is not None or not measured:
             return 0
-        return self.overhead_bytes
+        larger = [w for w in measured if w >= world_size]
+        return measured[min(larger)] if larger else measured[max(measured)]
 
     def screened(self, candidates: list[Candidate], evaluated: set[str]) -> list[str]:
         """Keys of unevaluated candidates the model rules out before any probe (those a fit

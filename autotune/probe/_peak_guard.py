@@ -1,14 +1,16 @@
 """A candidate's peak counters, kept from DeepSpeed's resets.
 
-DeepSpeed's ``see_memory_usage(message, force=True)`` (``deepspeed/runtime/utils.py``) ends
-with ``get_accelerator().reset_peak_memory_stats()``, on rank 0 only. It is forced in
-DeepSpeed 0.19 by the bf16 optimizer (``runtime/bf16_optimizer.py``: ZeRO-1 in bf16 with
-``data_types.grad_accum_dtype`` fp32 and no offload), by the engine's ``memory_breakdown``
-option (before and after every forward, backward and step), and before DeepSpeed 0.18.8 by
-the ZeRO stages too. On CUDA that reset makes ``max_memory_allocated``/``max_memory_reserved``
-forget what came before it: rank 0 (every rank of a one-GPU probe) would lose the model
-build and ``initialize``'s transients from its peak, and a script probe its "peak from the
-rank's start". While :func:`peak_counters_kept` holds (a candidate's length: build,
+DeepSpeed resets the accelerator's peak counters inside ``initialize``, through
+``get_accelerator().reset_peak_memory_stats()`` (``deepspeed/runtime/utils.py``):
+``empty_cache()`` does it on every rank, and ZeRO-1/2's optimizer calls it while it flattens
+each parameter group (``runtime/zero/stage_1_and_2.py``); ``see_memory_usage(message,
+force=True)`` does it on rank 0, forced in DeepSpeed 0.19 by the bf16 optimizer
+(``runtime/bf16_optimizer.py``: ZeRO-1 in bf16 with ``data_types.grad_accum_dtype`` fp32 and
+no offload), by the engine's ``memory_breakdown`` option (before and after every forward,
+backward and step), and before DeepSpeed 0.18.8 by the ZeRO stages too. On CUDA a reset
+makes ``max_memory_allocated``/``max_memory_reserved`` forget what came before it: a rank
+would lose the model build and ``initialize``'s transients from its peak, and a script probe
+its "peak from the rank's start". While :func:`peak_counters_kept` holds (a candidate's length: build,
 initialize, steps), the accelerator's ``reset_peak_memory_stats`` does nothing; the probe
 resets torch's counters itself, where a candidate starts.
 

@@ -51,6 +51,7 @@ process is never measured wrong.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
@@ -87,15 +88,17 @@ def run(spec_path: Path, started: float, *, warm: bool = False) -> None:
     start_host_peak()  # the script's host memory from before its first allocation
     spec = ProbeSpec.model_validate_json(spec_path.read_text(encoding="utf-8"))
     probe = ScriptProbe(spec, spec_path, started, warm=warm)
-    with peak_counters_kept():
-        _run_script(probe)
+    with contextlib.ExitStack() as guards:
+        _run_script(probe, guards)
 
 
-def _run_script(probe: ScriptProbe) -> None:
+def _run_script(probe: ScriptProbe, guards: contextlib.ExitStack) -> None:
+    """The script's run, every failure (the peak guard's set-up included) a report."""
     import torch
 
     spec, script = probe.spec, probe.script
     try:
+        guards.enter_context(peak_counters_kept())
         quiet_libraries()
         probe.device = device_of(spec)
         probe.start_cuda_memory()

@@ -101,7 +101,7 @@ GPU_SETTINGS = Settings(
         "env": 15,
         "ops": 70,  # FusedAdam, CPU Adam and async I/O built side by side
         "memory": 95,  # the predictions, then 18 candidates in one warm launch
-        "gpu_tests": 75,  # the warm fixture: three launches, nine candidates
+        "gpu_tests": 75,  # the warm fixture: four launches (TF32 apart), nine candidates
         "oom": 60,  # oom_budget_s + OOM_AFTER_S
         "fsdp2": 65,  # four candidates in one launch, the export's launch.sh two steps
         "precision_offload": 5,  # read from the memory phase's probes

@@ -289,7 +289,7 @@ def test_code_lines_show_the_fully_shard_calls() -> None:
     code = "\n".join(FSDP2.code_lines(FSDP2.render_config(candidate)))
     assert "reshard_after_forward=True" in code
     assert "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in code
-    assert "offload_policy=CPUOffloadPolicy()" in code
+    assert "offload_policy=CPUOffloadPolicy(pin_memory=torch.cuda.is_available())" in code
     assert "fully_shard(block, **policy)" in code and "gradient_checkpointing_enable" in code
     compile(code.replace("torch.optim", "optim"), "<summary>", "exec")  # valid Python
 
@@ -335,3 +335,55 @@ def test_a_cpu_rank_counts_device_and_host_together_phase_by_phase() -> None:
     assert offloaded.tracked_bytes("cpu") < offloaded.device.total + offloaded.host.total
     assert offloaded.tracked_bytes("cpu") == kept.tracked_bytes("cpu")
     assert offloaded.tracked_bytes("cuda") < kept.tracked_bytes("cuda")
+
+
+PRINTED_CODE_HARNESS = """
+import os, socket, sys, torch
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(2))
+
+    def gradient_checkpointing_enable(self):
+        pass
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+model = Model()
+exec(sys.stdin.read())
+model(torch.ones(2, 8)).float().sum().backward()
+optimizer.step()
+torch.distributed.destroy_process_group()
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+def test_the_printed_fully_shard_code_runs_on_cpu_ranks(offload: str) -> None:
+    """summary.md's code, as a user pastes it, starts its process group and trains a step
+    where it is run (here a CPU rank: gloo, not the CUDA pair)."""
+    import subprocess
+    import sys
+
+    candidate = _fsdp2(
+        activation_checkpointing=True, offload_optimizer=offload, offload_param=offload
+    )
+    code = "\n".join(FSDP2.code_lines(FSDP2.render_config(candidate)))
+    ran = subprocess.run(
+        [sys.executable, "-c", PRINTED_CODE_HARNESS],
+        input=code,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0 and "trained" in ran.stdout, ran.stderr[-2000:]

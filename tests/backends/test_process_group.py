@@ -37,6 +37,7 @@ def test_fsdp2_starts_its_group_with_the_pair_on_cuda(monkeypatch: pytest.Monkey
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", _recorder(calls))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     get_backend("fsdp2").start_process_group()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     get_backend("fsdp2").start_process_group()
@@ -53,7 +54,8 @@ def test_deepspeed_hands_init_distributed_the_pair_on_cuda(
 
     calls: list[tuple[Any, ...]] = []
     monkeypatch.setattr(deepspeed, "init_distributed", _recorder(calls))
-    get_backend("deepspeed").start_process_group()  # DS_ACCELERATOR=cpu here
+    monkeypatch.setattr(get_accelerator(), "device_name", lambda index=None: "cpu")
+    get_backend("deepspeed").start_process_group()
     monkeypatch.setattr(get_accelerator(), "device_name", lambda index=None: "cuda")
     get_backend("deepspeed").start_process_group()
     assert [kwargs["dist_backend"] for _, kwargs in calls] == ["gloo", "cuda:nccl,cpu:gloo"]

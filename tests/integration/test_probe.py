@@ -156,6 +156,23 @@ def test_a_crash_in_a_shared_launch_fails_only_its_own_candidate(tmp_path: Path)
     assert_no_probe_left()
 
 
+def test_after_a_failed_launch_the_next_groups_candidates_are_not_probed(
+    tmp_path: Path,
+) -> None:
+    """A candidate that asks for TF32 needs ranks of its own (its environment differs);
+    after the launch before it failed, it is reported not probed, never launched."""
+    crash = make_job(tmp_path, fault="crash").model_copy(update={"trial_dir": str(tmp_path / "a")})
+    tf32 = make_job(tmp_path).model_copy(update={"trial_dir": str(tmp_path / "b")})
+    tf32 = tf32.model_copy(
+        update={"spec": tf32.spec.model_copy(update={"float32_matmul_precision": "high"})}
+    )
+    crashed, after = launch_probes([crash, tf32])
+    assert crashed.status == "error" and "died first" in crashed.error
+    assert after.status == "error" and after.error.startswith("not probed"), after.error
+    assert not read_reports(tf32)
+    assert_no_probe_left()
+
+
 # Candidates probed one after another in the same ranks. SMALL_BUCKETS keeps ZeRO's default
 # ~1.9 GiB of buckets per rank out of the way, so that what one candidate leaves behind is a
 # large share of the next one's peak.
@@ -373,16 +390,23 @@ from deepspeed.accelerator import get_accelerator
 from autotune.workloads import get_workload
 
 _accelerator_class = type(get_accelerator())
-_reset = _accelerator_class.reset_peak_memory_stats
 
 
-def _counted_reset(self, *args, **kwargs):
-    with open(os.path.join({folder!r}, f"resets-{{os.getpid()}}.txt"), "a") as counted:
-        counted.write("reset\\n")
-    return _reset(self, *args, **kwargs)
+def _counting(name):
+    method = getattr(_accelerator_class, name)
+
+    def counted(self, *args, **kwargs):
+        with open(os.path.join({folder!r}, f"{{name}}-{{os.getpid()}}.txt"), "a") as calls:
+            calls.write("call\\n")
+        return method(self, *args, **kwargs)
+
+    setattr(_accelerator_class, name, counted)
 
 
-_accelerator_class.reset_peak_memory_stats = _counted_reset
+# the resets that reach the accelerator's own method; empty_cache, which ZeRO-1/2's
+# deepspeed.runtime.utils.empty_cache() calls right before its reset: the path was taken
+_counting("reset_peak_memory_stats")
+_counting("empty_cache")
 
 
 def gpt_tiny():
@@ -400,24 +424,45 @@ BF16_OPTIMIZER = Candidate(
 )
 
 
-def test_deepspeed_cannot_reset_the_peak_counters_during_a_candidate(tmp_path: Path) -> None:
-    """DeepSpeed's bf16 optimizer runs see_memory_usage(force=True), which ends with the
-    accelerator's reset_peak_memory_stats (on CUDA: rank 0 would forget the build's and
-    initialize's peak). The path is taken (its message is in the log), and no call reaches
-    the accelerator's own reset while the candidate runs."""
+# ZeRO-2: its optimizer's set-up calls deepspeed.runtime.utils.empty_cache(), which resets
+# the peak counters on every rank (deepspeed/runtime/zero/stage_1_and_2.py)
+ZERO2 = BF16_OPTIMIZER.model_copy(update={"precision": "fp32", "zero_stage": 2})
+
+
+@pytest.mark.parametrize(
+    ("candidate", "data_types", "path_taken"),
+    [
+        (BF16_OPTIMIZER, {"grad_accum_dtype": "fp32"}, "begin bf16_optimizer"),
+        (ZERO2, {}, None),
+    ],
+    ids=["bf16-optimizer", "zero2"],
+)
+def test_deepspeed_cannot_reset_the_peak_counters_during_a_candidate(
+    tmp_path: Path, candidate: Candidate, data_types: dict, path_taken: str | None
+) -> None:
+    """DeepSpeed resets the accelerator's peak counters inside ``initialize`` (the bf16
+    optimizer's see_memory_usage(force=True) on rank 0; ZeRO-1/2's empty_cache() on every
+    rank): on CUDA a rank would forget the build's and initialize's peak. The path is taken
+    (its message is in the log), and no call reaches the accelerator's own reset while the
+    candidate runs."""
     counts = tmp_path / "counts"
     counts.mkdir()
     workload = tmp_path / "counting_workload.py"
     workload.write_text(RESET_COUNTING_WORKLOAD.format(folder=str(counts)), encoding="utf-8")
-    job = make_job(tmp_path, candidate=BF16_OPTIMIZER)
-    config = {**job.spec.ds_config, "data_types": {"grad_accum_dtype": "fp32"}}
+    job = make_job(tmp_path, candidate=candidate)
+    config = {**job.spec.ds_config, **({"data_types": data_types} if data_types else {})}
     spec = job.spec.model_copy(
         update={"workload": f"{workload}:gpt_tiny", "ds_config": config, "timed_steps": 2}
     )
     result = launch_probe(job.model_copy(update={"spec": spec}))
     assert result.status == "ok", result.error + result.log_tail
-    log = (tmp_path / "trial" / "probe.log").read_text()
-    assert "begin bf16_optimizer" in log  # see_memory_usage(force=True) ran on rank 0
-    resets = [line for path in counts.glob("resets-*.txt") for line in path.read_text().split()]
-    assert resets == []
+    calls = {
+        name: [line for path in counts.glob(f"{name}-*.txt") for line in path.read_text().split()]
+        for name in ("reset_peak_memory_stats", "empty_cache")
+    }
+    if path_taken is None:  # DeepSpeed's set-up ran its empty_cache(): a reset was due
+        assert calls["empty_cache"]
+    else:
+        assert path_taken in (tmp_path / "trial" / "probe.log").read_text()
+    assert calls["reset_peak_memory_stats"] == []
     assert_no_probe_left()

@@ -6,6 +6,7 @@ No GPU here: the probe results are made up, a CUDA probe's measurement
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,7 @@ def test_the_screen_leaves_the_measured_overhead_out_of_the_limit() -> None:
     assert screen_after(fake_cuda_probe([0, 0]), limit).verdict(CANDIDATE).fits
 
     screen = screen_after(fake_cuda_probe([overhead // 2, overhead]), limit)
-    assert screen.overhead_bytes == overhead
+    assert screen.overhead_bytes_by_world == {8: overhead}
     verdict = screen.verdict(CANDIDATE)
     assert not verdict.fits and verdict.pruned_by == "memory-model"
     assert verdict.over_bytes == pytest.approx(peak - (limit - overhead) * (1 - MARGIN))
@@ -113,4 +114,22 @@ def test_a_scripts_screen_does_not_take_the_overhead_off_twice(tmp_path: Path) -
     limit = int(peak / (1 - MARGIN) * 1.02)
     screen = screen_after(probe, limit, script, str(tmp_path))
     assert screen.verdict(CANDIDATE).fits
-    assert screen.overhead_bytes == overhead and screen.outside_allocator_bytes() == 0
+    assert screen.overhead_bytes_by_world == {8: overhead}
+    assert screen.outside_allocator_bytes(8) == 0
+
+
+def test_the_overhead_taken_off_is_the_one_measured_at_the_candidates_world_size() -> None:
+    """Communicators grow with the ranks they connect: a candidate on 1 rank does not lose
+    what an 8-rank probe measured; a world size not yet measured takes the nearest larger
+    one measured, else the largest measured."""
+    screen = screen_after(fake_cuda_probe([0]), 2**40)
+    screen.overhead_bytes_by_world = {1: 100 * MiB, 4: 300 * MiB, 8: 900 * MiB}
+    assert screen.outside_allocator_bytes(1) == 100 * MiB
+    assert screen.outside_allocator_bytes(2) == 300 * MiB  # nearest larger measured
+    assert screen.outside_allocator_bytes(8) == 900 * MiB
+    assert screen.outside_allocator_bytes(16) == 900 * MiB  # beyond: the largest measured
+    single = CANDIDATE.model_copy(update={"data_parallel_size": 1})
+    peak = screen.predict(single).prediction.predicted_peak_bytes
+    limit = int(peak / (1 - MARGIN)) + 200 * MiB
+    screen.limits = dataclasses.replace(screen.limits, vram_limit_bytes=limit)
+    assert screen.verdict(single).fits  # 100 MiB off its limit, not the 8-rank 900 MiB

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from autotune.backends._process_group import CUDA_WITH_HOST
+from autotune.backends._process_group import CPU_ONLY, CUDA_WITH_HOST
 from autotune.backends._shell_text import export_lines
 from autotune.backends.fsdp2._config import Fsdp2Config
 
@@ -183,7 +183,9 @@ def code_lines(config: dict[str, Any]) -> list[str]:
     """The ``fully_shard`` calls of the tuned config for a plain-torch training script."""
     parsed = Fsdp2Config.model_validate(config)
     shard = parsed.fully_shard
-    offload = "CPUOffloadPolicy()" if shard.cpu_offload else "OffloadPolicy()"
+    # pinned host memory needs an accelerator; the probes pinned wherever CUDA was
+    pinned = "CPUOffloadPolicy(pin_memory=torch.cuda.is_available())"
+    offload = pinned if shard.cpu_offload else "OffloadPolicy()"
     lines = [
         "import torch",
         "from torch.distributed.fsdp import (",
@@ -196,7 +198,8 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         f"    offload_policy={offload},",
         ")",
         "# NCCL for GPU tensors, gloo for host ones (offloaded shards); gloo on CPU ranks",
-        f"torch.distributed.init_process_group({CUDA_WITH_HOST!r})",
+        "torch.distributed.init_process_group(",
+        f"    {CUDA_WITH_HOST!r} if torch.cuda.is_available() else {CPU_ONLY!r})",
     ]
     if parsed.activation_checkpointing:
         lines.append("model.gradient_checkpointing_enable()  # or checkpoint each block")

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.backends._memory_terms import Breakdown
+from autotune.backends._torch_floor import installed_torch, torch_release
 
 if TYPE_CHECKING:
     from autotune.backends._memory_terms import ActivationProfile, ModelFacts
@@ -140,12 +141,8 @@ def all_gathers(candidate: Candidate, torch_version: str | None = None) -> bool:
     rank before torch 2.9 (``torch_version``: the installed torch's by default)."""
     if candidate.data_parallel_size > 1:
         return True
-    if torch_version is None:
-        from importlib.metadata import version
-
-        torch_version = version("torch")
-    major, minor = (int(part) for part in torch_version.split("+")[0].split(".")[:2])
-    return (major, minor) < (2, 9)
+    release = torch_release(installed_torch() if torch_version is None else torch_version)
+    return release is None or release < (2, 9)
 
 
 def _reduced_each(candidate: Candidate) -> bool:
