@@ -23,6 +23,11 @@
 # search_efficiency_*_100seeds.json files: the tuner's rule and, for the "before" column
 # of "The lower of median and mean in the round", median+simpler+steadier): about 2.5 min
 # of CPU each, 14 in all.
+#
+# With --4-minutes as the second argument it runs instead the replays of a 4-minute run
+# (--budget-s 240: the search_efficiency_*_240s*.json files, RESULTS.md's "A short study in
+# seconds"): each probe takes its table row's own wall time, or (_probe15s) the table's
+# times scaled to a 15 s median; 15-50 s each, 11 in all.
 set -euo pipefail
 
 out=${1:-benchmarks/data}
@@ -62,6 +67,31 @@ if [ "$seeds" = --100-seeds ]; then
         replay "vision-script_unlimited_noise-measured$suffix" \
             --table "$data/table_vision-script.json" --noise measured "${flags[@]}"
     done
+    exit 0
+fi
+
+if [ "$seeds" = --4-minutes ]; then
+    flags=(--budget-s 240 --repeats 30)
+    amx="$data/table_gpt-tiny-amx.json"
+    replay gpt-tiny_unlimited_240s --table "$data/table_gpt-tiny.json" "${flags[@]}"
+    replay gpt-tiny-amx_unlimited_240s --table "$amx" "${flags[@]}"
+    replay gpt-tiny-amx_unlimited_noise0.075_240s --table "$amx" --noise 0.075 "${flags[@]}"
+    replay gpt-tiny-amx_bimodal_240s --table "$amx" --noise 0.075 --bimodal "${flags[@]}"
+    replay gpt2-seq32_unlimited_240s --table "$data/table_gpt2-seq32.json" "${flags[@]}"
+    replay gpt2-seq32-amx_unlimited_240s --table "$data/table_gpt2-seq32-amx.json" \
+        "${flags[@]}"
+    replay dit-cpu_unlimited_noise-measured_240s --table "$data/table_dit-cpu.json" \
+        --noise measured "${flags[@]}"
+    replay vision-script_unlimited_noise-measured_240s \
+        --table "$data/table_vision-script.json" --noise measured "${flags[@]}"
+    # the issue's case: probes of 10-30 s against 4 minutes
+    flags+=(--probe-s 15)
+    replay gpt-tiny-amx_unlimited_noise0.075_240s_probe15s --table "$amx" --noise 0.075 \
+        "${flags[@]}"
+    replay dit-cpu_unlimited_noise-measured_240s_probe15s --table "$data/table_dit-cpu.json" \
+        --noise measured "${flags[@]}"
+    replay vision-script_unlimited_noise-measured_240s_probe15s \
+        --table "$data/table_vision-script.json" --noise measured "${flags[@]}"
     exit 0
 fi
 

@@ -25,12 +25,20 @@
         python benchmarks/search_efficiency.py replay --table benchmarks/data/table_gpt-tiny.json \\
             --limit 1.5GiB --repeats 30
 
+    In time instead (``--budget-s``): what a run of so many seconds exports, each probe
+    taking its row's own wall time (``--probe-s``: scaled to that median) on the tuner's
+    BudgetClock, with its reserve, settling and round::
+
+        python benchmarks/search_efficiency.py replay --table benchmarks/data/table_dit-cpu.json \\
+            --noise measured --budget-s 240 --repeats 30
+
 (c) An ideal search: how often a search that knows the candidates within 5% of the best
     and spends every probe on them picks at >= 0.97 of the best, per budget, at the
     replay's noise (how far probes alone go; benchmarks/search_efficiency_ideal.py)::
 
         python benchmarks/search_efficiency.py ideal \\
-            --table benchmarks/data/table_gpt-tiny-amx.json --noise 0.075
+            --table benchmarks/data/table_gpt-tiny-amx.json --noise 0.075 \\
+            --out benchmarks/data/ideal_search_gpt-tiny-amx_unlimited_noise0.075.json
 
 Strategies: autotune's sampler (memory model + calibrated cost model, see
 autotune/sampler.py), both as the best it believes after N probes and as what a run of N
@@ -55,8 +63,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.search_efficiency_dump import dump
-from benchmarks.search_efficiency_ideal import ideal_search, print_ideal_search
-from benchmarks.search_efficiency_replay import replay
+from benchmarks.search_efficiency_ideal import ideal_search, print_ideal_search, write_ideal_search
+from benchmarks.search_efficiency_replay import replay, timed_replay
 from benchmarks.search_efficiency_strategies import RULES, use_rule
 from benchmarks.search_efficiency_table import NOISE, Bimodal, Table, pass_noise
 
@@ -86,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repeats", type=int, default=30)
     c.add_argument("--repeats", type=int, default=20000)
     r.add_argument("--max-probes", type=int, default=40)
-    r.add_argument("--out", type=Path)
+    r.add_argument("--out", type=Path, help="write the report as JSON here too")
+    _time_flags(r)
+    c.add_argument("--out", type=Path, help="write the shares as JSON here too")
     r.add_argument(
         "--confirmation-rule",
         choices=list(RULES),
@@ -103,11 +113,34 @@ def main(argv: list[str] | None = None) -> int:
     bimodal = Bimodal() if args.bimodal else None
     if args.command == "ideal":
         table = Table.load(args.table, limit, noise, bimodal)
-        print_ideal_search(ideal_search(table, repeats=args.repeats), noise)
+        report = ideal_search(table, repeats=args.repeats)
+        print_ideal_search(report, noise)
+        if args.out:
+            write_ideal_search(report, args.table, table, args.out)
         return 0
     use_rule(args.confirmation_rule)
+    if args.budget_s is not None:
+        timed_replay(
+            args.table, limit, args.repeats, args.budget_s, args.out, noise, bimodal, args.probe_s
+        )
+        return 0
     replay(args.table, limit, args.repeats, args.max_probes, args.out, noise, bimodal)
     return 0
+
+
+def _time_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        help="replay autotune's confirmed export of a run of this many seconds instead, each "
+        "probe taking the table's own probe time",
+    )
+    parser.add_argument(
+        "--probe-s",
+        type=float,
+        help="with --budget-s: the table's probe times scaled to this median (a slower "
+        "machine or model)",
+    )
 
 
 def _noise_and_mode_flags(parser: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from benchmarks.search_efficiency_strategies import (
     RULE_IN_USE,
+    TIMED_RUNS,
     autotune_confirmed,
     run_autotune,
     run_deepspeed_fast,
@@ -48,9 +49,7 @@ def replay(
             # The export of a run of each budget: search and confirmation within it.
             results["autotune, confirmed"] = confirmed_scores(table, models, best, repeats)
     report = {
-        "table": str(path.resolve().relative_to(ROOT))
-        if path.resolve().is_relative_to(ROOT)
-        else str(path),
+        "table": _relative(path),
         "limit_bytes": limit_bytes,
         "candidates": len(table.rows),
         "feasible": sum(table.feasible(k) for k in table.rows),
@@ -70,6 +69,63 @@ def replay(
     if out:
         out.write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def timed_replay(
+    path: Path,
+    limit_bytes: int,
+    repeats: int,
+    budget_s: float,
+    out: Path | None,
+    noise: float = NOISE,
+    bimodal: Bimodal | None = None,
+    probe_s: float | None = None,
+) -> dict:
+    """What a run of ``budget_s`` seconds exports, ``repeats`` seeds, each probe taking the
+    table's own probe time (:class:`~benchmarks.search_efficiency_strategies.ReplayTime`):
+    the good picks (>= :data:`GOOD_PICK` of the best) and the search's probes; printed and
+    (with ``out``) written as JSON. ``probe_s``: the probes scaled so that their median
+    takes this long (a slower machine or model, the same table's ranking)."""
+    table = Table.load(path, limit_bytes, noise, bimodal)
+    models = Models(table)
+    best = table.best_possible()
+    walls_s = [row["probe_wall_s"] for row in table.rows.values() if row.get("probe_wall_s")]
+    scale = probe_s / statistics.median(walls_s) if probe_s else 1.0
+    TIMED_RUNS.clear()
+    fractions = [
+        autotune_confirmed(table, models, seed, 0, budget_s=budget_s, probe_scale=scale) / best
+        for seed in range(repeats)
+    ]
+    probes = [run["search_probes"] for run in TIMED_RUNS]
+    report = {
+        "table": _relative(path),
+        "limit_bytes": limit_bytes,
+        "budget_s": budget_s,
+        "probe_s_median": round(scale * statistics.median(walls_s), 2),
+        "repeats": repeats,
+        "noise": noise,
+        "bimodal": None if bimodal is None else {"share": bimodal.share, "slow": bimodal.slow},
+        "confirmation_rule": RULE_IN_USE[0],
+        "good_picks": f"{sum(f >= GOOD_PICK for f in fractions)}/{repeats}",
+        "median": statistics.median(fractions),
+        "worst": min(fractions),
+        "search_probes_median": statistics.median(probes),
+        "fractions": [round(f, 4) for f in fractions],
+    }
+    print(
+        f"{report['table']} at {budget_s:g} s, probes {report['probe_s_median']:g} s "
+        f"({100 * noise:.1f}% noise): good picks "
+        f"{report['good_picks']}, median {report['median']:.3f}, worst {report['worst']:.3f}, "
+        f"search probes (median) {report['search_probes_median']:g}"
+    )
+    if out:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _relative(path: Path) -> str:
+    resolved = path.resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(path)
 
 
 def strategies(

@@ -146,3 +146,37 @@ def test_a_script_table_replays_on_the_model_its_probes_reported() -> None:
     assert 0 < report["results"]["autotune, confirmed"]["worst"][10] <= 1
     with pytest.raises(SystemExit, match="replays without a memory limit"):
         Models(Table.load(table, 1 * MiB))
+
+
+def test_a_timed_replay_spends_the_tables_probe_times_within_its_budget(tmp_path: Path) -> None:
+    """``replay --budget-s``: a run of so many seconds, each probe taking its row's own wall
+    time on the tuner's BudgetClock (the tuner's finish held back): the search and the round
+    stay within the budget (a probe's noise aside), and probes ten times as long leave the
+    search a tenth of the probes, where a budget counted in probes would not move."""
+    budget_s = 240.0
+    out = tmp_path / "timed.json"
+    slow = replay.timed_replay(TABLE, 64 * 2**30, 3, budget_s, out, probe_s=15.0)
+    slow_runs = list(strategies.TIMED_RUNS)
+    fast = replay.timed_replay(TABLE, 64 * 2**30, 3, budget_s, None, probe_s=1.5)
+    assert json.loads(out.read_text())["good_picks"] == slow["good_picks"]
+    assert slow["probe_s_median"] == 15.0 and fast["probe_s_median"] == 1.5
+    for run in slow_runs + strategies.TIMED_RUNS:
+        assert run["search_s"] <= run["total_s"] <= budget_s * 1.05
+    # at 15 s a probe, the 235 s left for probes hold at most about 16 of them in all
+    assert 2 <= slow["search_probes_median"] <= 16
+    assert fast["search_probes_median"] > 2 * slow["search_probes_median"]
+
+
+def test_a_counted_replay_is_a_timed_one_of_one_second_probes() -> None:
+    """The counted replay (``--max-probes``) runs on the same clock, every probe one second
+    and no finish held back: a budget of N probes spends exactly N, search and round."""
+    table = Table.load(TABLE, 64 * 2**30)
+    models = Models(table)
+    time = strategies.ReplayTime(10.0)
+    search = Search(table, models.may_fit, seed=0)
+    strategies.run_autotune(table, search, 10, models, time=time)
+    assert search.probes == 10 and time.now_s == 10.0 and time.clock.probing_left_s == 0.0
+    strategies.TIMED_RUNS.clear()
+    strategies.autotune_confirmed(table, models, seed=0, budget=10)
+    (run,) = strategies.TIMED_RUNS
+    assert run["total_s"] <= 10.0 and run["search_s"] == run["search_probes"]
