@@ -9,9 +9,9 @@ study's own probes, and monotonicity in the micro-batch.
   CUDA the host memory of every rank of every probe running at once on a node must fit the
   node's RAM. On CUDA the limit is first reduced by the largest memory outside the caching
   allocator (the CUDA context, NCCL's communicators and buffers, cuBLAS) the study's probes
-  measured at the candidate's world size: the model predicts what tensors allocate, and a probe's allocator gets the
-  limit less that overhead (:mod:`autotune.probe._cuda_memory`), as a card of the limit's
-  size would leave its tensors.
+  measured at the candidate's world size: the model predicts what tensors allocate, and a
+  probe's allocator gets the limit less that overhead (:mod:`autotune.probe._cuda_memory`),
+  as a card of the limit's size would leave its tensors.
 
 :class:`MemoryScreen` is consulted by the tuner before each probe and by autotune's sampler
 (through :meth:`MemoryScreen.may_fit`) before proposing.

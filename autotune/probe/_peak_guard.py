@@ -10,9 +10,9 @@ no offload), by the engine's ``memory_breakdown`` option (before and after every
 backward and step), and before DeepSpeed 0.18.8 by the ZeRO stages too. On CUDA a reset
 makes ``max_memory_allocated``/``max_memory_reserved`` forget what came before it: a rank
 would lose the model build and ``initialize``'s transients from its peak, and a script probe
-its "peak from the rank's start". While :func:`peak_counters_kept` holds (a candidate's length: build,
-initialize, steps), the accelerator's ``reset_peak_memory_stats`` does nothing; the probe
-resets torch's counters itself, where a candidate starts.
+its "peak from the rank's start". While :func:`peak_counters_kept` holds (a candidate's
+length: build, initialize, steps), the accelerator's ``reset_peak_memory_stats`` does
+nothing; the probe resets torch's counters itself, where a candidate starts.
 
 Heavy imports (DeepSpeed) stay inside functions.
 """
