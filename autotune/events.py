@@ -204,6 +204,11 @@ class SearchStopped(Event):
     total_s: float = 0.0
     reserve_s: float = 0.0
     verify_s: float = 0.0  # the part of reserve_s held for the loss check (--verify)
+    # settled: how far below the best the nearest open candidate is predicted, and the cost
+    # model's leave-one-out error on the study's probes (autotune.run.sampler.Settling)
+    predicted_gap: float | None = None
+    model_error: float | None = None
+    probes: int = 0
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@
 # With --4-minutes as the second argument it runs instead the replays of a 4-minute run
 # (--budget-s 240: the search_efficiency_*_240s*.json files, RESULTS.md's "A short study in
 # seconds"): each probe takes its table row's own wall time, or (_probe15s) the table's
-# times scaled to a 15 s median; 15-50 s each, 11 in all.
+# times scaled to a 15 s median; 15-50 s each (100 s for the two of 100 seeds), 13 in all.
 set -euo pipefail
 
 out=${1:-benchmarks/data}
@@ -77,6 +77,11 @@ if [ "$seeds" = --4-minutes ]; then
     replay gpt-tiny-amx_unlimited_240s --table "$amx" "${flags[@]}"
     replay gpt-tiny-amx_unlimited_noise0.075_240s --table "$amx" --noise 0.075 "${flags[@]}"
     replay gpt-tiny-amx_bimodal_240s --table "$amx" --noise 0.075 --bimodal "${flags[@]}"
+    # the two that miss 27 of 30, over 100 seeds
+    replay gpt-tiny-amx_unlimited_noise0.075_240s_100seeds --table "$amx" --noise 0.075 \
+        --budget-s 240 --repeats 100
+    replay gpt-tiny-amx_bimodal_240s_100seeds --table "$amx" --noise 0.075 --bimodal \
+        --budget-s 240 --repeats 100
     replay gpt2-seq32_unlimited_240s --table "$data/table_gpt2-seq32.json" "${flags[@]}"
     replay gpt2-seq32-amx_unlimited_240s --table "$data/table_gpt2-seq32-amx.json" \
         "${flags[@]}"

@@ -40,6 +40,8 @@
             --table benchmarks/data/table_gpt-tiny-amx.json --noise 0.075 \\
             --out benchmarks/data/ideal_search_gpt-tiny-amx_unlimited_noise0.075.json
 
+    and on a clock (``--budget-s 240 [--probe-s 15]``, as the timed replay it bounds).
+
 Strategies: autotune's sampler (memory model + calibrated cost model, see
 autotune/sampler.py), both as the best it believes after N probes and as what a run of N
 probes exports after its confirmation round ("autotune, confirmed": the round is reserved
@@ -66,12 +68,42 @@ from benchmarks.search_efficiency_dump import dump
 from benchmarks.search_efficiency_ideal import ideal_search, print_ideal_search, write_ideal_search
 from benchmarks.search_efficiency_replay import replay, timed_replay
 from benchmarks.search_efficiency_strategies import RULES, use_rule
-from benchmarks.search_efficiency_table import NOISE, Bimodal, Table, pass_noise
+from benchmarks.search_efficiency_table import NOISE, Bimodal, Table, pass_noise, probe_scale
 
 
 def main(argv: list[str] | None = None) -> int:
     from autotune.settings import parse_size
 
+    args = _parser().parse_args(argv)
+    if args.command == "dump":
+        dump(args.storage, args.study, args.out)
+        return 0
+    limit = parse_size(args.limit, flag="--limit")
+    noise = pass_noise(args.table) if args.noise == "measured" else float(args.noise)
+    bimodal = Bimodal() if args.bimodal else None
+    if args.command == "ideal":
+        table = Table.load(args.table, limit, noise, bimodal)
+        report = ideal_search(
+            table,
+            repeats=args.repeats,
+            budget_s=args.budget_s,
+            probe_scale=probe_scale(table, args.probe_s),
+        )
+        print_ideal_search(report, noise)
+        if args.out:
+            write_ideal_search(report, args.table, table, args.out)
+        return 0
+    use_rule(args.confirmation_rule)
+    if args.budget_s is not None:
+        timed_replay(
+            args.table, limit, args.repeats, args.budget_s, args.out, noise, bimodal, args.probe_s
+        )
+        return 0
+    replay(args.table, limit, args.repeats, args.max_probes, args.out, noise, bimodal)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -96,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-probes", type=int, default=40)
     r.add_argument("--out", type=Path, help="write the report as JSON here too")
     _time_flags(r)
+    _time_flags(c)
     c.add_argument("--out", type=Path, help="write the shares as JSON here too")
     r.add_argument(
         "--confirmation-rule",
@@ -104,35 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         help="how the confirmation round ranks its contenders: the tuner's rule (default), "
         "or an earlier one for comparison",
     )
-    args = parser.parse_args(argv)
-    if args.command == "dump":
-        dump(args.storage, args.study, args.out)
-        return 0
-    limit = parse_size(args.limit, flag="--limit")
-    noise = pass_noise(args.table) if args.noise == "measured" else float(args.noise)
-    bimodal = Bimodal() if args.bimodal else None
-    if args.command == "ideal":
-        table = Table.load(args.table, limit, noise, bimodal)
-        report = ideal_search(table, repeats=args.repeats)
-        print_ideal_search(report, noise)
-        if args.out:
-            write_ideal_search(report, args.table, table, args.out)
-        return 0
-    use_rule(args.confirmation_rule)
-    if args.budget_s is not None:
-        timed_replay(
-            args.table, limit, args.repeats, args.budget_s, args.out, noise, bimodal, args.probe_s
-        )
-        return 0
-    replay(args.table, limit, args.repeats, args.max_probes, args.out, noise, bimodal)
-    return 0
+    return parser
 
 
 def _time_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--budget-s",
         type=float,
-        help="replay autotune's confirmed export of a run of this many seconds instead, each "
+        help="replay (or, for ideal, search) a run of this many seconds instead, each "
         "probe taking the table's own probe time",
     )
     parser.add_argument(

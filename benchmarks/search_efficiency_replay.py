@@ -21,7 +21,15 @@ from benchmarks.search_efficiency_strategies import (
     run_deepspeed_fast,
     run_optuna,
 )
-from benchmarks.search_efficiency_table import NOISE, ROOT, Bimodal, Models, Search, Table
+from benchmarks.search_efficiency_table import (
+    NOISE,
+    ROOT,
+    Bimodal,
+    Models,
+    Search,
+    Table,
+    probe_scale,
+)
 
 BUDGETS = (5, 10, 20)
 WITHIN = 0.02
@@ -90,7 +98,7 @@ def timed_replay(
     models = Models(table)
     best = table.best_possible()
     walls_s = [row["probe_wall_s"] for row in table.rows.values() if row.get("probe_wall_s")]
-    scale = probe_s / statistics.median(walls_s) if probe_s else 1.0
+    scale = probe_scale(table, probe_s)
     TIMED_RUNS.clear()
     fractions = [
         autotune_confirmed(table, models, seed, 0, budget_s=budget_s, probe_scale=scale) / best

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,15 @@ def pass_noise(path: Path) -> float:
     if not spreads:
         raise SystemExit(f"{path}: --noise measured needs a table of two or more grid runs")
     return round(statistics.median(spreads), 3)
+
+
+def probe_scale(table: Table, probe_s: float | None) -> float:
+    """The factor on the table's probe times that makes their median ``probe_s`` (1 without
+    it): a slower machine or model, the same table's ranking."""
+    if not probe_s:
+        return 1.0
+    walls_s = [row["probe_wall_s"] for row in table.rows.values() if row.get("probe_wall_s")]
+    return probe_s / statistics.median(walls_s)
 
 
 def relative(ref: str) -> str:

@@ -201,13 +201,7 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
             text += f"; to go on, give a larger total: {continue_command} --budget {more}"
         return text
     if event.kind == "settled":
-        from autotune.run.sampler import PROMISING_MARGIN
-
-        return (
-            f"no candidate left is predicted within {100 * PROMISING_MARGIN:.0f}% of the best, "
-            f"and the budget is short of the confirmation round's plan: its last "
-            f"{format_duration(event.reserve_s)} go to confirming the best"
-        )
+        return _settled_line(event)
     return {
         "max_trials": f"--max-trials {event.max_trials} reached",
         "exhausted": "every valid candidate has been evaluated",
@@ -265,3 +259,33 @@ def relative_text(value: float) -> str:
     """A relative difference as a percentage with two significant digits ("inf" for a
     loss that is not finite)."""
     return f"{100 * value:.2g}%" if value != float("inf") else "inf"
+
+
+def _settled_line(event: events.SearchStopped) -> str:
+    """What the settled search compared: the nearest open candidate's prediction against
+    the best measured, beside the cost model's own error on the study's probes."""
+    from autotune.run.sampler import PROMISING_MARGIN
+
+    compared = f"no open candidate is predicted within {100 * PROMISING_MARGIN:.0f}% of the best"
+    evidence = []
+    if event.predicted_gap is not None:
+        evidence.append(f"the nearest {100 * event.predicted_gap:.0f}% below it")
+    if event.model_error is not None:
+        evidence.append(
+            f"the cost model's leave-one-out error on this study's {event.probes} probes "
+            f"±{100 * event.model_error:.0f}%"
+        )
+    if evidence:
+        compared += f" ({'; '.join(evidence)})"
+    text = (
+        f"{compared}, and the budget is short of the confirmation round's plan: its last "
+        f"{format_duration(event.reserve_s)} go to confirming the best"
+    )
+    within = (
+        event.predicted_gap is not None
+        and event.model_error is not None
+        and event.model_error >= event.predicted_gap
+    )
+    if within:
+        text += "; that gap is within the model's error: a longer --budget searches on"
+    return text

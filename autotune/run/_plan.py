@@ -120,7 +120,11 @@ def check_nvme_path(path: Path | None) -> str | None:
 def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     """Check and resolve everything a run needs before any process is started."""
     from autotune.space import load_space
+    from autotune.study import check_reachable
 
+    # every setting is checked before anything is written or measured
+    check_reachable(settings.storage_url)
+    check_writable(settings.trials_dir, flag="--trials-dir")
     space_spec = load_space(settings.space)
     nvme_path = check_nvme_path(settings.nvme_path)
     _check_batch_flags(settings)
@@ -160,7 +164,6 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     study_name = settings.study_name or inputs.study_name
     if settings.script is None:
         _size_workload_probes(inputs, settings, hardware, bound, per_trial)
-    check_writable(settings.trials_dir, flag="--trials-dir")  # the first thing written
     return Plan(
         settings=settings,
         hardware=hardware,
@@ -400,21 +403,16 @@ def check_model_builds(workload: Workload, ref: str) -> int:
 
 def check_writable(folder: Path, *, flag: str) -> None:
     """Fail before anything runs if ``folder`` cannot take the run's files (a read-only
-    mount, a full disk, a file in the way); root ignores permission bits, so try a write."""
-    import errno
-    import tempfile
+    mount, a full disk, a file in the way), creating nothing
+    (:func:`autotune.writable.check_folder_writable`)."""
+    from autotune.writable import check_folder_writable, why_not_writable
 
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".autotune-write-check-") as probe:
-            probe.write(b"x" * 4096)
-            probe.flush()
-            os.fsync(probe.fileno())
+        check_folder_writable(folder)
     except OSError as exc:
-        why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
         raise SettingsError(
-            f"{flag} {folder}: cannot write there ({why}); make it writable, free space, or "
-            f"pass {flag} OTHER_FOLDER"
+            f"{flag} {folder}: cannot write there ({why_not_writable(exc)}); make it "
+            f"writable, free space, or pass {flag} OTHER_FOLDER"
         ) from None
 
 

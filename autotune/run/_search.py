@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from autotune.run._driver_session import DriverSession
     from autotune.run._plan import Plan
     from autotune.run.budget import BudgetClock, ReservePolicy
-    from autotune.run.sampler import CandidatePolicy
+    from autotune.run.sampler import CandidatePolicy, Settling
 
 MAX_DUPLICATES_IN_A_ROW = 3
 CLAIM_WAIT_S = 5.0  # how long a shared driver waits for an earlier trial's claim to appear
@@ -100,6 +100,7 @@ class Search:
         self.reserve_s = 0.0
         self.verify_s = 0.0  # the part of reserve_s held for the loss check
         self.settled = False  # nothing promising left on a budget short of the round's plan
+        self.settling: Settling | None = None  # what the settled search compared
         self._checked_s = max(  # the study's loss checks so far (run --verify's reserve)
             (check.seconds for check in verification.load_all(self.study).values()), default=0.0
         )
@@ -313,6 +314,8 @@ class Search:
             state,
             promising=self.policy is None or self.policy.promising(history, self._best_score),
         )
+        if self.settled and self.policy is not None:
+            self.settling = self.policy.settling(history, self._best_score)
         self.emit(
             events.BudgetUpdated(
                 self.clock.spent_s,
@@ -349,8 +352,15 @@ class Search:
         if not self._unseen():
             return events.SearchStopped("exhausted")
         if self.settled:
+            settling = self.settling
             return events.SearchStopped(
-                "settled", spent_s=self.clock.spent_s, total_s=self.clock.total_s, reserve_s=left_s
+                "settled",
+                spent_s=self.clock.spent_s,
+                total_s=self.clock.total_s,
+                reserve_s=left_s,
+                predicted_gap=settling.gap if settling else None,
+                model_error=settling.model_error if settling else None,
+                probes=settling.probes if settling else 0,
             )
         return None
 

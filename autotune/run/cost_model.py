@@ -70,6 +70,7 @@ TERMS = (
     "nvme",
 )
 RIDGE = 0.3  # pull of each weight toward its prior 1, against relative errors
+MIN_PROBES_FOR_ERROR = 3  # a leave-one-out error of fewer probes says nothing
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,23 @@ class CostModel:
 
     def samples_per_s(self, candidate: Candidate) -> float:
         return candidate.train_batch_size / max(self.step_time_s(candidate), 1e-12)
+
+    def leave_one_out_error(self, measured: list[tuple[Candidate, float]]) -> float | None:
+        """The median relative error of the samples/s predicted for each of ``measured``
+        ((candidate, step time s) pairs) by the model fitted on the others: how far this
+        study's own probes say its predictions can be trusted. None below
+        :data:`MIN_PROBES_FOR_ERROR` probes. Leaves the model fitted on all of them."""
+        if len(measured) < MIN_PROBES_FOR_ERROR:
+            self.fit(measured)
+            return None
+        errors = []
+        for index, (candidate, step_s) in enumerate(measured):
+            self.fit(measured[:index] + measured[index + 1 :])
+            errors.append(abs(step_s / self.step_time_s(candidate) - 1.0))
+        self.fit(measured)
+        errors.sort()
+        middle = len(errors) // 2
+        return errors[middle] if len(errors) % 2 else (errors[middle - 1] + errors[middle]) / 2
 
     def fit(self, measured: list[tuple[Candidate, float]]) -> None:
         """Weights from (candidate, measured step time) pairs: least squares on relative

@@ -28,6 +28,7 @@ Policies:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -58,6 +59,18 @@ NOVELTY_ATTRIBUTES = (
     "activation_checkpointing",
     "micro_batch_size",
 )
+
+
+@dataclass(frozen=True)
+class Settling:
+    """Why the search found nothing promising left (:meth:`CandidatePolicy.settling`):
+    ``gap``, the share below the best of the best open candidate's prediction (None: no open
+    candidate of the best's tier); ``model_error``, the cost model's median leave-one-out
+    error on the study's ``probes`` (None: too few probes to say)."""
+
+    gap: float | None
+    model_error: float | None
+    probes: int
 
 
 class History:
@@ -185,6 +198,25 @@ class CandidatePolicy:
             self.goal.score(self.cost.samples_per_s(c), c.data_parallel_size) for c in open_
         )
         return tier > best[0] or (tier == best[0] and value >= best[1] * (1 - PROMISING_MARGIN))
+
+    def settling(self, history: History, best: tuple[int, float]) -> Settling:
+        """What :meth:`promising` compared when it found nothing: how far below ``best`` the
+        best-predicted open candidate of the best's tier lies, and the cost model's
+        leave-one-out error on ``history``'s probes (:meth:`CostModel.leave_one_out_error
+        <autotune.run.cost_model.CostModel.leave_one_out_error>`)."""
+        if self.cost is None or best[1] <= 0:
+            return Settling(None, None, len(history.measured))
+        error = self.cost.leave_one_out_error(history.measured)
+        values = [
+            value
+            for tier, value in (
+                self.goal.score(self.cost.samples_per_s(c), c.data_parallel_size)
+                for c in self._open(history)
+            )
+            if tier == best[0]
+        ]
+        gap = 1.0 - max(values) / best[1] if values else None
+        return Settling(gap, error, len(history.measured))
 
     def covered(self, history: History) -> bool:
         """Every ZeRO stage that may fit has had its probe (the model's search only)."""

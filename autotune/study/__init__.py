@@ -8,6 +8,7 @@ from autotune.study.confirmation import Confirmation
 from autotune.study.records import TrialRecord, TrialView, ranked_feasible, trial_id, views
 from autotune.study.storage import (
     StudyConfig,
+    check_reachable,
     dropped_backends,
     load_existing_study,
     open_storage,
@@ -28,6 +29,7 @@ __all__ = [
     "StudyConfig",
     "TrialRecord",
     "TrialView",
+    "check_reachable",
     "dropped_backends",
     "load_existing_study",
     "open_storage",

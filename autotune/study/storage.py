@@ -169,6 +169,46 @@ def open_storage(
         ) from None
 
 
+def check_reachable(url: str) -> None:
+    """Fail with one line (:class:`StorageError`) if the storage at ``url`` cannot be
+    opened, writing nothing: a SQLite file that exists must open; one that does not yet must
+    have a folder that could be created and written
+    (:func:`autotune.writable.check_folder_writable`); any other URL must connect."""
+    import sqlalchemy
+    import sqlalchemy.exc
+
+    from autotune.writable import check_folder_writable, why_not_writable
+
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+        try:
+            if path.exists():
+                with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as c:
+                    c.execute("PRAGMA schema_version")
+            else:
+                check_folder_writable(path.parent)
+        except (OSError, sqlite3.Error) as exc:
+            why = why_not_writable(exc) if isinstance(exc, OSError) else str(exc)
+            raise StorageError(
+                f"--storage {mask_url(url)}: cannot open the SQLite file {path} ({why}); check "
+                "that the folder is writable, or pass another --storage"
+            ) from None
+        return
+    try:
+        engine = sqlalchemy.create_engine(url)
+        try:
+            with engine.connect():
+                pass
+        finally:
+            engine.dispose()
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StorageError(
+            f"--storage {mask_url(url)}: cannot open ({mask_url(first)}); pass a reachable "
+            "SQLAlchemy URL such as sqlite:///trials/autotune.db"
+        ) from None
+
+
 def study_names(storage: optuna.storages.BaseStorage) -> list[str]:
     return [s.study_name for s in storage.get_all_studies()]
 

@@ -42,6 +42,26 @@ def test_noisy_probes_over_close_candidates_miss_some_picks_and_more_probes_help
         assert all(report["shares"][name][b] <= top[b] for b in top)
 
 
+def test_on_a_clock_the_probes_that_fit_the_seconds_are_the_budget() -> None:
+    """``budget_s``: each probe takes its row's wall time, the tuner's finish is held back;
+    a clock that holds about as many probes as a count gets about its share, a clock too
+    short for one probe picks nothing, and slower probes (``probe_scale``) get fewer."""
+    from autotune.run.budget import DEFAULT_FINISH_S
+
+    table = Table.load(AMX_TABLE, UNLIMITED, noise=0.075)
+    walls = [table.rows[k]["probe_wall_s"] for k in ideal.close_to_best(table)]
+    ten_probes_s = DEFAULT_FINISH_S + 10 * sum(walls) / len(walls)
+    counted = ideal.ideal_search(table, budgets=(10,), repeats=2000)["best_share"][10]
+    timed = ideal.ideal_search(table, repeats=2000, budget_s=ten_probes_s)
+    assert timed["budget_s"] == ten_probes_s and timed["probe_scale"] == 1.0
+    (share,) = timed["best_share"].values()
+    assert abs(share - counted) < 0.06
+    none = ideal.ideal_search(table, repeats=100, budget_s=DEFAULT_FINISH_S + 0.1)
+    assert list(none["best_share"].values()) == [0.0]
+    slow = ideal.ideal_search(table, repeats=2000, budget_s=ten_probes_s, probe_scale=3.0)
+    assert list(slow["best_share"].values())[0] < share
+
+
 def test_the_report_is_written_with_what_it_was_run_at(tmp_path: Path) -> None:
     table = Table.load(AMX_TABLE, UNLIMITED, noise=0.075, bimodal=Bimodal())
     report = ideal.ideal_search(table, repeats=100)
@@ -59,7 +79,7 @@ def test_the_committed_ideal_searches_bound_the_tables_as_they_are() -> None:
     # benchmarks/data/ideal_search_*.json (RESULTS.md, docs/search.md): the candidates each
     # drew on are the table's close ones today, at the table, limit and mode it names
     files = sorted((ROOT / "benchmarks" / "data").glob("ideal_search_*.json"))
-    assert len(files) == 15
+    assert len(files) == 15 + 11  # counted, and on a 4-minute clock (*_240s*)
     for path in files:
         written = json.loads(path.read_text())
         bimodal = Bimodal() if written["bimodal"] else None

@@ -164,6 +164,9 @@ CASES: list[tuple[list[str], str]] = [
         "--storage postgresql+psycopg2://u:***@127.0.0.1:9/db: cannot open",
     ),
     ([*RUN, "--storage", "notaurl"], "--storage notaurl: cannot open"),
+    # checked before anything is written or measured: no trials/ beside the error
+    ([*RUN, "--storage", "sqlite:////proc/x/y.db"], "cannot open the SQLite file /proc/x/y.db"),
+    ([*RUN, "--trials-dir", "/proc/t"], "--trials-dir /proc/t: cannot write there"),
     (["status", "--storage", "sqlite:///nowhere/x.db", "--study", "s"], "no such study"),
     (["export", "-o", "out", "--storage", "sqlite:///x.db", "--study", "s"], "no such study"),
     (["status", "--storage", "sqlite:///bad.db", "--study", "bad"], "its stored settings"),

@@ -34,3 +34,27 @@ def test_a_probe_over_a_limit_says_it_is_infeasible_and_why() -> None:
     assert text.startswith("trial 3: z2 -> 10.0 samples/s")
     assert text.endswith(f"; infeasible: {why} [0 s]")
     assert "infeasible" not in line(events.ProbeFinished(3, "z2", result, 2**30, "log"))
+
+
+def test_a_settled_search_says_what_it_compared_and_when_that_is_within_the_models_error() -> None:
+    from autotune import events
+
+    def settled(gap: float | None, error: float | None, probes: int) -> str:
+        return line(
+            events.SearchStopped(
+                "settled", reserve_s=141.0, predicted_gap=gap, model_error=error, probes=probes
+            )
+        )
+
+    assert settled(0.12, 0.04, 5) == (
+        "search stopped: no open candidate is predicted within 5% of the best (the nearest "
+        "12% below it; the cost model's leave-one-out error on this study's 5 probes ±4%), "
+        "and the budget is short of the confirmation round's plan: its last 2m21s go to "
+        "confirming the best"
+    )
+    assert settled(0.07, 0.11, 5).endswith(
+        "; that gap is within the model's error: a longer --budget searches on"
+    )
+    assert settled(None, None, 2).startswith(
+        "search stopped: no open candidate is predicted within 5% of the best, and the budget"
+    )

@@ -120,6 +120,26 @@ def test_an_unmeasured_precision_learns_from_the_measured_ones() -> None:
     assert model.weights["compute_bf16"] == pytest.approx(model.weights["compute_fp32"])
 
 
+def test_the_leave_one_out_error_is_what_the_model_misses_on_a_probe_it_did_not_see() -> None:
+    """Times the model's own terms make exactly: no error; one probe 30% off what the
+    others imply: it alone is missed by about that much, so the median stays small; every
+    probe off by its own amount: the median error is theirs. Below three probes: None."""
+    from autotune.run.cost_model import MIN_PROBES_FOR_ERROR
+
+    truth = CostModel(FACTS, "cpu")
+    observed = [cand(stage, mb=mb) for stage in (0, 1, 2) for mb in (1, 2, 8)]
+    exact = [(c, truth.step_time_s(c)) for c in observed]
+    model = CostModel(FACTS, "cpu")
+    assert model.leave_one_out_error(exact) == pytest.approx(0.0, abs=1e-6)
+    assert model.weights == pytest.approx(dict.fromkeys(TERMS, 1.0), abs=1e-6)  # fitted on all
+    one_off = [*exact[:4], (exact[4][0], 1.3 * exact[4][1]), *exact[5:]]
+    assert model.leave_one_out_error(one_off) < 0.05
+    scatter = [1.0, 1.2, 0.8, 1.15, 0.85, 1.1, 0.9, 1.25, 0.75]
+    noisy = [(c, f * t) for (c, t), f in zip(exact, scatter, strict=True)]
+    assert 0.08 < model.leave_one_out_error(noisy) < 0.3
+    assert model.leave_one_out_error(exact[: MIN_PROBES_FOR_ERROR - 1]) is None
+
+
 # -- policy and sampler --------------------------------------------------------------------
 def bound_space():
     return load_space("default").bind(CPU, data_parallel_size=2, global_batch=16)
@@ -215,6 +235,26 @@ def test_a_candidate_is_promising_while_its_prediction_is_near_the_best_measured
     for candidate in candidates[:3]:
         history.add(candidate, "ok", 0.5)
     assert not policy.promising(history, (0, 1.0))  # nothing left open
+
+
+def test_settling_says_how_far_the_nearest_open_candidate_is_and_the_models_error() -> None:
+    """:meth:`CandidatePolicy.settling`: the best open prediction's share below the best,
+    and the cost model's leave-one-out error once three probes are measured."""
+    candidates = [cand(stage=2, mb=mb) for mb in (1, 2, 4, 8)]
+    cost = CostModel(FACTS, "cpu")
+    policy = CandidatePolicy(candidates, cost=cost, mode="model")
+    history = History()
+    history.add(candidates[3], "ok", 0.5)
+    settling = policy.settling(history, (0, 1e9))
+    assert settling.model_error is None and settling.probes == 1
+    predicted = max(cost.samples_per_s(c) for c in candidates[:3])
+    assert settling.gap == pytest.approx(1.0 - predicted / 1e9)
+    history.add(candidates[2], "ok", 0.3)
+    history.add(candidates[1], "ok", 0.2)
+    settling = policy.settling(history, (0, 1e9))
+    assert settling.probes == 3 and settling.model_error is not None
+    assert settling.model_error == pytest.approx(cost.leave_one_out_error(history.measured))
+    assert policy.settling(history, (1, 1e9)).gap is None  # no open candidate of that tier
 
 
 def test_sampler_drives_an_optuna_study_with_whole_candidates() -> None:

@@ -192,9 +192,13 @@ def test_on_a_short_budget_the_search_settles_and_the_round_gets_the_rest(
         # the rest went to the round: more re-probes (1 s each) than its capped share holds
         assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS
         assert len(scripted.order) - 2 > confirm.MAX_RESERVE_SHARE * budget_s
+        # two probes: too few for the model's leave-one-out error, so the line gives the gap
+        assert run.stop.model_error is None and run.stop.probes == 2
+        assert run.stop.predicted_gap is not None and run.stop.predicted_gap > 0.05
         assert line(run.stop).startswith(
-            "search stopped: no candidate left is predicted within 5% of the best, and the "
-            "budget is short of the confirmation round's plan: its last "
+            "search stopped: no open candidate is predicted within 5% of the best (the "
+            f"nearest {100 * run.stop.predicted_gap:.0f}% below it), and the budget is short "
+            "of the confirmation round's plan: its last "
         )
     else:
         assert run.stop.kind == "exhausted"
