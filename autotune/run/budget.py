@@ -162,6 +162,40 @@ def probe_estimate_s(trials: Iterable[TrialView], *, full_only: bool = False) ->
     return statistics.median(chosen) if chosen else 0.0
 
 
+MAX_RESERVE_SHARE = 0.4  # the round's reserve at most; the search keeps the rest
+
+
+def planned_probes(contenders: int) -> int:
+    """Probes the round is planned for (:mod:`autotune.study.confirmation`'s constants):
+    ``ROUNDS`` of every contender (at most ``MAX_CONTENDERS``) and ``TIE_ROUNDS`` of the
+    best two."""
+    every = min(max(contenders, 2), confirm.MAX_CONTENDERS)
+    return confirm.ROUNDS * every + 2 * confirm.TIE_ROUNDS
+
+
+def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float:
+    """Budget held back from the search for the round: :func:`planned_probes` at the wall
+    time of one full-length probe (confirmation probes never stop early), at most
+    :data:`MAX_RESERVE_SHARE` of the budget (the search must still have room to find
+    something worth confirming; on a budget short of the plan the search ends early
+    instead once it has nothing promising left, :meth:`ReservePolicy.settled`).
+    ``contenders`` is how many the search leaves so far
+    (:func:`autotune.study.confirmation.contenders`), at least its ``TOP_CONTENDERS`` (more
+    may join)."""
+    return min(planned_s(confirm_probe_s, contenders), MAX_RESERVE_SHARE * max(budget_s, 0.0))
+
+
+def planned_s(confirm_probe_s: float, contenders: int) -> float:
+    """The round's whole plan in seconds (:func:`reserve_s` before its cap)."""
+    return planned_probes(max(contenders, confirm.TOP_CONTENDERS)) * max(confirm_probe_s, 1.0)
+
+
+def plan_fits(confirm_probe_s: float, contenders: int, budget_s: float) -> bool:
+    """The round's whole plan (:func:`planned_s`) fits in :data:`MAX_RESERVE_SHARE` of the
+    budget: the budget is not short of it."""
+    return planned_s(confirm_probe_s, contenders) <= MAX_RESERVE_SHARE * max(budget_s, 0.0)
+
+
 @dataclass(frozen=True)
 class SearchState:
     """What the search knows when it weighs the confirmation round (:class:`ReservePolicy`)."""
@@ -182,7 +216,7 @@ class ReservePolicy:
     confirm, and a search stopped with one never reaches a round), nor, with autotune's
     sampler, before every ZeRO stage that may fit has had its probe (on a short budget the
     reserve otherwise ends the search after two configs and confirms the wrong ones). Then:
-    :func:`autotune.study.confirmation.reserve_s` for the contenders the search leaves so far, at
+    :func:`reserve_s` for the contenders the search leaves so far, at
     the wall time of a full-length probe.
 
     On a budget short of the round's plan, the search ends as soon as it has nothing
@@ -197,7 +231,7 @@ class ReservePolicy:
     def reserve_s(self, state: SearchState) -> float:
         if not self._round_due(state):
             return 0.0
-        return confirm.reserve_s(self._per_probe_s(state), state.contenders, state.budget_s)
+        return reserve_s(self._per_probe_s(state), state.contenders, state.budget_s)
 
     def settled(self, state: SearchState, *, promising: bool) -> bool:
         """The search should end now and leave the rest of the budget to the round: the
@@ -209,7 +243,7 @@ class ReservePolicy:
         long search may still find what it ranked low."""
         if promising or not self._round_due(state):
             return False
-        return not confirm.plan_fits(self._per_probe_s(state), state.contenders, state.budget_s)
+        return not plan_fits(self._per_probe_s(state), state.contenders, state.budget_s)
 
     def _round_due(self, state: SearchState) -> bool:
         return self.enabled and state.feasible >= 2 and state.stages_covered

@@ -16,7 +16,8 @@ objective across world sizes, "highest" is the goal's score of the estimate
 for cost), and intervals compare in the same units.
 
 The round's time is reserved from the budget before the search starts
-(:func:`reserve_s`), so it is never skipped because the search used everything.
+(:func:`autotune.run.budget.reserve_s`), so it is never skipped because the search used
+everything.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ MAX_CONTENDERS = 5
 ROUNDS = 3
 TIE_ROUNDS = 3  # rounds of the two closest alone while they overlap, reserved
 MAX_TIE_ROUNDS = 6  # ... and more while the budget has room for them
-MAX_RESERVE_SHARE = 0.4  # the search keeps at least the rest of the budget
 CONFIRMATION_ATTR = "autotune_confirmation"
 # The sample median's standard error is sqrt(pi/2) ~ 1.2533 times the mean's for normally
 # distributed data (Kenney and Keeping, "Mathematics of Statistics", 1962, sec. 13.13).
@@ -448,34 +448,6 @@ def contenders(ranked: list[TrialView], goal: TrainingGoal | None = None) -> lis
         factor = goal.factor(trial.candidate.data_parallel_size, tier)
         estimates.append((factor * rate, factor * half) if tier == top_tier else (-math.inf, 0.0))
     return [ranked[i] for i in pick_contenders(estimates)]
-
-
-def planned_probes(contenders: int) -> int:
-    """Probes the round is planned for: :data:`ROUNDS` of every contender and
-    :data:`TIE_ROUNDS` of the best two."""
-    return ROUNDS * min(max(contenders, 2), MAX_CONTENDERS) + 2 * TIE_ROUNDS
-
-
-def reserve_s(confirm_probe_s: float, contenders: int, budget_s: float) -> float:
-    """Budget held back from the search for the round: :func:`planned_probes` at the wall
-    time of one full-length probe (confirmation probes never stop early), at most
-    :data:`MAX_RESERVE_SHARE` of the budget (the search must still have room to find
-    something worth confirming; on a budget short of the plan the search ends early
-    instead once it has nothing promising left, :meth:`ReservePolicy.settled
-    <autotune.run.budget.ReservePolicy.settled>`). ``contenders`` is how many the search
-    leaves so far (:func:`contenders`), at least :data:`TOP_CONTENDERS` (more may join)."""
-    return min(planned_s(confirm_probe_s, contenders), MAX_RESERVE_SHARE * max(budget_s, 0.0))
-
-
-def planned_s(confirm_probe_s: float, contenders: int) -> float:
-    """The round's whole plan in seconds (:func:`reserve_s` before its cap)."""
-    return planned_probes(max(contenders, TOP_CONTENDERS)) * max(confirm_probe_s, 1.0)
-
-
-def plan_fits(confirm_probe_s: float, contenders: int, budget_s: float) -> bool:
-    """The round's whole plan (:func:`planned_s`) fits in :data:`MAX_RESERVE_SHARE` of the
-    budget: the budget is not short of it."""
-    return planned_s(confirm_probe_s, contenders) <= MAX_RESERVE_SHARE * max(budget_s, 0.0)
 
 
 def load(study: optuna.Study) -> Confirmation | None:

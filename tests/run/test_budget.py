@@ -246,9 +246,9 @@ def test_on_a_budget_short_of_the_rounds_plan_the_search_settles_once_nothing_is
     """The search ends early (:meth:`ReservePolicy.settled`) only where all three hold: the
     round is due, nothing open is promising, and the budget cannot hold the round's plan
     within its share (a long budget keeps searching: the cost model is rough)."""
-    plan_s = confirm.planned_probes(3) * 2.0  # three contenders at 2 s a full probe
-    short, long = plan_s / confirm.MAX_RESERVE_SHARE - 1, plan_s / confirm.MAX_RESERVE_SHARE
-    assert not confirm.plan_fits(2.0, 3, short) and confirm.plan_fits(2.0, 3, long)
+    plan_s = budget.planned_probes(3) * 2.0  # three contenders at 2 s a full probe
+    short, long = plan_s / budget.MAX_RESERVE_SHARE - 1, plan_s / budget.MAX_RESERVE_SHARE
+    assert not budget.plan_fits(2.0, 3, short) and budget.plan_fits(2.0, 3, long)
 
     def settled(
         policy: budget.ReservePolicy | None = None, promising: bool = False, **changed
@@ -265,7 +265,7 @@ def test_on_a_budget_short_of_the_rounds_plan_the_search_settles_once_nothing_is
     assert not settled(feasible=1)  # nothing to confirm yet
     assert not settled(policy=budget.ReservePolicy(enabled=False))  # no round (--no-confirm)
     # a contender more makes the plan longer: the same budget is short of it
-    assert confirm.plan_fits(2.0, 3, long) and not confirm.plan_fits(2.0, 4, long)
+    assert budget.plan_fits(2.0, 3, long) and not budget.plan_fits(2.0, 4, long)
 
 
 def test_the_loss_check_holds_back_one_launch_and_three_runs_of_its_steps() -> None:
@@ -288,3 +288,14 @@ def test_the_loss_check_holds_back_one_launch_and_three_runs_of_its_steps() -> N
     assert script.verify_reserve_s(feasible=2, launch_s=9.0, step_s=0.3) == pytest.approx(
         budget.VERIFY_RUNS * (9.0 + 10 * 0.3)
     )
+
+
+def test_reserve_covers_every_contender_and_the_tie_break() -> None:
+    tie_break = 2 * confirm.TIE_ROUNDS
+    # before the search has contenders: planned for the top three
+    assert budget.reserve_s(5.0, 0, 3600) == (3 * 3 + tie_break) * 5.0
+    # four contenders within noise: three rounds of all four
+    assert budget.reserve_s(5.0, 4, 3600) == (3 * 4 + tie_break) * 5.0
+    # never more than MAX_CONTENDERS, never more than 40% of the budget
+    assert budget.reserve_s(5.0, 9, 3600) == (3 * confirm.MAX_CONTENDERS + tie_break) * 5.0
+    assert budget.reserve_s(100.0, 4, 400) == pytest.approx(0.4 * 400)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.run.budget import MAX_RESERVE_SHARE
 from autotune.study import best, records
 from autotune.study import confirmation as confirm
 from tests.support.cli import run_cli
@@ -191,7 +192,7 @@ def test_on_a_short_budget_the_search_settles_and_the_round_gets_the_rest(
         assert run.stop.kind == "settled"
         # the rest went to the round: more re-probes (1 s each) than its capped share holds
         assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS
-        assert len(scripted.order) - 2 > confirm.MAX_RESERVE_SHARE * budget_s
+        assert len(scripted.order) - 2 > MAX_RESERVE_SHARE * budget_s
         # two probes: too few for the model's leave-one-out error, so the line gives the gap
         assert run.stop.model_error is None and run.stop.probes == 2
         assert run.stop.predicted_gap is not None and run.stop.predicted_gap > 0.05

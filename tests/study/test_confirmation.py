@@ -115,17 +115,6 @@ def test_within_noise_the_steadier_contender_wins() -> None:
     assert apart.winner == 3 and apart.steadier_over is None
 
 
-def test_reserve_covers_every_contender_and_the_tie_break() -> None:
-    tie_break = 2 * confirm.TIE_ROUNDS
-    # before the search has contenders: planned for the top three
-    assert confirm.reserve_s(5.0, 0, 3600) == (3 * 3 + tie_break) * 5.0
-    # four contenders within noise: three rounds of all four
-    assert confirm.reserve_s(5.0, 4, 3600) == (3 * 4 + tie_break) * 5.0
-    # never more than MAX_CONTENDERS, never more than 40% of the budget
-    assert confirm.reserve_s(5.0, 9, 3600) == (3 * confirm.MAX_CONTENDERS + tie_break) * 5.0
-    assert confirm.reserve_s(100.0, 4, 400) == pytest.approx(0.4 * 400)
-
-
 def _scripted_round(verdict: confirm.Confirmation, rates: dict[int, list[float]], probes: int):
     """A ``one_round`` for :func:`confirm.run_rounds` with room for ``probes`` probes; each
     probe of a trial returns its next scripted samples/s. Also returns the rounds it ran."""
