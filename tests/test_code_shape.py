@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
 
@@ -124,15 +123,6 @@ def import_cycles(tree: Tree) -> list[list[str]]:
     return cycles
 
 
-def long_modules(tree: Tree, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
-    """Files over ``limit`` lines, with their lengths."""
-    return {
-        str(path.relative_to(tree.folder.parent)): lines
-        for path in modules(tree).values()
-        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > limit
-    }
-
-
 def long_functions(tree: Tree, limit: int = MAX_FUNCTION_LINES) -> list[str]:
     """Functions and methods (sync or async, nested ones too) over ``limit`` physical
     lines, from the ``def`` line through the last line, as ``file:line name (N lines)``."""
@@ -145,12 +135,6 @@ def long_functions(tree: Tree, limit: int = MAX_FUNCTION_LINES) -> list[str]:
                     where = f"{path.relative_to(tree.folder.parent)}:{node.lineno}"
                     found.append(f"{where} {node.name} ({lines} lines)")
     return found
-
-
-@pytest.mark.parametrize("tree", TREES)
-def test_no_module_is_too_long(tree: Tree) -> None:
-    long = long_modules(tree)
-    assert long == {}, f"modules over {MAX_MODULE_LINES} lines, split them by concept: {long}"
 
 
 @pytest.mark.parametrize("tree", TREES)
@@ -197,13 +181,6 @@ def test_long_functions_are_found_with_file_line_and_length(tmp_path: Path) -> N
         f"scripts/bad.py:3 too_long ({MAX_FUNCTION_LINES + 1} lines)",
         f"scripts/bad.py:{MAX_FUNCTION_LINES + 5} method ({MAX_FUNCTION_LINES + 2} lines)",
     ]
-
-
-def test_long_modules_are_found(tmp_path: Path) -> None:
-    _write(tmp_path / "pkg", {"short.py": "x = 1\n" * 3, "long.py": "x = 1\n" * 4})
-    assert long_modules(Tree(tmp_path / "pkg", import_root=tmp_path), limit=3) == {
-        str(Path("pkg/long.py")): 4
-    }
 
 
 def test_script_cycles_through_bare_module_names(tmp_path: Path) -> None:
