@@ -19,7 +19,8 @@ attr :data:`GOAL_ATTR`, read and written only here (:func:`store`, :func:`of_stu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,8 +32,23 @@ if TYPE_CHECKING:
 
 GOAL_ATTR = "autotune_goal"
 
-Objective = Literal["throughput", "cost", "deadline"]
-OBJECTIVES: tuple[Objective, ...] = ("throughput", "cost", "deadline")
+
+class Objective(str, Enum):
+    """What ranks configurations (``--objective``); stored and printed as its value. Only
+    :class:`TrainingGoal` ranks by it: code elsewhere asks the goal, never the name."""
+
+    THROUGHPUT = "throughput"
+    COST = "cost"
+    DEADLINE = "deadline"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+OBJECTIVES: tuple[str, ...] = tuple(o.value for o in Objective)
 
 
 class TrainingGoal(BaseModel):
@@ -40,7 +56,9 @@ class TrainingGoal(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    objective: Objective = Field(default="throughput", description="What ranks configurations.")
+    objective: Objective = Field(
+        default=Objective.THROUGHPUT, description="What ranks configurations."
+    )
     gpu_hour_price_usd: float | None = Field(
         default=None, gt=0, description="Price of one GPU (or CPU rank) for an hour, in USD."
     )
@@ -82,11 +100,11 @@ class TrainingGoal(BaseModel):
                 "--train-samples and --train-tokens: give one size of the training run"
             )
         sized = train_samples is not None or train_tokens is not None
-        if objective == "cost" and gpu_hour_price_usd is None:
+        if objective == Objective.COST and gpu_hour_price_usd is None:
             raise SettingsError(
                 "--objective cost needs --gpu-hour-price USD (the price of one GPU for an hour)"
             )
-        if objective == "deadline" and (deadline_s is None or not sized):
+        if objective == Objective.DEADLINE and (deadline_s is None or not sized):
             missing = " and ".join(
                 flag
                 for flag, absent in (
@@ -96,13 +114,13 @@ class TrainingGoal(BaseModel):
                 if absent
             )
             raise SettingsError(f"--objective deadline needs {missing}")
-        if deadline_s is not None and objective != "deadline":
+        if deadline_s is not None and objective != Objective.DEADLINE:
             raise SettingsError(
                 f"--deadline with --objective {objective}: a deadline ranks configurations "
                 "only under --objective deadline; add it or leave --deadline out"
             )
         return cls(
-            objective=objective,  # type: ignore[arg-type]
+            objective=Objective(objective),
             gpu_hour_price_usd=gpu_hour_price_usd,
             train_samples=train_samples,
             train_tokens=train_tokens,
@@ -126,15 +144,17 @@ class TrainingGoal(BaseModel):
     def tier(self, samples_per_s: float) -> int:
         """1 for a configuration that finishes within the deadline, 0 otherwise (and for
         every configuration without a deadline objective)."""
-        if self.objective != "deadline":
-            return 0
-        return int(bool(self.finishes(self.time_to_train_s(samples_per_s))))
+        return self.tier_of(self.finishes(self.time_to_train_s(samples_per_s)))
+
+    def tier_of(self, finishes: bool | None) -> int:
+        """:meth:`tier` of a configuration that ``finishes`` within the deadline or not."""
+        return int(bool(finishes)) if self.objective is Objective.DEADLINE else 0
 
     def factor(self, gpus: int, tier: int) -> float:
         """What a samples/s is multiplied by to compare within ``tier``: 1 (throughput, and
         deadline's configurations that do not finish: the fastest of them), else 1 / GPUs
         (samples per GPU-second: the cheapest, whatever the price)."""
-        if self.objective == "cost" or (self.objective == "deadline" and tier == 1):
+        if self.objective is Objective.COST or (self.objective is Objective.DEADLINE and tier):
             return 1.0 / max(gpus, 1)
         return 1.0
 
@@ -148,9 +168,9 @@ class TrainingGoal(BaseModel):
         """The least samples/s on ``gpus`` that scores at least ``score`` (:meth:`score`):
         what a probe must reach to be worth finishing (the search's early stop)."""
         tier, value = score
-        if self.objective == "throughput":
+        if self.objective is Objective.THROUGHPUT:
             return value
-        if self.objective == "cost":
+        if self.objective is Objective.COST:
             return value * gpus
         required = self.required_samples_per_s() or 0.0
         if tier == 1:
@@ -159,9 +179,9 @@ class TrainingGoal(BaseModel):
 
     def ranks_like(self, other: TrainingGoal) -> bool:
         """Both rank every configuration alike (a price changes no order)."""
-        if self.objective != other.objective:
+        if self.objective is not other.objective:
             return False
-        if self.objective != "deadline":
+        if self.objective is not Objective.DEADLINE:
             return True
         return self.required_samples_per_s() == other.required_samples_per_s()
 
@@ -179,17 +199,32 @@ class TrainingGoal(BaseModel):
         """What the best at ``samples_per_s`` is called under this objective: "fastest",
         "cheapest", "cheapest within the deadline", or where it does not finish (then none
         does) "fastest (none finishes within the deadline)"."""
-        if self.objective == "cost":
+        if self.objective is Objective.COST:
             return "cheapest"
-        if self.objective == "deadline" and self.tier(samples_per_s) == 1:
+        if self.objective is Objective.DEADLINE and self.tier(samples_per_s) == 1:
             return "cheapest within the deadline"
-        if self.objective == "deadline":
+        if self.objective is Objective.DEADLINE:
             return "fastest (none finishes within the deadline)"
         return "fastest"
 
+    @property
+    def ranks_by_speed_alone(self) -> bool:
+        """The objective is throughput: samples/s alone ranks configurations."""
+        return self.objective is Objective.THROUGHPUT
+
+    @property
+    def says_more_than_speed(self) -> bool:
+        """The goal has something to show beside samples/s: another objective, a size or a
+        price."""
+        return not self.ranks_by_speed_alone or self.sized_or_priced
+
+    def misses_deadline(self, samples_per_s: float) -> bool:
+        """Under a deadline, ``samples_per_s`` does not finish within it."""
+        return self.objective is Objective.DEADLINE and self.tier(samples_per_s) == 0
+
     def describe(self) -> str:
         """The objective and its inputs in one line: "cost at $2.50 per GPU-hour"."""
-        parts = [self.objective]
+        parts = [self.objective.value]
         if self.gpu_hour_price_usd is not None:
             parts.append(f"at ${self.gpu_hour_price_usd:,.2f} per GPU-hour")
         if self.train_samples is not None:

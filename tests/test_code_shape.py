@@ -143,6 +143,48 @@ def test_no_function_is_too_long(tree: Tree) -> None:
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines, split them: " + "; ".join(long)
 
 
+def objective_comparisons(tree: Tree) -> list[str]:
+    """Comparisons of a ``.objective`` with an objective's name (``goal.objective ==
+    "cost"``) outside ``training_goal.py``: the goal ranks by its objective, code elsewhere
+    asks the goal (``ranks_by_speed_alone``, ``tier_of``, ``noun``, ...)."""
+    from autotune.training_goal import OBJECTIVES
+
+    found = []
+    for path in modules(tree).values():
+        if path.name == "training_goal.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            named = any(isinstance(x, ast.Attribute) and x.attr == "objective" for x in sides)
+            literal = any(isinstance(x, ast.Constant) and x.value in OBJECTIVES for x in sides)
+            if named and literal:
+                found.append(f"{path.relative_to(tree.folder.parent)}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_only_the_training_goal_compares_objectives(tree: Tree) -> None:
+    found = objective_comparisons(tree)
+    assert found == [], "ask the TrainingGoal instead of comparing its objective: " + ", ".join(
+        found
+    )
+
+
+def test_an_objective_compared_by_name_is_found(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "pkg",
+        {
+            "a.py": 'def f(goal):\n    return goal.objective == "cost"\n',
+            "b.py": "def f(goal):\n    return goal.ranks_by_speed_alone\n",
+            "training_goal.py": 'def f(self):\n    return self.objective != "deadline"\n',
+        },
+    )
+    tree = Tree(tmp_path / "pkg", import_root=tmp_path)
+    assert objective_comparisons(tree) == [str(Path("pkg/a.py")) + ":2"]
+
+
 @pytest.mark.parametrize("tree", TREES)
 def test_no_import_cycle(tree: Tree) -> None:
     cycles = import_cycles(tree)

@@ -261,7 +261,7 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
             "per rank"
         )
         goal = plan.goal
-        if goal.objective != "throughput" or goal.sized_or_priced:
+        if goal.says_more_than_speed:
             outcome = goal.outcome(best.samples_per_s, best.gpus)
             console.print(
                 f"objective: {goal.describe()}: the {goal.noun(best.samples_per_s)} on "

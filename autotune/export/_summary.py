@@ -167,12 +167,12 @@ def _goal_lines(goal: TrainingGoal, trial: TrialView, decided: Best | None) -> l
     if decided is not None and decided.trial == trial.number:
         rate = decided.samples_per_s
     outcome = goal.outcome(rate, gpus)
-    if goal.objective == "throughput" and not outcome:
+    if goal.ranks_by_speed_alone and not outcome:
         return []
     lines = [f"- Objective: {goal.describe()}."]
     if outcome:
         lines.append(f"- On {gpus} GPU(s) at {rate:.1f} samples/s it {outcome}.")
-    if goal.objective == "deadline" and goal.tier(rate) == 0:
+    if goal.misses_deadline(rate):
         lines.append(
             "- No configuration measured finishes within the deadline: the fastest is chosen."
         )

@@ -92,7 +92,7 @@ class ConfirmationRounds:
                 )
                 for t in chosen
             ],
-            goal=None if goal.objective == "throughput" else goal,
+            goal=None if goal.ranks_by_speed_alone else goal,
         )
         by_number = {t.number: t for t in chosen}
         by_trial = {c.trial: c for c in verdict.contenders}

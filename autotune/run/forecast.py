@@ -327,7 +327,7 @@ def rank(rows: list[ForecastRow], goal: TrainingGoal) -> list[ForecastRow]:
     row's tier is its ``finishes``, reckoned with the workload's tokens per sample."""
 
     def key(row: ForecastRow) -> tuple[Any, ...]:
-        tier = int(bool(row.finishes)) if goal.objective == "deadline" else 0
+        tier = goal.tier_of(row.finishes)
         return (not row.fits, -tier, -row.samples_per_s * goal.factor(row.gpus, tier))
 
     return sorted(rows, key=key)
@@ -341,11 +341,8 @@ def choice_line(rows: list[ForecastRow], goal: TrainingGoal) -> str:
     best = fitting[0]
     what = f"{best.candidate.label} on {best.gpus} GPU(s), {_rate(best)}"
     extra = _time_and_cost(best)
-    if goal.objective == "throughput":
-        return f"fastest: {what}{extra}"
-    if goal.objective == "cost":
-        return f"cheapest: {what}{extra}"
-    assert goal.deadline_s is not None
+    if goal.deadline_s is None:  # throughput or cost: the goal's noun for its best
+        return f"{goal.noun(best.samples_per_s)}: {what}{extra}"
     deadline = format_duration(goal.deadline_s)
     if best.finishes:
         return f"cheapest that finishes within {deadline}: {what}{extra}"

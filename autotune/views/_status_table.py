@@ -91,7 +91,7 @@ def goal_lines(study: optuna.Study) -> list[str]:
     trials = records.views(study)
     lines = []
     decided = best.of_study(study)
-    if goal.objective != "throughput" or goal.sized_or_priced:
+    if goal.says_more_than_speed:
         lines.append(f"objective: {goal.describe()}")
         if decided is not None:
             outcome = goal.outcome(decided.samples_per_s, decided.gpus)
