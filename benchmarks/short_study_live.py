@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--budget", default="4m", help="each study's --budget")
     parser.add_argument("--grid-passes", type=int, default=2, help="before, and again after")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        help="the folder of the studies' storage and trials (default: a new temporary one); "
+        "a grid pass whose every trial finished there is not run again",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, help="print an earlier run's results")
     parser.add_argument("--extra", type=json.loads, default=[], help=argparse.SUPPRESS)
@@ -95,7 +101,8 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def live(args: argparse.Namespace, run_args: list[str], script_args: list[str]) -> dict:
     folder = args.folder.resolve()
-    root = Path(tempfile.mkdtemp(prefix="short_study_live_"))
+    root = (args.root or Path(tempfile.mkdtemp(prefix="short_study_live_"))).resolve()
+    root.mkdir(parents=True, exist_ok=True)
     storage = f"sqlite:///{root}/studies.db"
     where = ("--storage", storage, "--trials-dir", str(root / "trials"))
     tail = ("--", *script_args) if script_args else ()
@@ -103,6 +110,10 @@ def live(args: argparse.Namespace, run_args: list[str], script_args: list[str]) 
 
     def grid_pass() -> None:
         name = f"grid-{len(grids) + 1}"
+        if _complete(storage, name):
+            grids.append(name)
+            print(f"{name}: complete in {storage}, not run again", flush=True)
+            return
         started = time.monotonic()
         autotune_cli(folder, "run", *run_args, *GRID_FLAGS, *where, "--study", name, *tail)
         grids.append(name)
@@ -136,6 +147,19 @@ def live(args: argparse.Namespace, run_args: list[str], script_args: list[str]) 
     for _ in range(args.grid_passes):
         grid_pass()
     return score(storage, grids, studies, args, run_args, script_args)
+
+
+def _complete(storage: str, name: str) -> bool:
+    """Study ``name`` is in ``storage`` and every one of its trials finished (a grid pass
+    stopped part-way is run again under the next name, not resumed)."""
+    import optuna
+
+    from autotune.study import records, stored_run_flags
+
+    if not stored_run_flags(storage, name):
+        return False
+    trials = records.views(optuna.load_study(study_name=name, storage=storage))
+    return bool(trials) and not any(t.running or t.status == "interrupted" for t in trials)
 
 
 def _search_probes(storage: str, name: str) -> int:

@@ -217,7 +217,8 @@ def _memory_plan(
     as_json: bool,
 ) -> None:
     """``autotune plan --workload W``: every valid candidate's memory on the target."""
-    from autotune.views import plan_candidates, plan_report
+    from autotune.memory import plan_candidates
+    from autotune.views import plan_report
 
     if memory_margin >= 1.0:
         raise AutotuneError(

@@ -183,7 +183,8 @@ def check_reachable(url: str) -> None:
         path = Path(url[len("sqlite:///") :])
         try:
             if path.exists():
-                with contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as c:
+                read_only = f"{path.resolve().as_uri()}?mode=ro"
+                with contextlib.closing(sqlite3.connect(read_only, uri=True)) as c:
                     c.execute("PRAGMA schema_version")
             else:
                 check_folder_writable(path.parent)

@@ -15,7 +15,6 @@ from autotune.views._json_documents import (
 )
 from autotune.views._status_table import (
     goal_lines,
-    plan_candidates,
     plan_report,
     space_facts,
     space_report,
@@ -32,7 +31,6 @@ __all__ = [
     "forecast_document",
     "forecast_report",
     "goal_lines",
-    "plan_candidates",
     "plan_document",
     "plan_report",
     "serve",

@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 
     from autotune.candidate import Candidate
     from autotune.export import Exported
+    from autotune.memory import Planned
     from autotune.run.forecast import Forecast
     from autotune.study import Best, TrialView
     from autotune.study.verification import Verification
-    from autotune.views._status_table import Planned, SpaceFacts
+    from autotune.views._status_table import SpaceFacts
 
 VERSION = 1
 

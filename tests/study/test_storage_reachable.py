@@ -17,11 +17,13 @@ def test_a_new_sqlite_file_in_a_writable_folder_passes_and_is_not_created(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_existing_study_database_opens_read_only(tmp_path: Path) -> None:
+def test_an_existing_study_database_opens_read_only(tmp_path: Path, monkeypatch) -> None:
     url = f"sqlite:///{tmp_path}/a.db"
     optuna.create_study(study_name="s", storage=url)
     before = (tmp_path / "a.db").stat().st_mtime_ns
     check_reachable(url)
+    monkeypatch.chdir(tmp_path)
+    check_reachable("sqlite:///a.db")  # relative to the working folder, as a user types it
     assert (tmp_path / "a.db").stat().st_mtime_ns == before
 
 
