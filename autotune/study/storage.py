@@ -144,10 +144,7 @@ def open_storage(
             with contextlib.closing(sqlite3.connect(path, timeout=30)) as connection:
                 connection.execute("PRAGMA journal_mode=WAL")
         except (OSError, sqlite3.Error) as exc:
-            raise StorageError(
-                f"--storage {mask_url(url)}: cannot open the SQLite file {path} ({exc}); check "
-                "that the folder is writable, or pass another --storage"
-            ) from None
+            raise _sqlite_error(url, path, str(exc)) from None
     # How long a write waits for another process's SQLite lock before failing.
     busy_timeout_s = float(os.environ.get("AUTOTUNE_SQLITE_BUSY_TIMEOUT_S", "30"))
     engine_kwargs = (
@@ -162,11 +159,7 @@ def open_storage(
             heartbeat_stale_trial_callback=on_stale,
         )
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(
-            f"--storage {mask_url(url)}: cannot open ({mask_url(first)}); pass a reachable "
-            "SQLAlchemy URL such as sqlite:///trials/autotune.db"
-        ) from None
+        raise _unreachable(url, exc) from None
 
 
 def check_reachable(url: str) -> None:
@@ -190,10 +183,7 @@ def check_reachable(url: str) -> None:
                 check_folder_writable(path.parent)
         except (OSError, sqlite3.Error) as exc:
             why = why_not_writable(exc) if isinstance(exc, OSError) else str(exc)
-            raise StorageError(
-                f"--storage {mask_url(url)}: cannot open the SQLite file {path} ({why}); check "
-                "that the folder is writable, or pass another --storage"
-            ) from None
+            raise _sqlite_error(url, path, why) from None
         return
     try:
         engine = sqlalchemy.create_engine(url)
@@ -203,11 +193,22 @@ def check_reachable(url: str) -> None:
         finally:
             engine.dispose()
     except (sqlalchemy.exc.SQLAlchemyError, ImportError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StorageError(
-            f"--storage {mask_url(url)}: cannot open ({mask_url(first)}); pass a reachable "
-            "SQLAlchemy URL such as sqlite:///trials/autotune.db"
-        ) from None
+        raise _unreachable(url, exc) from None
+
+
+def _sqlite_error(url: str, path: Path, why: str) -> StorageError:
+    return StorageError(
+        f"--storage {mask_url(url)}: cannot open the SQLite file {path} ({why}); check "
+        "that the folder is writable, or pass another --storage"
+    )
+
+
+def _unreachable(url: str, exc: Exception) -> StorageError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return StorageError(
+        f"--storage {mask_url(url)}: cannot open ({mask_url(first)}); pass a reachable "
+        "SQLAlchemy URL such as sqlite:///trials/autotune.db"
+    )
 
 
 def study_names(storage: optuna.storages.BaseStorage) -> list[str]:

@@ -73,6 +73,8 @@ def test_each_export_is_scored_by_its_median_over_the_best_median_of_the_passes(
             "stopped": None,
         },
     ]
+    storage = f"sqlite:///{tmp_path}/t.db"
+    assert live._complete(storage, "grid-1") and not live._complete(storage, "grid-3")
     args = argparse.Namespace(folder=tmp_path, budget="4m")
     report = live.score(
         f"sqlite:///{tmp_path}/t.db", ["grid-1", "grid-2"], studies, args, ["--gpus", "2"], []
