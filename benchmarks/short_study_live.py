@@ -154,9 +154,9 @@ def _complete(storage: str, name: str) -> bool:
     stopped part-way is run again under the next name, not resumed)."""
     import optuna
 
-    from autotune.study import records, stored_run_flags
+    from autotune.study import records
 
-    if not stored_run_flags(storage, name):
+    if name not in optuna.get_all_study_names(storage):
         return False
     trials = records.views(optuna.load_study(study_name=name, storage=storage))
     return bool(trials) and not any(t.running or t.status == "interrupted" for t in trials)
