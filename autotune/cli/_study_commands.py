@@ -319,7 +319,7 @@ def export(
         _print_json(export_document(loaded.study_name, exported, best.of_study(loaded)))
         return
     console.print(f"trial {exported.trial} ({exported.label}) exported:")
-    for path in (exported.ds_config, exported.launch, exported.summary):
+    for path in (exported.config_file, exported.launch, exported.summary):
         console.print(f"  {path}")
 
 

@@ -33,7 +33,8 @@ class Exported(BaseModel):
     trial: int
     label: str
     folder: str
-    ds_config: str
+    backend: str  # the training library the config is for (the backend registry's name)
+    config_file: str  # the backend's config file (ds_config.json, fsdp2_config.json)
     launch: str
     summary: str
 
@@ -127,7 +128,8 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
         trial=trial.number,
         label=trial.label,
         folder=str(out_dir),
-        ds_config=str(out_dir / backend.config_file_name),
+        backend=backend.name,
+        config_file=str(out_dir / backend.config_file_name),
         launch=str(out_dir / "launch.sh"),
         summary=str(out_dir / "summary.md"),
     )

@@ -343,7 +343,7 @@ class Tuner:
         summary.best_record = trials[summary.best.trial].record
         exported = export(study, self.plan.trials_dir / "best")
         summary.export_dir = str(exported.folder)
-        summary.exported_config = exported.ds_config
+        summary.exported_config = exported.config_file
 
     def make_sampler(self) -> tuple[optuna.samplers.BaseSampler, CandidatePolicy | None]:
         """The study's sampler, and autotune's candidate policy behind it (None under

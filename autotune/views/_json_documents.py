@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from autotune.study.verification import Verification
     from autotune.views._status_table import SpaceFacts
 
-VERSION = 1
+VERSION = 2
 
 
 def dumps(document: dict[str, Any]) -> str:
@@ -234,20 +234,33 @@ def space_document(facts: SpaceFacts) -> dict[str, Any]:
     }
 
 
+DS_CONFIG_FILE = "ds_config.json"  # the file the export's version-1 key ds_config names
+
+
 def export_document(study_name: str, exported: Exported, decided: Best | None) -> dict[str, Any]:
+    """The export: ``backend_config`` is the backend's config file, whatever the backend;
+    ``ds_config`` (its key since version 1) stays for a ``ds_config.json`` alone."""
     from pathlib import Path
 
-    return {
+    config_file = Path(exported.config_file)
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    files = {
+        "backend_config": exported.config_file,
+        "launch": exported.launch,
+        "summary": exported.summary,
+    }
+    document = {
         **_head("export"),
         "study": study_name,
         "trial": exported.trial,
         "label": exported.label,
         "folder": exported.folder,
-        "files": {
-            "ds_config": exported.ds_config,
-            "launch": exported.launch,
-            "summary": exported.summary,
-        },
+        "backend": exported.backend,
+        "files": files,
         "best": None if decided is None else decided.model_dump(),
-        "ds_config": json.loads(Path(exported.ds_config).read_text(encoding="utf-8")),
+        "backend_config": config,
     }
+    if config_file.name == DS_CONFIG_FILE:
+        files["ds_config"] = exported.config_file
+        document["ds_config"] = config
+    return document

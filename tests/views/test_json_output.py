@@ -32,7 +32,7 @@ def _json(*args: str, cwd: Path) -> dict[str, Any]:
 
 def test_status_json(synthetic: str, tmp_path: Path) -> None:
     document = _json("status", "--storage", synthetic, cwd=tmp_path)
-    assert (document["kind"], document["version"]) == ("autotune.status", 1)
+    assert (document["kind"], document["version"]) == ("autotune.status", 2)
     assert set(document) == {
         "kind", "version", "study", "goal", "config", "dropped_backends", "budget", "best",
         "confirmation", "verification", "counts", "world_sizes", "trials",
@@ -60,6 +60,31 @@ def test_export_json(synthetic: str, tmp_path: Path) -> None:
     assert Path(document["files"]["ds_config"]).exists()
     assert document["ds_config"] == json.loads((out / "ds_config.json").read_text())
     assert document["best"]["confirmed"] is True
+    # the neutral keys (version 2) name the same file for DeepSpeed
+    assert document["backend"] == "deepspeed"
+    assert document["files"]["backend_config"] == document["files"]["ds_config"]
+    assert document["backend_config"] == document["ds_config"]
+
+
+def test_an_fsdp2_export_is_named_by_the_neutral_keys_alone(tmp_path: Path) -> None:
+    from autotune.export import Exported
+    from autotune.views import export_document
+
+    (tmp_path / "fsdp2_config.json").write_text('{"reshard_after_forward": true}')
+    exported = Exported(
+        trial=3,
+        label="fsdp2 fp32 mb8x1 reshard:yes",
+        folder=str(tmp_path),
+        backend="fsdp2",
+        config_file=str(tmp_path / "fsdp2_config.json"),
+        launch=str(tmp_path / "launch.sh"),
+        summary=str(tmp_path / "summary.md"),
+    )
+    document = export_document("s", exported, None)
+    assert document["backend"] == "fsdp2" and document["version"] == 2
+    assert document["backend_config"] == {"reshard_after_forward": True}
+    assert document["files"]["backend_config"] == str(tmp_path / "fsdp2_config.json")
+    assert "ds_config" not in document and "ds_config" not in document["files"]
 
 
 def test_space_and_plan_json(tmp_path: Path) -> None:
