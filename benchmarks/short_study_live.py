@@ -23,6 +23,13 @@ Reproduce (a script study, 2 CPU ranks, from the repository root)::
 
 The arguments after the first ``--`` go to every ``autotune run`` (grid and studies), and
 after a second ``--`` to the script. ``--report FILE`` prints an earlier run's table.
+``--recheck FILE`` (``--root DIR`` where the report does not name it) then re-measures
+the grid's fastest three and every export, each alone in a study of its one candidate, in
+three interleaved rounds (the re-measurement beside the best: the grid passes' maximum
+carries their noise)::
+
+    python benchmarks/short_study_live.py --root DIR \\
+        --recheck benchmarks/data/short_study_live_vision.json
 """
 
 from __future__ import annotations
@@ -70,12 +77,30 @@ def main(argv: list[str] | None = None) -> int:
         help="the folder of the studies' storage and trials (default: a new temporary one); "
         "a grid pass whose every trial finished there is not run again",
     )
+    parser.add_argument(
+        "--recheck",
+        type=Path,
+        help="an earlier run's report: re-measure the grid's --recheck-top fastest and every "
+        "export in --recheck-rounds interleaved rounds (with --root, its folder) and write "
+        "the report back with those scores",
+    )
+    parser.add_argument("--recheck-top", type=int, default=3)
+    parser.add_argument("--recheck-rounds", type=int, default=3)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, help="print an earlier run's results")
     parser.add_argument("--extra", type=json.loads, default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(run_args)
     if args.report:
         print_report(json.loads(args.report.read_text()))
+        return 0
+    if args.recheck:
+        report = json.loads(args.recheck.read_text())
+        if args.root is None and "root" not in report:
+            parser.error("--recheck needs --root, the folder of that run's studies")
+        args.root = args.root or Path(report["root"])
+        recheck(report, args)
+        args.recheck.write_text(json.dumps(report, indent=1) + "\n")
+        print_report(report)
         return 0
     if not args.extra:
         parser.error("give autotune run's arguments after --")
@@ -146,7 +171,98 @@ def live(args: argparse.Namespace, run_args: list[str], script_args: list[str]) 
         print(f"{name}: {studies[-1]}", flush=True)
     for _ in range(args.grid_passes):
         grid_pass()
-    return score(storage, grids, studies, args, run_args, script_args)
+    report = score(storage, grids, studies, args, run_args, script_args)
+    report["root"] = str(root)  # where --recheck finds the studies
+    return report
+
+
+def recheck(report: dict, args: argparse.Namespace) -> None:
+    """Re-measure the grid's ``--recheck-top`` fastest and every study's export, each alone
+    in a study of its one candidate, in ``--recheck-rounds`` rounds (the order rotated each
+    round, so that drift hits all alike); each export's ``recheck_score`` is its median over
+    the best median of them (``report`` updated in place)."""
+    command = report["command"]  # the run's own folder and arguments, from the same cwd
+    folder, run_args, script_args = (
+        Path(command["folder"]),
+        command["run_args"],
+        command["script_args"],
+    )
+    root = args.root.resolve()
+    storage = f"sqlite:///{root}/studies.db"
+    where = ("--storage", storage, "--trials-dir", str(root / "trials"))
+    tail = ("--", *script_args) if script_args else ()
+    grid = _grid_candidates(storage, [f"grid-{i + 1}" for i in range(report["grid_passes"])])
+    top = [t["label"] for t in report["top"][: args.recheck_top]]
+    labels = list(dict.fromkeys([*top, *(s["export"] for s in report["studies"] if s["export"])]))
+    samples: dict[str, list[float]] = {label: [] for label in labels}
+    done = sum(1 for name in _study_names(storage) if name.startswith("recheck-"))
+    for round_index in range(args.recheck_rounds):
+        shift = round_index % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            done += 1
+            space = root / f"recheck-{done}.yaml"
+            space.write_text(_one_candidate_space(grid[label]))
+            name = f"recheck-{done}"
+            flags = ("--space", str(space), *where, "--study", name)
+            autotune_cli(folder.resolve(), "run", *run_args, *GRID_FLAGS, *flags, *tail)
+            samples[label].extend(_rates(storage, name))
+            print(f"{name}: {label} {samples[label][-1:]}", flush=True)
+    medians = {k: statistics.median(v) for k, v in samples.items() if v}
+    best = max(medians.values())
+    for study in report["studies"]:
+        label = study["export"]
+        study["recheck_score"] = round(medians[label] / best, 4) if label in medians else None
+    scores = [s["recheck_score"] for s in report["studies"] if s["recheck_score"] is not None]
+    report["recheck"] = {
+        "rounds": args.recheck_rounds,
+        "top": top,
+        "samples_per_s": {k: [round(x, 2) for x in v] for k, v in samples.items()},
+        "medians": {k: round(v, 2) for k, v in medians.items()},
+        "good_picks": f"{sum(x >= GOOD_PICK for x in scores)}/{len(report['studies'])}",
+        "median_score": statistics.median(scores) if scores else None,
+        "worst_score": min(scores) if scores else None,
+    }
+
+
+def _grid_candidates(storage: str, grids: list[str]) -> dict[str, dict]:
+    from benchmarks.search_efficiency_dump import add_runs
+
+    runs: dict[str, list[dict]] = {}
+    for name in grids:
+        add_runs(storage, name, runs)
+    return {label: measured[0]["candidate"] for label, measured in runs.items()}
+
+
+def _one_candidate_space(candidate: dict) -> str:
+    """A space file whose one valid candidate is ``candidate`` (its searched dimensions)."""
+    keys = (
+        "precision",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_optimizer_ratio",
+        "offload_param",
+        "micro_batch_size",
+        "gradient_accumulation_steps",
+        "activation_checkpointing",
+        "backend",
+    )
+    return "".join(f"{key}: [{json.dumps(candidate[key])}]\n" for key in keys)
+
+
+def _study_names(storage: str) -> list[str]:
+    import optuna
+
+    return optuna.get_all_study_names(storage)
+
+
+def _rates(storage: str, name: str) -> list[float]:
+    """The samples/s of study ``name``'s measured trials."""
+    import optuna
+
+    from autotune.study import records
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    return [float(t.value) for t in records.views(study) if t.status == "ok" and t.value]
 
 
 def _complete(storage: str, name: str) -> bool:
@@ -248,6 +364,18 @@ def print_report(report: dict) -> None:
         f"good picks (>= {GOOD_PICK}): {report['good_picks']}, median "
         f"{report['median_score']}, worst {report['worst_score']}"
     )
+    recheck = report.get("recheck")
+    if recheck:
+        print(
+            f"re-measured in {recheck['rounds']} interleaved rounds with the grid's fastest "
+            f"{len(recheck['top'])} (medians): "
+            + ", ".join(f"{k} {v}" for k, v in recheck["medians"].items())
+        )
+        scores = ", ".join(f"{s['study']} {s.get('recheck_score')}" for s in report["studies"])
+        print(
+            f"re-measured scores: {scores}; good picks {recheck['good_picks']}, median "
+            f"{recheck['median_score']}, worst {recheck['worst_score']}"
+        )
 
 
 if __name__ == "__main__":

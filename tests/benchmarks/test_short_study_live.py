@@ -89,3 +89,26 @@ def test_each_export_is_scored_by_its_median_over_the_best_median_of_the_passes(
     printed = capsys.readouterr().out
     assert "| a | z1 fp32 mb8x2 | 0.900 (0.900, 0.900) | 3 | 240 s |  |" in printed
     assert "good picks (>= 0.97): 1/3" in printed
+
+
+def test_a_recheck_space_holds_its_one_candidate_alone() -> None:
+    from autotune.candidate import Candidate
+    from autotune.hardware import detect
+    from autotune.space import load_space
+
+    candidate = Candidate(
+        precision="fp32",
+        zero_stage=2,
+        offload_optimizer="cpu",
+        micro_batch_size=4,
+        gradient_accumulation_steps=2,
+        data_parallel_size=2,
+    )
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "one.yaml"
+        path.write_text(live._one_candidate_space(candidate.model_dump(mode="json")))
+        bound = load_space(str(path)).bind(detect(), data_parallel_size=2, global_batch=16)
+        assert [c.key for c in bound.candidates()] == [candidate.key]
