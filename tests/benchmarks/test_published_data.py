@@ -27,6 +27,7 @@ FAMILIES = (
     "plan_tables",
     "script_memory_accuracy",
     "search_efficiency_",
+    "short_study_live_",
     "table_",
     "vs_deepspeed_autotuner",
 )
