@@ -234,19 +234,16 @@ def _grid_candidates(storage: str, grids: list[str]) -> dict[str, dict]:
 
 
 def _one_candidate_space(candidate: dict) -> str:
-    """A space file whose one valid candidate is ``candidate`` (its searched dimensions)."""
-    keys = (
-        "precision",
-        "zero_stage",
-        "offload_optimizer",
-        "offload_optimizer_ratio",
-        "offload_param",
-        "micro_batch_size",
-        "gradient_accumulation_steps",
-        "activation_checkpointing",
-        "backend",
+    """A space file whose one valid candidate is ``candidate``: each of the space's searched
+    dimensions (``SpaceSpec``'s fields) with the candidate's value alone; its nested knobs
+    (``zero_knobs``, ``fsdp``) stay at the space's defaults."""
+    from autotune.space import SpaceSpec
+
+    return "".join(
+        f"{key}: [{json.dumps(candidate[key])}]\n"
+        for key in SpaceSpec.model_fields
+        if not isinstance(candidate.get(key), dict | None)
     )
-    return "".join(f"{key}: [{json.dumps(candidate[key])}]\n" for key in keys)
 
 
 def _study_names(storage: str) -> list[str]:
