@@ -260,7 +260,7 @@ class ConfirmationDone(Event):
 
 
 @dataclass(frozen=True)
-class VerificationStarted(Event):
+class LossCheckStarted(Event):
     """The loss check of ``trial`` starts: its reference and why, and the runs' length."""
 
     trial: int
@@ -268,12 +268,12 @@ class VerificationStarted(Event):
     reference_label: str
     reason: str
     steps: int
-    runs: int  # loss-parity runs launched (the reference twice, and the trial)
+    runs: int  # loss runs launched (the reference twice, and the trial)
 
 
 @dataclass(frozen=True)
-class VerificationRunDone(Event):
-    """One loss-parity run of the check ended (``role``: reference, reference repeat,
+class LossCheckRunDone(Event):
+    """One loss run of the check ended (``role``: reference, reference repeat,
     winner)."""
 
     role: str
@@ -284,8 +284,8 @@ class VerificationRunDone(Event):
 
 
 @dataclass(frozen=True)
-class VerificationDone(Event):
-    """The check's verdict in words (see :mod:`autotune.study.loss_parity`)."""
+class LossCheckDone(Event):
+    """The check's verdict in words (see :mod:`autotune.study.loss_comparison`)."""
 
     trial: int
     verdict: str
@@ -296,7 +296,7 @@ class VerificationDone(Event):
 
 
 @dataclass(frozen=True)
-class VerificationInterrupted(Event):
+class LossCheckInterrupted(Event):
     """The check of ``trial`` was stopped (Ctrl-C) before its runs ended: nothing stored."""
 
     trial: int

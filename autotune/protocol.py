@@ -12,6 +12,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.candidate import Candidate
+from autotune.measurement import (
+    DevicePeaks,
+    Fp16Skips,
+    HostPeakMeasure,
+    HostPeaks,
+    LaunchTimes,
+    LogTail,
+    StepTimes,
+    Throughput,
+    Versions,
+)
 
 ProbeStatus = Literal["ok", "oom", "error", "timeout"]
 # "unclean": a warm rank found memory of earlier candidates still allocated at the start of
@@ -30,12 +41,6 @@ Float32MatmulPrecision = Literal["highest", "high", "medium"]
 # or not at all ("none": CPU ranks).
 OverheadMethod = Literal["process", "device", "none"]
 PERSISTENCE_THRESHOLD = 100_000  # ZeRO-3's default stage3_param_persistence_threshold
-# How a rank's host memory peak was measured: "kernel_hwm", the kernel's high-water mark of
-# the process's resident memory (Linux VmHWM), reset at the probe's start; "sampled", the
-# resident memory read every few milliseconds during the probe (where the reset is not
-# permitted, or not Linux); "at_end", the resident memory at the probe's end (what records
-# written before the peak was measured hold).
-HostPeakMethod = Literal["kernel_hwm", "sampled", "at_end"]
 HOST_PEAK_WORDS: dict[str, str] = {
     "kernel_hwm": "peak resident memory (kernel high-water mark)",
     "sampled": "peak resident memory (sampled)",
@@ -106,8 +111,8 @@ class ModelInfo(BaseModel):
         )
 
 
-class ParityRun(BaseModel):
-    """A loss-parity run instead of a timed probe (``autotune verify``): train the
+class LossRun(BaseModel):
+    """A loss run instead of a timed probe (``autotune verify``): train the
     candidate's engine from a fixed seed for a fixed number of optimizer steps and record
     each step's loss, as :class:`LossTrace`."""
 
@@ -117,7 +122,7 @@ class ParityRun(BaseModel):
     seed: int = Field(
         default=0,
         description="Seed of python's random, numpy and torch, and of the fp32 weights every "
-        "run of a verification starts from.",
+        "run of a loss check starts from.",
     )
     inject_nan_at_step: int | None = Field(
         default=None,
@@ -127,7 +132,7 @@ class ParityRun(BaseModel):
 
 
 class LossTrace(BaseModel):
-    """What a loss-parity run recorded: each optimizer step's loss, gradient norm and
+    """What a loss run recorded: each optimizer step's loss, gradient norm and
     skip, and the weights it started from. NaN and inf are kept as computed (JSON
     ``NaN``/``Infinity``)."""
 
@@ -182,6 +187,28 @@ class LossTrace(BaseModel):
     )
 
 
+class ScriptFacts(BaseModel):
+    """Script probes: what the user's script built, which the memory model learns from."""
+
+    model: ModelInfo | None = Field(
+        default=None, description="Script probes: the model handed to deepspeed.initialize."
+    )
+    activation_bytes: int = Field(
+        default=0,
+        description="Script probes: tensor bytes one micro-batch's forward left alive, the "
+        "largest over warm-up micro-steps (CPU: the tensor tracker's live bytes; CUDA: "
+        "torch.cuda.memory_allocated), before and after the engine module's forward.",
+    )
+
+
+class LossRecord(BaseModel):
+    """A loss run's record (``autotune verify``)."""
+
+    loss_trace: LossTrace | None = Field(
+        default=None, description="A loss run: the losses it recorded (every rank's)."
+    )
+
+
 class ProbeSpec(BaseModel):
     """One probe: which workload (or script), which DeepSpeed config, how long, under which
     limit."""
@@ -223,9 +250,9 @@ class ProbeSpec(BaseModel):
     script: ScriptRun | None = Field(
         default=None, description="The user's script is the probe (workload names it)."
     )
-    parity: ParityRun | None = Field(
+    loss_run: LossRun | None = Field(
         default=None,
-        description="A loss-parity run (autotune verify) instead of warm-up and timed steps.",
+        description="A loss run (autotune verify) instead of warm-up and timed steps.",
     )
 
 
@@ -262,7 +289,9 @@ class ShardingState(BaseModel):
     )
 
 
-class RankReport(BaseModel):
+class RankReport(
+    StepTimes, HostPeakMeasure, LaunchTimes, Fp16Skips, ScriptFacts, LossRecord, Versions
+):
     """What one rank measured; written to ``rank-<r>.json`` before the rank exits."""
 
     model_config = ConfigDict(extra="forbid")
@@ -270,31 +299,20 @@ class RankReport(BaseModel):
     rank: int
     status: RankStatus
     error: str = ""
-    step_times_s: list[float] = Field(default_factory=list)
     peak_allocated_bytes: int = 0
     peak_reserved_bytes: int = 0
     host_peak_bytes: int = Field(
         default=0, description="Peak resident memory of this rank's process during the probe."
-    )
-    host_peak_method: HostPeakMethod = Field(
-        default="at_end", description="How host_peak_bytes was measured (see HostPeakMethod)."
     )
     node: str = Field(
         default="",
         description="The node the rank ran on: the launcher's node name (NODE_ENV) when the "
         "ranks span nodes, else the host name. Ranks of one node share its host RAM.",
     )
-    init_s: float = 0.0
     warmup_s: float = 0.0
-    wall_s: float = 0.0
     threads: int = 0
     pid: int = Field(default=0, description="The rank's process id (a warm worker keeps it).")
     warmup_step_times_s: list[float] = Field(default_factory=list)
-    stopped_early: bool = Field(default=False, description="Clearly slower than the best.")
-    skipped_steps: int = Field(
-        default=0,
-        description="Optimizer steps the fp16 loss scaler skipped (overflow); never timed.",
-    )
     leaked_bytes: int = Field(
         default=0,
         description="Device (CUDA) or live-tensor (CPU) bytes allocated at the candidate's "
@@ -335,18 +353,6 @@ class RankReport(BaseModel):
     sharding: ShardingState | None = Field(
         default=None, description="FSDP2 probes: how fully_shard sharded the model."
     )
-    model: ModelInfo | None = Field(
-        default=None, description="Script probes: the model handed to deepspeed.initialize."
-    )
-    activation_bytes: int = Field(
-        default=0,
-        description="Script probes: tensor bytes one micro-batch's forward left alive, the "
-        "largest over warm-up micro-steps (CPU: the tensor tracker's live bytes; CUDA: "
-        "torch.cuda.memory_allocated), before and after the engine module's forward.",
-    )
-    versions: dict[str, str] = Field(
-        default_factory=dict, description="Library versions and numeric settings (TF32)."
-    )
     optimizer: str = Field(
         default="",
         description="Built-in probes: module.Class of the optimizer that stepped, as the engine "
@@ -380,45 +386,25 @@ class RankReport(BaseModel):
         "the timed steps, the engine still alive (CUDA; 0 elsewhere): an offloading engine's "
         "page-locked buffers.",
     )
-    loss_trace: LossTrace | None = Field(
-        default=None, description="A loss-parity run: the losses it recorded (every rank's)."
-    )
 
 
-class ProbeResult(BaseModel):
+class ProbeResult(
+    Throughput,
+    DevicePeaks,
+    HostPeaks,
+    LaunchTimes,
+    Fp16Skips,
+    ScriptFacts,
+    LossRecord,
+    Versions,
+    LogTail,
+):
     """The outcome of one probe, as the tuner records it."""
 
     model_config = ConfigDict(extra="forbid")
 
     status: ProbeStatus
     error: str = Field(default="", description="First line of the failure, if any.")
-    samples_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
-    samples_per_s_min: float = Field(default=0.0, description="Slowest timed step.")
-    samples_per_s_max: float = Field(default=0.0, description="Fastest timed step.")
-    tokens_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
-    step_time_s: float = Field(default=0.0, description="Median optimizer-step time.")
-    step_times_s: list[float] = Field(
-        default_factory=list, description="Each timed step, slowest rank."
-    )
-    peak_bytes_per_rank: list[int] = Field(
-        default_factory=list, description="Peak allocated (CUDA) or tracked (CPU) tensor bytes."
-    )
-    reserved_bytes_per_rank: list[int] = Field(
-        default_factory=list, description="Peak reserved by the CUDA caching allocator."
-    )
-    host_peak_bytes_per_rank: list[int] = Field(
-        default_factory=list, description="Peak resident host memory of each rank process."
-    )
-    host_peak_method: HostPeakMethod = Field(
-        default="at_end",
-        description="How host_peak_bytes_per_rank was measured; the least exact of the ranks' "
-        "methods (sampled over kernel_hwm).",
-    )
-    node_per_rank: list[str] = Field(
-        default_factory=list, description="The node each rank ran on (see RankReport.node)."
-    )
-    wall_s: float = Field(default=0.0, description="Launch to exit of the probe.")
-    init_s: float = Field(default=0.0, description="Imports to end of deepspeed.initialize.")
     cold_start: bool = Field(
         default=True,
         description="Its wall time includes starting the process group (interpreter, imports, "
@@ -427,15 +413,6 @@ class ProbeResult(BaseModel):
     timed_s: float = Field(default=0.0, description="Time inside the timed steps.")
     threads_per_rank: int = Field(default=0, description="Intra-op threads torch used per rank.")
     exit_code: int | None = Field(default=None, description="The ranks' launcher's exit code.")
-    log_tail: str = Field(default="", description="Last lines of the probe's log.")
-    versions: dict[str, str] = Field(default_factory=dict)
-    warmup_steps: int = Field(default=0, description="Untimed steps it took to settle.")
-    stopped_early: bool = Field(
-        default=False, description="Stopped as clearly slower than the best so far."
-    )
-    skipped_steps: int = Field(
-        default=0, description="fp16 overflow-skipped optimizer steps (not timed)."
-    )
     overhead_bytes_per_rank: list[int] = Field(
         default_factory=list,
         description="CUDA context, NCCL and cuBLAS memory outside the allocator, per rank; "
@@ -452,47 +429,14 @@ class ProbeResult(BaseModel):
         description="Script probes: why this and the study's later probes of the script run "
         "cold (its warm run failed where a cold launch measured); empty otherwise.",
     )
-    model: ModelInfo | None = Field(
-        default=None, description="Script probes: the model the script handed to DeepSpeed."
-    )
-    activation_bytes: int = Field(
-        default=0, description="Script probes: forward activations of one micro-batch."
-    )
     lost_node: str = Field(
         default="",
         description="The address of a node that left the Ray cluster while it ran one of this "
         "probe's ranks (status error): nothing was measured about the candidate, which may be "
         "probed again on other nodes. Empty otherwise.",
     )
-    loss_trace: LossTrace | None = Field(
-        default=None, description="A loss-parity run (autotune verify): what it recorded."
-    )
 
     @property
     def peak_bytes(self) -> int:
         """What the device had to provide: the worst rank's allocated or reserved peak."""
         return max([*self.peak_bytes_per_rank, *self.reserved_bytes_per_rank, 0])
-
-    def host_peak_per_node(self) -> dict[str, int]:
-        """Each node's ranks' host peaks summed: what the node's RAM had to hold."""
-        return host_peak_per_node(self.host_peak_bytes_per_rank, self.node_per_rank)
-
-    @property
-    def spread(self) -> float:
-        """Relative spread of throughput over timed steps: (max - min) / median."""
-        if self.samples_per_s <= 0:
-            return 0.0
-        return (self.samples_per_s_max - self.samples_per_s_min) / self.samples_per_s
-
-
-def host_peak_per_node(peaks_bytes: list[int], nodes: list[str]) -> dict[str, int]:
-    """The ranks' host peaks summed per node (``nodes[i]`` is rank i's; a rank without a
-    node is counted on ""), in the order the nodes first appear. Each rank's peak counts the
-    pages it shares with the node's other ranks (libraries, what a forked rank shares with
-    its launcher), and the ranks may peak at different moments: the sum bounds from above
-    what the node held at once."""
-    totals: dict[str, int] = {}
-    for index, peak in enumerate(peaks_bytes):
-        node = nodes[index] if index < len(nodes) else ""
-        totals[node] = totals.get(node, 0) + peak
-    return totals

@@ -8,7 +8,8 @@ import re
 import statistics
 from typing import Any
 
-from autotune.protocol import HostPeakMethod, ProbeResult, ProbeSpec, RankReport
+from autotune.measurement import HostPeakMethod
+from autotune.protocol import ProbeResult, ProbeSpec, RankReport
 
 # Least exact first: a sample may miss a short peak; the end of a probe is not its peak.
 _LEAST_EXACT_FIRST: tuple[HostPeakMethod, ...] = ("at_end", "sampled", "kernel_hwm")
@@ -69,7 +70,7 @@ def aggregate(
     if missing or exit_code not in (0, None):
         error = _crash_error(exit_code, missing, errors, log_tail)
         return ProbeResult(status="error", error=error, **common)
-    if spec.parity is not None:  # the ranks agree on every value (all-reduced)
+    if spec.loss_run is not None:  # the ranks agree on every value (all-reduced)
         return ProbeResult(status="ok", loss_trace=reports[0].loss_trace, **common)
     return _measured(spec, reports, common)
 

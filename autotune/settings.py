@@ -1,39 +1,29 @@
-"""Run settings (pydantic) and the parsers for the units users type: ``2h``, ``80GiB``.
+"""Run settings (pydantic), each declared once with its flag, unit, default and help.
 
 The models are strict (``extra="forbid"``) and frozen; every field says what it means and
-carries its unit in its name. Parsers raise :class:`SettingsError` with one actionable line.
+carries its unit in its name. The units' parsers live in :mod:`autotune.units`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
 from autotune.errors import SettingsError
+from autotune.flag import Flag, flag_of
 from autotune.script_config import ScriptConfig
 from autotune.training_goal import TrainingGoal
-
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_DURATION_FULL = re.compile(r"^(?:\d+(?:\.\d+)?[dhms])+$")
-_SECONDS_PER_UNIT = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
-
-# Binary (IEC) and decimal (SI) units; a bare number is bytes.
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
+from autotune.units import (
+    DURATION,
+    GLOBAL_BATCH,
+    PATH,
+    SIZE_OR_AUTO,
+    WORLD_SIZES,
+    format_duration,
+)
 
 # What --tf32 means for a training process's environment. ATen reads the variable once per
 # process (Context::allowTF32CuBLAS): "1" makes cuBLAS use TF32 for fp32 matmuls whatever
@@ -48,43 +38,6 @@ def tf32_cublas_override(precision: str) -> str:
     return "0" if precision == "highest" else "1"
 
 
-def parse_duration(text: str, *, flag: str = "--budget") -> float:
-    """``"90s"``, ``"30m"``, ``"2h"``, ``"1h30m"``, ``"3d"`` -> seconds (units in d, h, m,
-    s order)."""
-    value = text.strip().lower()
-    if not _DURATION_FULL.match(value):
-        raise SettingsError(
-            f"{flag}: cannot read duration {text!r}; use a number with a unit d, h, m or s, "
-            "e.g. 90s, 30m, 2h, 1h30m or 3d"
-        )
-    parts = _DURATION_PART.findall(value)
-    units = [unit for _, unit in parts]
-    if units != sorted(set(units), key="dhms".index):
-        raise SettingsError(
-            f"{flag}: duration {text!r} repeats or misorders its units; write days, hours, "
-            "minutes, then seconds, e.g. 1h30m"
-        )
-    seconds = sum(float(number) * _SECONDS_PER_UNIT[unit] for number, unit in parts)
-    if seconds <= 0:
-        raise SettingsError(f"{flag}: duration {text!r} is zero; give a positive duration")
-    return seconds
-
-
-def parse_size(text: str, *, flag: str = "--vram") -> int:
-    """``"80GiB"``, ``"512MiB"``, ``"16GB"``, ``"1073741824"`` -> bytes."""
-    match = _SIZE.match(text.strip())
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _SIZE_UNITS:
-        raise SettingsError(
-            f"{flag}: cannot read size {text!r}; use a number with a unit such as 80GiB, "
-            "512MiB or 16GB (GiB = 2^30 bytes, GB = 10^9 bytes)"
-        )
-    size_bytes = int(float(match.group(1)) * _SIZE_UNITS[unit])
-    if size_bytes <= 0:
-        raise SettingsError(f"{flag}: size {text!r} is zero; give a positive size")
-    return size_bytes
-
-
 _URL_PASSWORD = re.compile(r"(://[^:/@\s]+:)[^@\s]*@")
 
 
@@ -93,185 +46,216 @@ def mask_url(url: str) -> str:
     return _URL_PASSWORD.sub(r"\1***@", url)
 
 
-def format_bytes(size_bytes: float) -> str:
-    """Human-readable binary size, e.g. ``1.50 GiB``."""
-    value = float(size_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 Executor = Literal["ray", "local"]
 
 DEFAULT_BUDGET_S = 30 * 60.0  # what a new study gets without --budget
 DEFAULT_STORAGE = "sqlite:///trials/autotune.db"
-# Optimizer steps of each loss-parity run of `autotune verify`: bf16's tolerance is still
-# under 10% at the tenth (autotune.study.loss_parity), and 10 steps of a tiny model take
+# Optimizer steps of each loss run of `autotune verify`: bf16's tolerance is still
+# under 10% at the tenth (autotune.study.loss_comparison), and 10 steps of a tiny model take
 # seconds on CPU ranks.
 DEFAULT_VERIFY_STEPS = 10
 
-# Settings fields whose flag is spelled differently (the flag drops the unit suffix).
-_FLAG_OF_FIELD = {
-    "vram_limit_bytes": "--vram",
-    "budget_s": "--budget",
-    "study_name": "--study",
-    "storage_url": "--storage",
-    "probe_timeout_s": "--probe-timeout",
-    "host_ram_bytes": "--host-ram",
-}
+MAX_BUDGET_S = 30 * 24 * 3600  # a month: past it, a typo (99999h), not a plan
 
 
 class RunSettings(BaseModel):
-    """What the user asked of one ``autotune run``; ``None`` fields are resolved later
-    against the hardware and the workload (see :mod:`autotune.run._tuner`)."""
+    """What the user asked of one ``autotune run``, each setting declared once: its type and
+    unit, its default, its help (the description) and its flag (:class:`~autotune.flag.Flag`
+    in its metadata; the command line is generated from these fields by
+    :mod:`autotune.cli._flags`). ``None`` fields are resolved later against the hardware and
+    the workload (:func:`autotune.run.plan_run`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workload: str = Field(description="Built-in workload name or path/to/file.py:function.")
-    space: str = Field(
-        default="default", description="Search-space YAML: a path or a name in search_spaces/."
-    )
-    gpus: PositiveInt = Field(description="Devices (or CPU ranks) the study may use in total.")
-    gpus_per_trial: PositiveInt | None = Field(
-        default=None, description="Devices one probe uses; default all of gpus (production size)."
-    )
-    world_sizes: tuple[PositiveInt, ...] = Field(
-        default=(),
-        description="World sizes searched (--gpus 1-8 or 2,4,8): the ranks of a probe are a "
-        "dimension of the study, gpus their largest; empty: one world size.",
-    )
-    vram_limit_bytes: PositiveInt | None = Field(
-        default=None, description="Peak memory one rank may reach; None means the device's memory."
-    )
-    global_batch: PositiveInt | Literal["auto"] | None = Field(
-        default=None,
-        description="Samples per optimizer step over all ranks; None: the base config's or the "
-        "workload's; 'auto': searched up to max_global_batch.",
-    )
-    max_global_batch: PositiveInt | None = Field(
-        default=None, description="Largest global batch when global_batch is 'auto'."
-    )
-    base_config: Path | None = Field(
-        default=None, description="The user's DeepSpeed JSON; tuned keys are laid over it."
-    )
-    nvme_path: Path | None = Field(
-        default=None, description="Folder on an NVMe disk for nvme offload candidates."
-    )
-    budget_s: PositiveFloat | None = Field(
-        default=None,
-        description="The study's total wall-clock budget in seconds; None: what the study "
-        "stored (continuing), else DEFAULT_BUDGET_S.",
-    )
-    max_trials: PositiveInt | None = Field(
-        default=None, description="Stop after this many new candidates have been evaluated."
-    )
-    study_name: str | None = Field(
-        default=None, description="Optuna study name; default: the workload's name."
-    )
-    storage_url: str = Field(
-        default=DEFAULT_STORAGE, description="Any SQLAlchemy URL Optuna accepts."
-    )
-    trials_dir: Path = Field(
-        default=Path("trials"), description="Folder for per-trial logs and the exported config."
-    )
-    seed: int | None = Field(default=None, description="Seed of the sampler.")
-    executor: Executor = Field(
-        default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
-    )
-    ray_address: str | None = Field(
-        default=None,
-        description="An existing Ray cluster to join (auto, HOST:PORT, ray://HOST:PORT); "
-        "None: a private Ray on this machine, on loopback only.",
-    )
-    warm_workers: bool = Field(
-        default=True,
-        description="Keep probe process groups alive between probes (cold: one launch each).",
-    )
-    probe_timeout_s: PositiveFloat | None = Field(
-        default=None,
-        description="Hard wall-clock limit of one probe; None: derived from the workload.",
-    )
-    prune: bool = Field(
-        default=True, description="Skip candidates the memory model predicts over the limit."
-    )
-    memory_margin: float = Field(
-        default=0.05,
-        ge=0.0,
-        lt=1.0,
-        description="Prune when the predicted peak exceeds the limit minus this share of it.",
-    )
-    host_ram_bytes: PositiveInt | None = Field(
-        default=None, description="Host RAM a node may use; None: this machine's RAM."
-    )
-    warmup_steps: PositiveInt = Field(
-        default=2, description="Optimizer steps run before timing (also where memory is traced)."
-    )
-    timed_steps: PositiveInt = Field(
-        default=3, description="Timed optimizer steps, at least (more until the spread settles)."
-    )
-    max_timed_steps: PositiveInt = Field(
-        default=20,
-        description="Timed steps at most: a probe times until the 95% interval of its step "
-        "time is within 2% of the mean, or this many steps.",
-    )
-    sampler: Literal["autotune", "tpe", "gp", "random", "grid"] = Field(
-        default="autotune",
-        description="autotune: model-guided (memory + cost model); tpe/gp/random: Optuna's; "
-        "grid: every valid candidate once.",
-    )
-    confirm: bool = Field(
-        default=True,
-        description="Re-probe the top candidates, interleaved, before choosing the winner.",
-    )
-    early_stop: bool = Field(
-        default=True, description="Stop a probe once it is clearly slower than the best so far."
-    )
-    verify: bool = Field(
-        default=False,
-        description="After the search and its confirmation round, check that the best trains "
-        "as its reference does (autotune verify), before the export; its time is held back "
-        "from the search.",
-    )
-    verify_strict: bool = Field(
-        default=False,
-        description="As verify; a best whose loss check differs is set aside and the next best "
-        "is checked instead (the best and up to two runners-up), before the export.",
-    )
-    shared: bool = Field(
-        default=False,
-        description="Drive the study side by side with other drivers (each its own proposals).",
-    )
-    tf32: bool = Field(
-        default=False,
-        description="fp32 matmuls may use TF32 (torch float32_matmul_precision 'high'), as a "
-        "production run that sets it; False: IEEE fp32, PyTorch's default.",
+    # What is tuned: the workload or the user's script, the space and the base config.
+    workload: Annotated[str, Flag(names_file=True)] = Field(
+        description="Built-in workload (gpt-tiny, dit-s-8, llama3-8b, ...), "
+        "hf:path/config.json[?seq=N&batch=N] (a local Hugging Face config, random weights), or "
+        "path/to/file.py:function; a new study needs it or --script.",
     )
     script: ScriptConfig | None = Field(
         default=None,
-        description="The user's training script is the probe (workload then names it).",
+        description="The user's training script is the probe (workload then names it); built "
+        "from --script, its arguments and --script-arg.",
     )
-    retry_failed: bool = Field(
+    space: Annotated[str, Flag(names_file=True)] = Field(
+        default="default", description="Search space: a YAML path or a built-in name."
+    )
+    base_config: Annotated[Path | None, Flag(unit=PATH, names_file=True)] = Field(
+        default=None,
+        description="Your DeepSpeed JSON (optimizer, scheduler ...); tuned keys override it.",
+    )
+    nvme_path: Annotated[Path | None, Flag(unit=PATH, names_file=True)] = Field(
+        default=None, description="Folder on an NVMe disk, for nvme offload candidates."
+    )
+    # Limits: the devices, their memory, the host's memory, the batch.
+    world_sizes: Annotated[
+        tuple[PositiveInt, ...], Flag("gpus", WORLD_SIZES, shown_default="1")
+    ] = Field(
+        default=(1,),
+        min_length=1,
+        description="Devices the study may use (CPU ranks without GPUs), every probe's world "
+        "size; a range (1-8) or a list (2,4,8) makes the world size a searched dimension, each "
+        "at the same global batch.",
+    )
+    gpus_per_trial: Annotated[PositiveInt | None, Flag()] = Field(
+        default=None, description="Devices one probe uses (default: all of --gpus)."
+    )
+    vram_limit_bytes: Annotated[
+        PositiveInt | None, Flag("vram", SIZE_OR_AUTO, shown_default="auto")
+    ] = Field(
+        default=None,
+        description="Memory limit per device, e.g. 80GiB, or 'auto' (the device's memory; "
+        "on CPU the RAM shared by the ranks).",
+    )
+    host_ram_bytes: Annotated[
+        PositiveInt | None, Flag("host_ram", SIZE_OR_AUTO, shown_default="auto")
+    ] = Field(
+        default=None,
+        description="Host RAM a node may use, e.g. 512GiB, or 'auto' (this one's).",
+    )
+    memory_margin: Annotated[float, Flag()] = Field(
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        description="Prune above the limit minus this share of it (0.05 = 5%).",
+    )
+    prune: Annotated[bool, Flag("no_prune", negates=True)] = Field(
+        default=True, description="Probe even what the memory model rules out."
+    )
+    global_batch: Annotated[PositiveInt | Literal["auto"] | None, Flag(unit=GLOBAL_BATCH)] = Field(
+        default=None,
+        description="Samples per optimizer step (default: the base config's, else the "
+        "workload's), or 'auto' to search it up to --max-global-batch.",
+    )
+    max_global_batch: Annotated[PositiveInt | None, Flag()] = Field(
+        default=None, description="Largest global batch with --global-batch auto."
+    )
+    # The search: its budget, its sampler, its end.
+    budget_s: Annotated[PositiveFloat | None, Flag("budget", DURATION, per_run=True)] = Field(
+        default=None,
+        description="The study's total wall-clock budget: 90s, 30m, 2h, 1h30m. A new study "
+        f"gets {format_duration(DEFAULT_BUDGET_S)}; a continued one keeps what is left of its "
+        "own unless given a new total.",
+    )
+    max_trials: Annotated[PositiveInt | None, Flag(per_run=True)] = Field(
+        default=None, description="Stop after this many new candidates are probed."
+    )
+    seed: Annotated[int | None, Flag()] = Field(default=None, description="Sampler seed.")
+    sampler: Annotated[Literal["autotune", "tpe", "gp", "random", "grid"], Flag()] = Field(
+        default="autotune",
+        description="autotune (model-guided), tpe, gp, random, or grid (every valid candidate "
+        "once).",
+    )
+    confirm: Annotated[bool, Flag("no_confirm", negates=True)] = Field(
+        default=True,
+        description="Skip the confirmation round (re-probing the top candidates, interleaved).",
+    )
+    retry_failed: Annotated[bool, Flag(per_run=True)] = Field(
         default=False,
-        description="Probe once more the candidates whose probes failed (error, timeout) "
-        "or that failures of their precision left unprobed.",
+        description="Probe once more the candidates whose probes failed (error, timeout), "
+        "e.g. after fixing what failed: autotune run --study S --retry-failed.",
     )
+    verify: Annotated[Literal["off", "on", "strict"], Flag(optional_value="on")] = Field(
+        default="off",
+        description="Before exporting, check that the best trains as its reference does "
+        "(your base config, else fp32 at ZeRO-0; autotune verify), its time held back from "
+        "the search: --verify alone, or --verify strict to set aside a best whose check "
+        "differs and export the next best checked (up to two runners-up).",
+    )
+    # A probe: its steps, its limit, its process group.
+    warmup_steps: Annotated[PositiveInt, Flag()] = Field(
+        default=2, description="Untimed optimizer steps per probe, at least."
+    )
+    timed_steps: Annotated[PositiveInt, Flag()] = Field(
+        default=3, description="Timed optimizer steps per probe, at least."
+    )
+    max_timed_steps: Annotated[PositiveInt, Flag()] = Field(
+        default=20,
+        description="Timed steps at most; a probe stops once its spread is under 2%.",
+    )
+    early_stop: Annotated[bool, Flag("no_early_stop", negates=True)] = Field(
+        default=True, description="Time every probe in full, even when clearly slower."
+    )
+    probe_timeout_s: Annotated[PositiveFloat | None, Flag("probe_timeout", DURATION)] = Field(
+        default=None,
+        description="Hard limit of one probe, e.g. 5m (default: derived from the workload).",
+    )
+    warm_workers: Annotated[bool, Flag("cold_probes", negates=True)] = Field(
+        default=True,
+        description="Start every probe as a new launch (as DeepSpeed's autotuner does) "
+        "instead of keeping warm workers.",
+    )
+    tf32: Annotated[bool, Flag()] = Field(
+        default=False,
+        description="Let fp32 matmuls use TF32 on GPUs, as your training does if it sets "
+        "torch.set_float32_matmul_precision('high') (default: IEEE fp32, PyTorch's default).",
+    )
+    executor: Annotated[Executor, Flag()] = Field(
+        default="ray", description="'ray' (Ray core tasks) or 'local' (subprocesses, no Ray)."
+    )
+    ray_address: Annotated[str | None, Flag(per_run=True)] = Field(
+        default=None,
+        description="Join an existing Ray cluster: auto, HOST:PORT of its head (GCS) or "
+        "ray://HOST:PORT; probes may span its nodes (default: a private Ray on this machine).",
+    )
+    # The study in storage.
+    study_name: Annotated[str | None, Flag("study", per_run=True)] = Field(
+        default=None,
+        description="Study name (default: the workload's name); an existing one continues "
+        "with the flags it was started with.",
+    )
+    storage_url: Annotated[str, Flag("storage", per_run=True)] = Field(
+        default=DEFAULT_STORAGE,
+        description="Optuna storage URL (any SQLAlchemy URL Optuna takes).",
+    )
+    trials_dir: Annotated[Path, Flag(unit=PATH, names_file=True)] = Field(
+        default=Path("trials"), description="Folder for per-trial logs and the export."
+    )
+    shared: Annotated[bool, Flag(per_run=True)] = Field(
+        default=False,
+        description="Run side by side with other drivers of this study (a database they all "
+        "reach, e.g. PostgreSQL): each takes its own proposals, none probes a candidate "
+        "another has, and each runs for its own --budget.",
+    )
+    # What ranks configurations: its fields carry their own flags (--objective, ...).
     goal: TrainingGoal = Field(
         default_factory=TrainingGoal,
         description="What ranks configurations: throughput (the default), cost or a deadline, "
         "and the run's size and price where given.",
     )
 
+    @property
+    def gpus(self) -> int:
+        """Devices (or CPU ranks) the study may use in total: the largest world size."""
+        return max(self.world_sizes)
+
+    @property
+    def searched_world_sizes(self) -> tuple[int, ...]:
+        """The world sizes searched (--gpus 1-8 or 2,4,8); empty: one world size."""
+        return self.world_sizes if len(self.world_sizes) > 1 else ()
+
+    @property
+    def checks_loss(self) -> bool:
+        """The best's loss is checked before the export (--verify or --verify strict)."""
+        return self.verify != "off"
+
+    @property
+    def verify_strict(self) -> bool:
+        """A best whose loss check differs is set aside for the next best checked."""
+        return self.verify == "strict"
+
     @classmethod
     def build(cls, **values: object) -> RunSettings:
-        """Construct from flags; a validation problem becomes one SettingsError line."""
+        """Construct from flags; a validation problem becomes one SettingsError line naming
+        the flag."""
         try:
             return cls(**values)
         except ValidationError as exc:
             first = exc.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "settings"
-            flag = _FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+            field = str(first["loc"][0]) if first["loc"] else "settings"
+            flag = flag_of(cls.model_fields[field]) if field in cls.model_fields else None
+            shown = flag.option(field) if flag else "--" + field.replace("_", "-")
             raise SettingsError(
-                f"{flag}: {first['msg'].lower()}, got {first.get('input')!r}"
+                f"{shown}: {first['msg'].lower()}, got {first.get('input')!r}"
             ) from None

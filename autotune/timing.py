@@ -111,12 +111,3 @@ def clearly_slower(times_s: list[float], samples_per_step: int, threshold: float
     mean, half = mean_interval(times_s)
     fastest_time = max(mean - half, 1e-9)
     return samples_per_step / fastest_time < threshold
-
-
-def format_duration(seconds: float) -> str:
-    """``5400`` -> ``1h30m``; ``95`` -> ``1m35s``."""
-    whole_s = round(seconds)
-    hours, rest = divmod(whole_s, 3600)
-    minutes, secs = divmod(rest, 60)
-    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
-    return text + (f"{secs}s" if secs or not text else "")

@@ -20,12 +20,13 @@ attr :data:`GOAL_ATTR`, read and written only here (:func:`store`, :func:`of_stu
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import SettingsError
-from autotune.timing import format_duration
+from autotune.flag import Flag
+from autotune.units import COUNT, DURATION, TEXT, format_duration
 
 if TYPE_CHECKING:
     import optuna
@@ -56,20 +57,26 @@ class TrainingGoal(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    objective: Objective = Field(
-        default=Objective.THROUGHPUT, description="What ranks configurations."
+    objective: Annotated[Objective, Flag(unit=TEXT)] = Field(
+        default=Objective.THROUGHPUT,
+        description="What ranks configurations: throughput (samples/s), cost (the least per "
+        "sample: needs --gpu-hour-price) or deadline (the cheapest that trains --train-tokens "
+        "or --train-samples within --deadline, else the fastest); they differ across world "
+        "sizes (--gpus 1-8).",
     )
-    gpu_hour_price_usd: float | None = Field(
-        default=None, gt=0, description="Price of one GPU (or CPU rank) for an hour, in USD."
+    gpu_hour_price_usd: Annotated[float | None, Flag("gpu_hour_price")] = Field(
+        default=None, gt=0, description="USD for one GPU for an hour (cost and time to train)."
     )
-    train_samples: float | None = Field(
-        default=None, gt=0, description="Samples the training run processes."
+    train_samples: Annotated[float | None, Flag(unit=COUNT)] = Field(
+        default=None, gt=0, description="Samples of the production training run, e.g. 5M."
     )
-    train_tokens: float | None = Field(
-        default=None, gt=0, description="Tokens the training run processes."
+    train_tokens: Annotated[float | None, Flag(unit=COUNT)] = Field(
+        default=None,
+        gt=0,
+        description="Tokens of the production training run, e.g. 10B or 2.5e12.",
     )
-    deadline_s: float | None = Field(
-        default=None, gt=0, description="Wall time the training run may take, in seconds."
+    deadline_s: Annotated[float | None, Flag("deadline", DURATION)] = Field(
+        default=None, gt=0, description="Wall time the production run may take, e.g. 3d or 36h."
     )
     tokens_per_sample: int = Field(
         default=1, gt=0, description="Tokens in one sample (the workload's sequence length)."
@@ -298,41 +305,6 @@ class TrainingGoal(BaseModel):
         if self.deadline_s is None or seconds is None:
             return None
         return seconds <= self.deadline_s
-
-
-def parse_count(text: str, *, flag: str) -> float:
-    """``"10e9"``, ``"10B"``, ``"500M"``, ``"2.5k"`` -> a positive count."""
-    value = text.strip().upper().replace("_", "")
-    scale = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}.get(value[-1:], 1.0)
-    number = value[:-1] if scale != 1.0 else value
-    try:
-        count = float(number) * scale
-    except ValueError:
-        raise SettingsError(
-            f"{flag}: cannot read {text!r}; give a count such as 10e9, 10B, 500M or 2.5k"
-        ) from None
-    if not count > 0:
-        raise SettingsError(f"{flag} {text}: give a positive count")
-    return count
-
-
-def parse_world_sizes(text: str, *, flag: str = "--gpus") -> tuple[int, ...]:
-    """``"8"`` -> (8,); ``"1-4"`` -> (1, 2, 3, 4); ``"2,4,8"`` -> (2, 4, 8); sorted."""
-    sizes: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        low, dash, high = part.partition("-")
-        try:
-            first, last = int(low), int(high) if dash else int(low)
-        except ValueError:
-            raise SettingsError(
-                f"{flag} {text}: give a number of GPUs (8), a range (1-8) or a list (2,4,8)"
-            ) from None
-        if first < 1 or last < first:
-            raise SettingsError(
-                f"{flag} {text}: {part} is not a positive count or an increasing range"
-            )
-        sizes.update(range(first, last + 1))
-    return tuple(sorted(sizes))
 
 
 def store(study: optuna.Study, goal: TrainingGoal) -> None:

@@ -72,7 +72,7 @@ from benchmarks.search_efficiency_table import NOISE, Bimodal, Table, pass_noise
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autotune.settings import parse_size
+    from autotune.units import parse_size
 
     args = _parser().parse_args(argv)
     if args.command == "dump":

@@ -214,7 +214,7 @@ def fraction_summary(fractions: dict[int, list[float]]) -> dict:
 
 
 def print_report(report: dict) -> None:
-    from autotune.settings import format_bytes
+    from autotune.units import format_bytes
 
     print(
         f"{report['table']}: {report['candidates']} candidates, {report['feasible']} feasible "

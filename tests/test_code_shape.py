@@ -482,3 +482,99 @@ def test_design_table_is_read_in_order(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert package_order(design) == ["cli", "backends.deepspeed"]
+
+
+# Records that declare settings, each setting in one of them. A field of another record
+# that holds a setting resolved (the study's config) names it with ``SetBy("setting")``
+# in its annotation: a view of the one declaration, not a second one.
+SETTINGS_RECORDS = [
+    ("settings.py", "RunSettings"),
+    ("training_goal.py", "TrainingGoal"),
+    ("cli/_flags.py", "CommandFlags"),
+    ("study/storage.py", "StudyConfig"),
+]
+# Records a measurement passes through, rank -> probe -> stored trial, and the parts they
+# share (a record carries a part by deriving from it): each measurement declared once.
+MEASUREMENT_RECORDS = [
+    *(
+        ("measurement.py", part)
+        for part in (
+            "StepTimes",
+            "Throughput",
+            "DevicePeaks",
+            "HostPeakMeasure",
+            "HostPeaks",
+            "Versions",
+            "LogTail",
+            "LaunchTimes",
+            "Fp16Skips",
+        )
+    ),
+    ("protocol.py", "ScriptFacts"),
+    ("protocol.py", "LossRecord"),
+    ("protocol.py", "RankReport"),
+    ("protocol.py", "ProbeResult"),
+    ("study/records.py", "TrialRecord"),
+]
+# Each record's outcome is its own: a rank's statuses, a probe's and a trial's differ.
+OWN_OUTCOME = ("status", "error")
+
+
+def _fields(path: Path, record: str) -> dict[str, ast.AnnAssign]:
+    """The fields class ``record`` declares in ``path`` (its bases' are theirs)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef) and node.name == record:
+            return {
+                item.target.id: item
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+    raise AssertionError(f"{path}: no class {record}")
+
+
+def _views(field: ast.AnnAssign) -> bool:
+    """The field says which setting it holds (``SetBy(...)`` in its annotation)."""
+    return any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "SetBy"
+        for node in ast.walk(field.annotation)
+    )
+
+
+def declared_twice(
+    folder: Path, records: list[tuple[str, str]], own: tuple[str, ...] = ()
+) -> list[str]:
+    """Field names declared in two of ``records`` (file under ``folder``, class), where
+    neither is a view of the other and the name is not one each record has of its own
+    (``own``), as ``name: A, B``."""
+    owners: dict[str, list[str]] = {}
+    for relative, record in records:
+        for name, field in _fields(folder / relative, record).items():
+            if not _views(field) and name not in own:
+                owners.setdefault(name, []).append(record)
+    return [f"{name}: {', '.join(where)}" for name, where in owners.items() if len(where) > 1]
+
+
+def test_each_setting_is_declared_once() -> None:
+    twice = declared_twice(ROOT / "autotune", SETTINGS_RECORDS)
+    assert twice == [], "settings declared in two records (declare once; a view says SetBy): " + (
+        "; ".join(twice)
+    )
+
+
+def test_each_measurement_is_declared_once() -> None:
+    twice = declared_twice(ROOT / "autotune", MEASUREMENT_RECORDS, OWN_OUTCOME)
+    assert twice == [], "measurements declared in two records (share a part): " + "; ".join(twice)
+
+
+def test_a_field_declared_twice_is_found(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "a.py": "class A:\n    budget_s: float = 1.0\n    seed: int = 0\n    status: str\n",
+            "b.py": "class B:\n    budget_s: float = 2.0\n"
+            "    seed: Annotated[int, SetBy('seed')] = 0\n    status: int\n",
+        },
+    )
+    records = [("a.py", "A"), ("b.py", "B")]
+    assert declared_twice(tmp_path, records) == ["budget_s: A, B", "status: A, B"]
+    assert declared_twice(tmp_path, records, own=("status",)) == ["budget_s: A, B"]

@@ -20,7 +20,7 @@ from rich.console import Console
 from autotune.cli import _study_commands as study_commands
 from autotune.cli._study_commands import after_run, previous_best
 from autotune.errors import AutotuneError, NoResultError
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -150,7 +150,9 @@ def _run_parameters() -> list[inspect.Parameter]:
             default = False
         else:
             shown = "" if field.default is None else f" [default: {field.default}]"
-            kind = {int: int, int | None: int, float: float}.get(field.annotation, str)
+            kind = {int: int, int | None: int, float: float, float | None: float}.get(
+                field.annotation, str
+            )
             # a value that may be left out (--verify, --verify strict): cli._flags
             # .with_optional_values joins it to the flag before parsing
             metavar = None

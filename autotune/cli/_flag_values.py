@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 from autotune.errors import SettingsError
-from autotune.settings import parse_size
 
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -18,22 +17,6 @@ def check_study_name(name: str, *, flag: str) -> str:
             "starting with a letter or digit (it names a folder under --trials-dir)"
         )
     return name
-
-
-def parse_global_batch(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise SettingsError(f"--global-batch {text}: give a positive integer or 'auto'")
-    return value
-
-
-def size_or_auto(text: str, flag: str) -> int | None:
-    return None if text == "auto" else parse_size(text, flag=flag)
 
 
 def first_problem(exc: ValueError) -> str:

@@ -25,7 +25,7 @@ from rich.text import Text
 
 from autotune import events
 from autotune.cli._render import line, stop_reason
-from autotune.timing import format_duration
+from autotune.units import format_duration
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -193,15 +193,15 @@ class RunState:
             self.best = Leader(first.trial, first.label, first.estimate, first.half_width, basis)
 
     @apply.register
-    def _(self, event: events.VerificationStarted) -> None:
+    def _(self, event: events.LossCheckStarted) -> None:
         self.phase = f"checking the loss of trial {event.trial}"
 
     @apply.register
-    def _(self, event: events.VerificationDone) -> None:
+    def _(self, event: events.LossCheckDone) -> None:
         self.phase = f"loss check: {event.verdict}"
 
     @apply.register
-    def _(self, event: events.VerificationInterrupted) -> None:
+    def _(self, event: events.LossCheckInterrupted) -> None:
         self.phase = "loss check interrupted: nothing recorded"
 
     @apply.register

@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.errors import SettingsError
 from autotune.settings import DEFAULT_BUDGET_S
-from autotune.timing import format_duration
+from autotune.units import format_duration
 
 PROJECT_FILE = "autotune.yaml"
 PYPROJECT = "pyproject.toml"

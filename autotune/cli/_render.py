@@ -6,8 +6,7 @@ from __future__ import annotations
 from functools import singledispatch
 
 from autotune import events
-from autotune.settings import format_bytes
-from autotune.timing import format_duration
+from autotune.units import format_bytes, format_duration
 
 # The JIT build of one op on 2 busy cores, as benchmarks/RESULTS.md records it (CPU Adam is
 # the longest).
@@ -223,7 +222,7 @@ def _(event: events.ConfirmationDone) -> str:
 
 
 @line.register
-def _(event: events.VerificationStarted) -> str:
+def _(event: events.LossCheckStarted) -> str:
     return (
         f"verifying trial {event.trial} ({event.label}) against {event.reference_label}: "
         f"{event.reason}; {event.runs} run(s) of {event.steps} step(s) from one seed"
@@ -231,13 +230,13 @@ def _(event: events.VerificationStarted) -> str:
 
 
 @line.register
-def _(event: events.VerificationRunDone) -> str:
+def _(event: events.LossCheckRunDone) -> str:
     text = f"  {event.role} {event.label}: {event.status} in {event.wall_s:.0f} s"
     return text + (f" ({event.error})" if event.error else "")
 
 
 @line.register
-def _(event: events.VerificationDone) -> str:
+def _(event: events.LossCheckDone) -> str:
     compared = (  # "cannot judge" compared nothing
         f"largest difference {relative_text(event.max_relative_difference)} against a "
         f"tolerance of {relative_text(event.tolerance)} there; "
@@ -251,7 +250,7 @@ def _(event: events.VerificationDone) -> str:
 
 
 @line.register
-def _(event: events.VerificationInterrupted) -> str:
+def _(event: events.LossCheckInterrupted) -> str:
     return f"loss check of trial {event.trial} interrupted: nothing recorded"
 
 

@@ -16,15 +16,7 @@ from typing import Any
 
 from autotune.errors import SettingsError
 
-# Flags that concern one run, not what a study measures: never stored with the study.
-PER_RUN = ("budget", "max_trials", "study", "storage", "inject_fault", "quiet", "retry_failed")
-PER_RUN += ("ray_address",)  # the cluster one run uses; the next may use another
-PER_RUN += ("shared",)  # how this driver joins the study, not what the study measures
 HOST_KEY = "_host"  # in a study's stored flags: the host it was started on
-# Stored flags that name files or code: taken back only on the host that stored them, and
-# only where the file is this user's (a shared database must not choose what is imported
-# or where files go).
-FILE_FLAGS = ("workload", "script", "space", "base_config", "nvme_path", "trials_dir")
 
 
 def _names_a_file(flag: str, value: Any) -> bool:
@@ -49,17 +41,22 @@ def _owned_here(value: str) -> bool:
 
 
 def inherited(
-    stored: dict[str, Any], given: dict[str, Any], *, flags: Collection[str]
+    stored: dict[str, Any],
+    given: dict[str, Any],
+    *,
+    kept: Collection[str],
+    file_flags: Collection[str],
 ) -> dict[str, Any]:
-    """The stored flags a continue takes back; refuses, in one line, a stored file or code
-    reference from another host or another user's file (give those flags explicitly)."""
-    known = {k: v for k, v in stored.items() if k in flags and k not in PER_RUN}
+    """The stored flags a continue takes back (those of ``kept``, the flags a study keeps);
+    refuses, in one line, a stored file or code reference (``file_flags``) from another host
+    or another user's file (give those flags explicitly)."""
+    known = {k: v for k, v in stored.items() if k in kept}
     if not known:
         return {}
     same_host = stored.get(HOST_KEY) == socket.gethostname()
     foreign = [
         flag
-        for flag in FILE_FLAGS
+        for flag in file_flags
         if flag not in given
         and _names_a_file(flag, known.get(flag))
         and not (same_host and _owned_here(str(known[flag])))

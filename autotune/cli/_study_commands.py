@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from autotune.cli._flag_values import parse_global_batch
 from autotune.cli._flags import RunFlags
 from autotune.errors import AutotuneError
-from autotune.settings import DEFAULT_STORAGE, DEFAULT_VERIFY_STEPS, parse_size
+from autotune.settings import DEFAULT_STORAGE, DEFAULT_VERIFY_STEPS
+from autotune.units import parse_global_batch, parse_size
 
 if TYPE_CHECKING:
     from autotune.study import Best
@@ -102,7 +102,7 @@ def space(
             space,
             gpus=gpus,
             workload=workload,
-            global_batch=parse_global_batch(global_batch),
+            global_batch=None if global_batch is None else parse_global_batch(global_batch),
             max_global_batch=max_global_batch,
             nvme_path=nvme_path,
             examples=examples,
@@ -245,7 +245,7 @@ def _memory_plan(
 
 
 def _one_count(gpus: str) -> int:
-    from autotune.training_goal import parse_world_sizes
+    from autotune.units import parse_world_sizes
 
     sizes = parse_world_sizes(gpus)
     if len(sizes) != 1:
@@ -271,7 +271,7 @@ def _forecast_plan(
     """``autotune plan --study S --gpus N``: the study's configurations at N GPUs."""
     from autotune.run.forecast import forecast
     from autotune.study import load_existing_study
-    from autotune.training_goal import parse_world_sizes
+    from autotune.units import parse_world_sizes
 
     goal = RunFlags.goal_of(goal_flags)
     sizes = parse_world_sizes(gpus)
@@ -337,12 +337,12 @@ def status(
         _print_json(document)
         return
     loaded = load_existing_study(storage, study)
-    from autotune.views import goal_lines, trials_table, verification_lines
+    from autotune.views import goal_lines, loss_check_lines, trials_table
 
     console.print(trials_table(loaded))
     for text in goal_lines(loaded):
         console.print(text)
-    for text in verification_lines(loaded):
+    for text in loss_check_lines(loaded):
         console.print(text)
 
 
@@ -379,7 +379,7 @@ def verify(
     at ZeRO-0) from one seed on one global batch, compare their losses step by step, and
     keep the verdict in the study."""
     from autotune.cli._render import line
-    from autotune.run.verify import verify as check
+    from autotune.run.loss_check import check_loss
     from autotune.study import load_existing_study
 
     def show(event: object) -> None:
@@ -390,11 +390,11 @@ def verify(
     cancel = threading.Event()
     with _stdout_to_stderr(as_json), _first_interrupt_sets(cancel):
         loaded = load_existing_study(storage, study)
-        checked = check(loaded, trial=trial, steps=steps, emit=show, cancel=cancel)
+        checked = check_loss(loaded, trial=trial, steps=steps, emit=show, cancel=cancel)
     if as_json:
-        from autotune.views import verification_document
+        from autotune.views import loss_check_document
 
-        _print_json(verification_document(loaded.study_name, checked))
+        _print_json(loss_check_document(loaded.study_name, checked))
 
 
 def dashboard(

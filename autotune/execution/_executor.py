@@ -58,10 +58,10 @@ class _Slot:
 
     def run(self, job: ProbeJob) -> ProbeResult:
         # A user's script probes warm too (its __main__ run again in the same ranks) until a
-        # warm run fails where a cold one measures; a loss-parity run is always a launch.
+        # warm run fails where a cold one measures; a loss run is always a launch.
         if self.worker is not None and job.spec.script is None:
             return self.worker.run(job)
-        if self.worker is not None and job.spec.parity is None and self.worker.script_warm:
+        if self.worker is not None and job.spec.loss_run is None and self.worker.script_warm:
             result = self.worker.run(job)
         else:
             self._cancel.clear()

@@ -60,7 +60,7 @@ def choose_trial(study: optuna.Study, number: int | None) -> tuple[TrialView, Be
     names one) and the best, which the summary describes."""
     from autotune import training_goal
     from autotune.study import confirmation as confirm
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     trials = records.views(study)
     decided = best.decide_best(

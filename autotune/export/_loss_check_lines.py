@@ -1,5 +1,5 @@
 """summary.md's loss-check lines: the trials ``run --verify strict`` set aside, and the chosen
-trial's check against its reference step by step (:mod:`autotune.study.verification`)."""
+trial's check against its reference step by step (:mod:`autotune.study.loss_checks`)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def set_aside_lines(
     study: optuna.Study, trials: list[TrialView], aside: Collection[int]
 ) -> list[str]:
     """A line per trial ``run --verify strict`` set aside: what it measured and why."""
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     lines = []
     for number in sorted(aside):
@@ -40,7 +40,7 @@ def set_aside_lines(
 
 def loss_check_lines(study: optuna.Study, number: int) -> list[str]:
     """The trial's loss check against its reference (``autotune verify``), step by step."""
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     check = checks.load(study, number)
     lines = ["## Loss check", ""]
@@ -71,7 +71,7 @@ def loss_check_lines(study: optuna.Study, number: int) -> list[str]:
         "| step | reference loss | this configuration's loss | relative difference |",
         "| --- | --- | --- | --- |",
     ]
-    from autotune.study.loss_parity import relative_difference
+    from autotune.study.loss_comparison import relative_difference
 
     pairs = zip(reference.trace.losses, winner.trace.losses, strict=False)
     for step, (ref, won) in enumerate(pairs):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.export._loss_check_lines import printable
 from autotune.export._numerics import numerics_actions
 from autotune.protocol import HOST_PEAK_WORDS
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.candidate import Candidate

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 from autotune.export._loss_check_lines import loss_check_lines, printable, set_aside_lines
 from autotune.export._setting_lines import setting_rows, user_actions_of
 from autotune.protocol import HOST_PEAK_WORDS
-from autotune.settings import format_bytes
 from autotune.study import records
 from autotune.study.backend_comparison import backend_lines
 from autotune.study.confirmation import ESTIMATE_OF
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import optuna
@@ -213,7 +213,7 @@ def render_summary(
     from autotune import training_goal
     from autotune.study import confirmation as confirm
     from autotune.study import dropped_backends, screened_keys
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     goal = training_goal.of_study(study)
     candidate = trial.candidate

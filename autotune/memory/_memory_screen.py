@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autotune.candidate import Candidate
 from autotune.memory.memory_model import Calibration
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.hardware import Accelerator

@@ -17,7 +17,7 @@ import re
 import threading
 from pathlib import Path
 
-from autotune.protocol import HostPeakMethod
+from autotune.measurement import HostPeakMethod
 
 SAMPLE_PERIOD_S = 0.005
 CLEAR_REFS = Path("/proc/self/clear_refs")

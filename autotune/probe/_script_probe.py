@@ -25,7 +25,7 @@ from autotune.probe._rank_process import (
     record_peaks,
     write_report,
 )
-from autotune.probe._script_parity import ScriptParity
+from autotune.probe._script_loss_run import ScriptLossRun
 from autotune.protocol import (
     INITIALIZED_MARKER,
     SCRIPT_CONFIG_FILE,
@@ -65,10 +65,10 @@ class ScriptProbe:
         self.last_s = 0.0
         self.first_forward = True
         self._forward_start: int | None = None
-        # a loss-parity run (autotune verify) records losses instead of timing steps
-        self.parity = (
-            ScriptParity(spec.parity, spec.candidate.micro_batch_size)
-            if spec.parity is not None
+        # a loss run (autotune verify) records losses instead of timing steps
+        self.loss_run = (
+            ScriptLossRun(spec.loss_run, spec.candidate.micro_batch_size)
+            if spec.loss_run is not None
             else None
         )
 
@@ -96,10 +96,10 @@ class ScriptProbe:
         Path(self.spec_path.parent, INITIALIZED_MARKER.format(rank=self.rank)).touch()
         if model is not None:
             self.report.model = ModelInfo.of(model)
-            if self.parity is not None:
+            if self.loss_run is not None:
                 from autotune.backends import DEFAULT_BACKEND, get_backend
 
-                self.parity.model_handed_over(model, get_backend(DEFAULT_BACKEND))
+                self.loss_run.model_handed_over(model, get_backend(DEFAULT_BACKEND))
         self._start_tracking(model)
         engine, *rest = original(**arguments)
         self.report.init_s = time.perf_counter() - self.started
@@ -184,16 +184,16 @@ class ScriptProbe:
             if not engine.is_gradient_accumulation_boundary():
                 return original_step(*args, **kwargs)
             skipped_before = int(getattr(engine, "skipped_steps", 0))
-            if self.parity is not None:
-                self.parity.before_step(engine)
+            if self.loss_run is not None:
+                self.loss_run.before_step(engine)
             result = original_step(*args, **kwargs)
             skipped = int(getattr(engine, "skipped_steps", 0)) > skipped_before
             self._optimizer_step_done(skipped)
             return result
 
         engine.step = step
-        if self.parity is not None:
-            self.parity.attach(engine)
+        if self.loss_run is not None:
+            self.loss_run.attach(engine)
         module = getattr(engine, "module", None)
         if module is not None and hasattr(module, "register_forward_hook"):
             module.register_forward_pre_hook(self._before_forward, with_kwargs=True)
@@ -203,8 +203,8 @@ class ScriptProbe:
         if self.first_forward:
             self.first_forward = False
             self._check_batch(args, kwargs)
-        if self.parity is not None:
-            self.parity.forward_inputs(args, kwargs)
+        if self.loss_run is not None:
+            self.loss_run.forward_inputs(args, kwargs)
         self._forward_start = self._held_bytes()
 
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
@@ -247,9 +247,9 @@ class ScriptProbe:
         if self.cuda is not None and not self.steps_seen():
             # DeepSpeed's groups and ZeRO's collectives have connected in the first step
             self.cuda.update()
-        if self.parity is not None:
-            if self.parity.step_done(self.engine, skipped):
-                self.report.loss_trace = self.parity.trace()
+        if self.loss_run is not None:
+            if self.loss_run.step_done(self.engine, skipped):
+                self.report.loss_trace = self.loss_run.trace()
                 self.finish()
             return
         elapsed, skipped = self._agreed(time.perf_counter() - self.last_s, skipped)
@@ -300,14 +300,14 @@ class ScriptProbe:
         return float(agreed[0].item()), bool(agreed[1].item() > 0)
 
     def steps_seen(self) -> int:
-        if self.parity is not None:
-            return len(self.parity.losses)
+        if self.loss_run is not None:
+            return len(self.loss_run.losses)
         return len(self.report.warmup_step_times_s) + len(self.report.step_times_s)
 
     def steps_needed(self) -> int:
         """Optimizer steps the probe needs at least, as far as it knows now."""
-        if self.parity is not None:
-            return self.parity.parity.steps
+        if self.loss_run is not None:
+            return self.loss_run.loss_run.steps
         warmup = len(self.report.warmup_step_times_s) if self.timing else None
         if warmup is None:
             warmup = max(self.spec.warmup_steps, 2)
@@ -383,14 +383,14 @@ class ScriptProbe:
             )
         elif (
             code == 0
-            and self.parity is None
+            and self.loss_run is None
             and len(self.report.step_times_s) >= self.spec.timed_steps
         ):
             self.finish()  # a short script, but the probe has its timed steps
         else:
             self.report.status = "error"
             seen, needed = self.steps_seen(), self.steps_needed()
-            fewer = "--steps" if self.parity is not None else "--warmup-steps/--timed-steps"
+            fewer = "--steps" if self.loss_run is not None else "--warmup-steps/--timed-steps"
             self.report.error = (
                 f"the script stopped after {seen} optimizer steps; the probe needs {needed}: "
                 f"give it more data (or more steps), or fewer {fewer}"

@@ -37,8 +37,8 @@ from typing import Any
 from autotune.probe import _cuda_memory as cuda_memory
 from autotune.probe import _engine_state as engine_state
 from autotune.probe import _rank_memory as rank_memory
+from autotune.probe._loss_run import record_losses
 from autotune.probe._model_build import build_model, make_batch
-from autotune.probe._parity import run_parity
 from autotune.probe._peak_guard import peak_counters_kept
 from autotune.probe._rank_memory import classify_failure, dismantle, leak_tolerance_bytes
 from autotune.probe._rank_process import (
@@ -92,8 +92,8 @@ def run_rank(
     caller's collection frees it."""
     from autotune.backends import get_backend
 
-    if spec.parity is not None:
-        run_parity(spec, report, device)
+    if spec.loss_run is not None:
+        record_losses(spec, report, device)
         return
     backend = get_backend(spec.candidate.backend)
     rank = int(os.environ.get("RANK", "0"))

@@ -27,9 +27,9 @@ Once the probe has its steps, the rank writes its :class:`~autotune.protocol.Ran
 meets its peers at a barrier, destroys the process group and exits 0 (no need to finish an
 epoch). A script that raises, exits or ends too soon gets a report saying so.
 
-A loss-parity run (``ProbeSpec.parity``, for ``autotune verify``) records each optimizer
+A loss run (``ProbeSpec.loss_run``, for ``autotune verify``) records each optimizer
 step's loss and samples instead of timing it, and ends after its steps
-(:mod:`autotune.probe._script_parity`).
+(:mod:`autotune.probe._script_loss_run`).
 
 **Warm ranks** (``--serve INBOX``, a warm worker's group): the rank runs the script once per
 posted job, in the same process. The interpreter, the script's imports (its own modules
@@ -106,8 +106,8 @@ def _run_script(probe: ScriptProbe, guards: contextlib.ExitStack) -> None:
         probe.report.versions = versions(probe.device)
         probe.report.threads = torch.get_num_threads()
         probe.install()
-        if probe.parity is not None:
-            probe.parity.seed()
+        if probe.loss_run is not None:
+            probe.loss_run.seed()
         _check_script_here(script.path)
         sys.argv = [script.path, *script.argv]
         folder = str(Path(script.path).parent)

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import SettingsError
-from autotune.settings import RunSettings, format_bytes
+from autotune.settings import RunSettings
 from autotune.study import StudyConfig
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.candidate import Candidate
@@ -149,7 +150,7 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
         global_batch=inputs.global_batch,
         max_global_batch=settings.max_global_batch,
         nvme_path=nvme_path,
-        world_sizes=settings.world_sizes,
+        world_sizes=settings.searched_world_sizes,
         script=settings.script is not None,
     )
     notes = [*whole_nodes, *inputs.notes, *bound.notes]
@@ -185,7 +186,9 @@ def _check_batch_flags(settings: RunSettings) -> None:
             "--global-batch auto needs --max-global-batch N, the largest global batch "
             "your training may use"
         )
-    flag = "--verify strict" if settings.verify_strict else "--verify" if settings.verify else ""
+    flag = (
+        "--verify strict" if settings.verify_strict else "--verify" if settings.checks_loss else ""
+    )
     if flag and settings.ray_address is not None:
         raise SettingsError(
             f"{flag}: the loss check runs on this machine, not on the Ray cluster; leave "
@@ -215,10 +218,9 @@ def _whole_node_world_sizes(
     """The searched world sizes a Ray cluster can hold as a production run would: within
     one node, or whole nodes beyond one (a probe's ranks pack onto the fewest nodes, so a
     size that leaves a node part-used measures a layout production would not choose). A
-    size dropped is a note; ``settings`` with the kept sizes (and their largest as
-    ``gpus``)."""
+    size dropped is a note; ``settings`` with the kept sizes."""
     per_node = hardware.devices_per_node
-    if not settings.world_sizes or per_node is None:
+    if not settings.searched_world_sizes or per_node is None:
         return settings
     kept = tuple(n for n in settings.world_sizes if n <= per_node or n % per_node == 0)
     dropped = [n for n in settings.world_sizes if n not in kept]
@@ -232,9 +234,7 @@ def _whole_node_world_sizes(
             f"--gpus {','.join(map(str, settings.world_sizes))}: no world size fits the "
             f"cluster's nodes of {per_node} device(s) (within one node, or whole nodes)"
         )
-    if len(kept) == 1:
-        return settings.model_copy(update={"world_sizes": (), "gpus": kept[0]})
-    return settings.model_copy(update={"world_sizes": kept, "gpus": max(kept)})
+    return settings.model_copy(update={"world_sizes": kept})
 
 
 def _gpus_per_trial(settings: RunSettings) -> int:
@@ -271,7 +271,7 @@ def _study_config(
         space=inputs.space.stored(),
         accelerator=hardware.accelerator,
         gpus_per_trial=per_trial,
-        world_sizes=list(settings.world_sizes),
+        world_sizes=list(settings.searched_world_sizes),
         global_batch=inputs.global_batch,
         max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
         vram_limit_bytes=vram_limit_bytes,
@@ -292,7 +292,7 @@ def _size_workload_probes(
         inputs.workload,
         hardware,
         inputs.global_batch or settings.max_global_batch or 1,
-        min(settings.world_sizes or (per_trial,)),  # the most work per rank
+        min(settings.searched_world_sizes or (per_trial,)),  # the most work per rank
         settings,
         fp16="fp16" in bound.precisions,
     )

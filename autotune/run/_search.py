@@ -32,11 +32,11 @@ from autotune.run.budget import SearchState, longest_probe_s, probe_estimate_s, 
 from autotune.study import (
     TrialRecord,
     TrialView,
+    loss_checks,
     queued_retries,
     ranked_feasible,
     records,
     retryable,
-    verification,
 )
 from autotune.study import confirmation as confirm
 
@@ -102,7 +102,7 @@ class Search:
         self.settled = False  # nothing promising left on a budget short of the round's plan
         self.settling: Settling | None = None  # what the settled search compared
         self._checked_s = max(  # the study's loss checks so far (run --verify's reserve)
-            (check.seconds for check in verification.load_all(self.study).values()), default=0.0
+            (check.seconds for check in loss_checks.load_all(self.study).values()), default=0.0
         )
 
     def load(self, trials: list[TrialView]) -> None:

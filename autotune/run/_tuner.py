@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from autotune.run._search import Search
     from autotune.run.sampler import CandidatePolicy
     from autotune.study import Best, Confirmation, TrialRecord, TrialView
-    from autotune.study.verification import Verification
+    from autotune.study.loss_checks import LossCheck
 
 
 # Loss checks of --verify strict at most: the best and up to two runners-up.
@@ -74,7 +74,7 @@ class RunSummary:
     export_dir: str | None = None
     exported_config: str | None = None  # the backend's config file in export_dir
     confirmation: Confirmation | None = None  # the round's verdict, None without a round
-    verification: Verification | None = None  # the best's loss check (--verify)
+    loss_check: LossCheck | None = None  # the best's loss check (--verify)
     interrupted: list[int] = field(default_factory=list)
 
 
@@ -138,7 +138,7 @@ class Tuner:
             base_config=plan.config.base_config,
             use_model=settings.prune,
         )
-        checks = settings.verify or settings.verify_strict
+        checks = settings.checks_loss
         self.reserve = ReservePolicy(
             enabled=settings.confirm,
             verify_steps=DEFAULT_VERIFY_STEPS if checks else 0,
@@ -276,20 +276,20 @@ class Tuner:
         settings = self.plan.settings
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
-        elif (settings.verify or settings.verify_strict) and summary.stop.kind != "lock_lost":
-            summary.verification = self._verify(session)
+        elif settings.checks_loss and summary.stop.kind != "lock_lost":
+            summary.loss_check = self._verify(session)
             search.clock.probing_done()  # the check was held back from the search, not the finish
 
-    def _verify(self, session: DriverSession) -> Verification | None:
+    def _verify(self, session: DriverSession) -> LossCheck | None:
         """The loss check of the best (``--verify``), after the search's workers are closed
         and before the export, whose summary.md shows it. With ``--verify strict`` a best
         whose check differs is set aside and the next best is checked, up to
         :data:`STRICT_CHECKS` checks (the last best checked may then differ too, and the one
         after it is exported unchecked: summary.md names every trial set aside)."""
         from autotune import training_goal
-        from autotune.run.verify import VerificationInterrupted, verify
+        from autotune.run.loss_check import LossCheckInterruptedError, check_loss
         from autotune.study import confirmation as confirm
-        from autotune.study import verification as checks
+        from autotune.study import loss_checks as checks
 
         study, strict = session.study, self.plan.settings.verify_strict
         check = None
@@ -301,7 +301,7 @@ class Tuner:
             if decided is None or session.stopping:
                 break
             try:
-                check = verify(
+                check = check_loss(
                     study,
                     trial=decided.trial,
                     steps=DEFAULT_VERIFY_STEPS,
@@ -309,7 +309,7 @@ class Tuner:
                     strict=strict,
                     cancel=session.stop_requested,
                 )
-            except VerificationInterrupted:  # the first Ctrl-C: export what was decided
+            except LossCheckInterruptedError:  # the first Ctrl-C: export what was decided
                 return None
             if not check.set_aside:
                 break
@@ -331,7 +331,7 @@ class Tuner:
         from autotune import training_goal
         from autotune.export import export
         from autotune.study import confirmation as confirm
-        from autotune.study import verification as checks
+        from autotune.study import loss_checks as checks
 
         trials = records.views(study)
         summary.best = best.decide_best(

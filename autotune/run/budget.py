@@ -268,7 +268,7 @@ class ReservePolicy:
         return max(estimate_s, checked_s)
 
 
-# Runs of a loss check: the reference twice and the trial (autotune.run.verify).
+# Runs of a loss check: the reference twice and the trial (autotune.run.loss_check).
 VERIFY_RUNS = 3
 
 

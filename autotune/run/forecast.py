@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.candidate import Candidate
 from autotune.errors import SettingsError
-from autotune.timing import format_duration
 from autotune.training_goal import TrainingGoal
+from autotune.units import format_duration
 
 if TYPE_CHECKING:
     import optuna

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     from autotune.study.records import TrialView

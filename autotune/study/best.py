@@ -57,7 +57,7 @@ def decide_best(
     below the winner never does, however fast it once measured. A winner that is not feasible
     now leaves its place to the next contender in the round's order that is. A trial
     ``set_aside`` (``run --verify strict``: its loss check differs,
-    :func:`autotune.study.verification.set_aside`) is never the best."""
+    :func:`autotune.study.loss_checks.set_aside`) is never the best."""
     aside = frozenset(set_aside)
     goal = goal or TrainingGoal()
     every = ranked_feasible(trials, goal)
@@ -159,12 +159,12 @@ def of_study(study: optuna.Study) -> Best | None:
     """The best of ``study`` by :func:`decide_best` (computed, never read back stale)."""
     from autotune import training_goal
     from autotune.study import confirmation as confirm
-    from autotune.study import verification
+    from autotune.study import loss_checks
     from autotune.study.records import views
 
     return decide_best(
         views(study),
         confirm.load(study),
-        verification.set_aside(study),
+        loss_checks.set_aside(study),
         training_goal.of_study(study),
     )

@@ -17,36 +17,50 @@ for cost), and intervals compare in the same units.
 
 The round's time is reserved from the budget before the search starts
 (:func:`autotune.run.budget.reserve_s`), so it is never skipped because the search used
-everything.
+everything. This module holds the verdict and its rules, and keeps it in the study; who
+contends (:mod:`autotune.study._contenders`), the statistics of repeated probes
+(:mod:`autotune.study._probe_statistics`) and the loop of rounds
+(:mod:`autotune.study._round_loop`) are their own modules, their names offered here.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from autotune.candidate import simpler_because
-from autotune.timing import mean_interval, t95
+from autotune.study._contenders import MAX_CONTENDERS, TOP_CONTENDERS, contenders, pick_contenders
+from autotune.study._probe_statistics import ESTIMATE_OF, estimate_of, f_quantile, step_interval
+from autotune.study._round_loop import MAX_TIE_ROUNDS, ROUNDS, TIE_ROUNDS, run_rounds
 from autotune.training_goal import TrainingGoal
 
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.study.records import TrialView
+__all__ = [
+    "CONFIRMATION_ATTR",
+    "ESTIMATE_OF",
+    "MAX_CONTENDERS",
+    "MAX_TIE_ROUNDS",
+    "ROUNDS",
+    "TIE_ROUNDS",
+    "TOP_CONTENDERS",
+    "Confirmation",
+    "Contender",
+    "contenders",
+    "f_quantile",
+    "load",
+    "markedly_steadier",
+    "pick_contenders",
+    "run_rounds",
+    "simpler_within_noise",
+    "step_interval",
+    "store",
+]
 
-TOP_CONTENDERS = 3  # the search's fastest this many always contend
-MAX_CONTENDERS = 5
-ROUNDS = 3
-TIE_ROUNDS = 3  # rounds of the two closest alone while they overlap, reserved
-MAX_TIE_ROUNDS = 6  # ... and more while the budget has room for them
 CONFIRMATION_ATTR = "autotune_confirmation"
-# The sample median's standard error is sqrt(pi/2) ~ 1.2533 times the mean's for normally
-# distributed data (Kenney and Keeping, "Mathematics of Statistics", 1962, sec. 13.13).
-MEDIAN_SE_FACTOR = math.sqrt(math.pi / 2)
 # Within noise of the leader, a contender whose spread between probes is markedly smaller
 # (the leader's variance over its own above the F distribution's 95% quantile: sample spreads
 # of a few probes differ by chance) is the steadier one, and wins; under MIN_SPREAD every
@@ -64,10 +78,6 @@ MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank 
 # machine's noise cannot resolve, but not over one that a pick's quality would show (the
 # benchmarks judge a pick at 0.97 of the best: benchmarks/search_efficiency.py).
 SIMPLER_MAX_LOSS = 0.02
-# What a contender's estimate is (Contender.summarize), in the words of the best's reason
-# and summary.md: "<ESTIMATE_OF> its search probe and 3 interleaved re-probes"
-ESTIMATE_OF = "the lower of the median and the mean of"
-STEADIER_CONFIDENCE_Z = 1.645  # one-sided 95%
 
 
 class Contender(BaseModel):
@@ -112,14 +122,7 @@ class Contender(BaseModel):
         other probes (the median), and a slow mode that some of its probes land in (CPU
         offload measures bimodal here) pulls it down, as it slows a production run, which
         pays the mean."""
-        values = self.samples_per_s
-        self.estimate = min(statistics.median(values), statistics.fmean(values)) if values else 0.0
-        if len(values) < 2 or self.estimate <= 0:
-            self.half_width = self.spread = 0.0
-            return
-        stdev = statistics.stdev(values)
-        self.half_width = t95(len(values) - 1) * MEDIAN_SE_FACTOR * stdev / math.sqrt(len(values))
-        self.spread = stdev / self.estimate
+        self.estimate, self.half_width, self.spread = estimate_of(self.samples_per_s)
 
     def band(self, goal: TrainingGoal) -> tuple[int, float, float]:
         """The goal's tier of the estimate and its 95% interval in the goal's units."""
@@ -327,19 +330,6 @@ def simpler_within_noise(
     )
 
 
-def f_quantile(d1: int, d2: int, z: float = STEADIER_CONFIDENCE_Z) -> float:
-    """The F distribution's quantile for the normal quantile ``z``, by Paulson's cube-root
-    approximation (Paulson, "An approximate normalization of the analysis of variance
-    distribution", Ann. Math. Stat. 13, 1942; within 7% of the exact 95% quantile from 3
-    degrees of freedom, on the conservative side)."""
-    a, b = 2.0 / (9.0 * d1), 2.0 / (9.0 * d2)
-    denominator = (1.0 - b) ** 2 - z * z * b
-    if denominator <= 0:
-        return math.inf
-    root = math.sqrt(max((1.0 - a) ** 2 * b + (1.0 - b) ** 2 * a - z * z * a * b, 0.0))
-    return (((1.0 - a) * (1.0 - b) + z * root) / denominator) ** 3
-
-
 def markedly_steadier(
     contender: Contender, leader: Contender, goal: TrainingGoal | None = None
 ) -> bool:
@@ -361,93 +351,6 @@ def markedly_steadier(
         return True
     ratio = (leader.spread / contender.spread) ** 2
     return ratio > f_quantile(n_l - 1, n_c - 1)
-
-
-def run_rounds(verdict: Confirmation, one_round: Callable[[list[int]], bool]) -> None:
-    """Drive the round: :data:`ROUNDS` interleaved rounds of every contender still in the
-    race (:meth:`Confirmation.racing`: a contender out of the winner's noise gets no more
-    probes, its time goes to the close calls), then, while
-    the winner overlaps another, up to :data:`MAX_TIE_ROUNDS` rounds of the winner and the
-    widest-spread contender within its noise (a contender too scattered to rank gets more
-    probes before any other). ``one_round(trials)`` probes those contenders once each and
-    appends to their samples; False when there was no time for the whole round (it is not
-    counted). When a round of every contender no longer fits, the rounds of the two
-    closest still may: the closest call gets the time that is left; where not even the
-    first round of every contender fits, the search's best two get it, so that the winner
-    never rests on one probe of each while the budget held back for the round goes unused.
-    Decides ``verdict``."""
-    order = [c.trial for c in verdict.contenders]  # every round in the same order
-    no_room = False
-    for _ in range(ROUNDS):
-        still = set(verdict.racing())
-        racing = [trial for trial in order if trial in still]
-        verdict.left_race = [trial for trial in order if trial not in still]
-        if len(racing) < 2:
-            break  # the winner stands apart
-        if not one_round(racing):
-            no_room = True  # no time for the whole round
-            break
-        verdict.rounds += 1
-        verdict.decide()
-    verdict.decide()
-    if no_room and verdict.rounds == 0 and len(order) > 2:
-        while verdict.tie_rounds < MAX_TIE_ROUNDS and one_round(order[:2]):
-            verdict.tie_rounds += 1
-            verdict.decide()
-            if not verdict.closest():
-                break  # the two stand apart
-        return
-    while verdict.tie and verdict.tie_rounds < MAX_TIE_ROUNDS:
-        if not one_round(verdict.closest()):
-            break
-        verdict.tie_rounds += 1
-        verdict.decide()
-
-
-def step_interval(trial: TrialView) -> tuple[float, float]:
-    """A search trial's samples/s and the half-width of its 95% interval, from its steps."""
-    record = trial.record
-    times = record.step_times_s
-    rate = record.samples_per_s
-    if len(times) < 2 or rate <= 0:
-        return rate, rate * 0.1  # one step: assume the ±10% noise of this machine class
-    mean, half = mean_interval(times)
-    batch = rate * statistics.median(times)
-    return batch / mean, batch / max(mean - half, 1e-9) - batch / mean
-
-
-def pick_contenders(estimates: list[tuple[float, float]]) -> list[int]:
-    """Indexes of the contenders among ``estimates`` ((samples/s, 95% half-width), fastest
-    first): the top :data:`TOP_CONTENDERS` plus any whose interval reaches the best's, at most
-    :data:`MAX_CONTENDERS`."""
-    if not estimates:
-        return []
-    best_rate, best_half = estimates[0]
-    chosen = []
-    for index, (rate, half) in enumerate(estimates):
-        if index < TOP_CONTENDERS or rate + half >= best_rate - best_half:
-            chosen.append(index)
-        if len(chosen) >= MAX_CONTENDERS:
-            break
-    return chosen
-
-
-def contenders(ranked: list[TrialView], goal: TrainingGoal | None = None) -> list[TrialView]:
-    """The contenders among feasible trials ranked best first by ``goal``
-    (:func:`pick_contenders`, on each trial's interval in the goal's units; a trial of a
-    lower tier than the best, one that misses the deadline the best meets, never joins by
-    overlap)."""
-    goal = goal or TrainingGoal()
-    if not ranked:
-        return []
-    top_tier = goal.tier(float(ranked[0].value or 0.0))
-    estimates = []
-    for trial in ranked:
-        rate, half = step_interval(trial)
-        tier = goal.tier(float(trial.value or 0.0))
-        factor = goal.factor(trial.candidate.data_parallel_size, tier)
-        estimates.append((factor * rate, factor * half) if tier == top_tier else (-math.inf, 0.0))
-    return [ranked[i] for i in pick_contenders(estimates)]
 
 
 def load(study: optuna.Study) -> Confirmation | None:

@@ -15,10 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from autotune.candidate import Candidate
-from autotune.protocol import HOST_PEAK_WORDS, HostPeakMethod, ProbeResult, host_peak_per_node
+from autotune.measurement import (
+    DevicePeaks,
+    HostPeaks,
+    LogTail,
+    Throughput,
+    Versions,
+    copy_parts,
+)
+from autotune.protocol import HOST_PEAK_WORDS, ProbeResult
 
 if TYPE_CHECKING:
     import optuna
@@ -40,7 +48,7 @@ MEASURED_STATUSES = ("ok", "oom")
 FAILED_STATUSES = ("error", "timeout", "interrupted")
 
 
-class TrialRecord(BaseModel):
+class TrialRecord(Throughput, DevicePeaks, HostPeaks, Versions, LogTail):
     """What autotune knows of one trial, beyond Optuna's state and value."""
 
     model_config = ConfigDict(extra="forbid")
@@ -52,36 +60,11 @@ class TrialRecord(BaseModel):
     error: str = Field(default="", description="Why it failed or was judged infeasible.")
     ds_config: dict[str, Any] | None = Field(default=None, description="Config of the probe.")
     trial_dir: str = Field(default="", description="Folder of the probe's spec, reports, log.")
-    samples_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
-    samples_per_s_min: float = Field(default=0.0, description="Slowest timed step.")
-    samples_per_s_max: float = Field(default=0.0, description="Fastest timed step.")
-    tokens_per_s: float = Field(default=0.0, description="Global, median over timed steps.")
-    step_time_s: float = Field(default=0.0, description="Median optimizer-step time.")
-    step_times_s: list[float] = Field(default_factory=list, description="Each timed step.")
-    warmup_steps: int = Field(default=0, description="Untimed steps it took to settle.")
-    stopped_early: bool = Field(
-        default=False, description="Stopped after a few steps as clearly slower than the best."
-    )
     peak_bytes: int = Field(default=0, description="Worst rank's peak (allocated or reserved).")
-    peak_bytes_per_rank: list[int] = Field(default_factory=list, description="Peak per rank.")
-    reserved_bytes_per_rank: list[int] = Field(
-        default_factory=list, description="Peak reserved by the CUDA caching allocator."
-    )
     overhead_bytes: int = Field(
         default=0,
         description="CUDA memory outside the caching allocator (context, NCCL, cuBLAS), the "
         "largest rank's; included in reserved_bytes_per_rank.",
-    )
-    host_peak_bytes_per_rank: list[int] = Field(
-        default_factory=list, description="Peak resident host memory of each rank process."
-    )
-    host_peak_method: HostPeakMethod = Field(
-        default="at_end",
-        description="How host_peak_bytes_per_rank was measured: kernel_hwm (the kernel's "
-        "high-water mark), sampled, or at_end (resident at the probe's end: older records).",
-    )
-    node_per_rank: list[str] = Field(
-        default_factory=list, description="The node each rank ran on (see RankReport.node)."
     )
     vram_limit_bytes: int = Field(default=0, description="The limit it was judged against.")
     host_ram_bytes: int = Field(
@@ -109,8 +92,6 @@ class TrialRecord(BaseModel):
     probe_cold_start: bool = Field(
         default=False, description="Its wall time includes starting the process group."
     )
-    versions: dict[str, str] = Field(default_factory=dict, description="Library versions.")
-    log_tail: str = Field(default="", description="Last lines of a failed probe's log.")
     pruned_by: str = Field(default="", description="What judged it infeasible without a probe.")
     oom_trial: int | None = Field(
         default=None, description="The trial whose OOM ruled this micro-batch out."
@@ -134,10 +115,6 @@ class TrialRecord(BaseModel):
     peak_pct_of_limit: float | None = Field(
         default=None, description="Measured peak per rank, % of the limit (a sortable column)."
     )
-
-    def host_peak_per_node(self) -> dict[str, int]:
-        """Each node's ranks' host peaks summed (:func:`autotune.protocol.host_peak_per_node`)."""
-        return host_peak_per_node(self.host_peak_bytes_per_rank, self.node_per_rank)
 
     @property
     def over_host_ram(self) -> bool:
@@ -164,7 +141,7 @@ def write(trial: optuna.Trial, record: TrialRecord) -> None:
 
 def readable(record: TrialRecord) -> TrialRecord:
     """``record`` with its derived fields filled: memory in words next to the raw bytes."""
-    from autotune.settings import format_bytes
+    from autotune.units import format_bytes
 
     limit = record.vram_limit_bytes
     parts = []
@@ -371,26 +348,13 @@ def record_probe(
 def _measurements(result: ProbeResult) -> dict[str, Any]:
     """The record's fields that copy what a probe measured."""
     return {
-        "samples_per_s": result.samples_per_s,
-        "samples_per_s_min": result.samples_per_s_min,
-        "samples_per_s_max": result.samples_per_s_max,
-        "tokens_per_s": result.tokens_per_s,
-        "step_time_s": result.step_time_s,
-        "step_times_s": result.step_times_s,
-        "warmup_steps": result.warmup_steps,
-        "stopped_early": result.stopped_early,
+        **copy_parts(result, Throughput, DevicePeaks, HostPeaks, Versions),
         "peak_bytes": result.peak_bytes,
-        "peak_bytes_per_rank": result.peak_bytes_per_rank,
-        "reserved_bytes_per_rank": result.reserved_bytes_per_rank,
-        "host_peak_bytes_per_rank": result.host_peak_bytes_per_rank,
-        "host_peak_method": result.host_peak_method,
         "overhead_bytes": max(result.overhead_bytes_per_rank, default=0),
-        "node_per_rank": result.node_per_rank,
         "probe_wall_s": result.wall_s,
         "probe_init_s": result.init_s,
         "probe_timed_s": result.timed_s,
         "probe_cold_start": result.cold_start,
-        "versions": result.versions,
     }
 
 
@@ -403,7 +367,7 @@ def measured_excess(
     ``host_ram_bytes`` (0: not judged). Host memory is judged on CPU ranks too: there the
     limit bounds the tensors a rank holds, while host RAM holds the whole processes
     (interpreter, libraries, allocator caches)."""
-    from autotune.settings import format_bytes
+    from autotune.units import format_bytes
 
     device_over = result.peak_bytes - vram_limit_bytes
     overs, reasons = [device_over], []

@@ -15,14 +15,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import StorageError
+from autotune.flag import flag_of
 from autotune.script_config import ScriptConfig
-from autotune.settings import mask_url
+from autotune.settings import RunSettings, mask_url
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -40,33 +42,70 @@ DROPPED_BACKENDS_ATTR = "autotune_dropped_backends"
 METRIC = "samples_per_s"
 
 
+@dataclass(frozen=True)
+class SetBy:
+    """What sets a :class:`StudyConfig` field, for the line that says it differs: a run
+    setting (its flag taken from the setting's own declaration), and words where no one
+    flag sets it or the flag needs saying how."""
+
+    setting: str | None = None
+    words: str = ""
+
+    def text(self) -> str:
+        if self.setting is None:
+            return self.words
+        flag = flag_of(RunSettings.model_fields[self.setting])
+        option = flag.option(self.setting) if flag else self.setting
+        return f"{option} ({self.words})" if self.words else option
+
+
 class StudyConfig(BaseModel):
-    """Settings that decide what a study measured; a study keeps them for its lifetime."""
+    """Settings that decide what a study measured, resolved against the hardware, the
+    workload and the space; a study keeps them for its lifetime."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workload: str = Field(description="Workload reference.")
-    space: dict[str, Any] = Field(description="The search-space spec, as validated.")
-    accelerator: str = Field(description="cuda or cpu.")
-    gpus_per_trial: int = Field(description="Ranks of every probe (the largest if searched).")
-    world_sizes: list[int] = Field(
+    workload: Annotated[str, SetBy("workload")] = Field(description="Workload reference.")
+    space: Annotated[dict[str, Any], SetBy("space")] = Field(
+        description="The search-space spec, as validated."
+    )
+    accelerator: Annotated[str, SetBy(words="the accelerator (cuda/cpu)")] = Field(
+        description="cuda or cpu."
+    )
+    gpus_per_trial: Annotated[int, SetBy("gpus_per_trial")] = Field(
+        description="Ranks of every probe (the largest if searched)."
+    )
+    world_sizes: Annotated[list[int], SetBy("world_sizes", "the world sizes searched")] = Field(
         default_factory=list,
         description="World sizes searched (--gpus 1-8); empty: every probe at gpus_per_trial.",
     )
-    global_batch: int | None = Field(description="Samples per optimizer step; None: searched.")
-    max_global_batch: int | None = Field(default=None, description="Cap when searched.")
-    vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
-    base_config: dict[str, Any] | None = Field(
+    global_batch: Annotated[int | None, SetBy("global_batch")] = Field(
+        description="Samples per optimizer step; None: searched."
+    )
+    max_global_batch: Annotated[int | None, SetBy("max_global_batch")] = Field(
+        default=None, description="Cap when searched."
+    )
+    vram_limit_bytes: Annotated[int, SetBy("vram_limit_bytes")] = Field(
+        description="Peak memory a rank may reach."
+    )
+    base_config: Annotated[dict[str, Any] | None, SetBy("base_config")] = Field(
         default=None, description="The user's DeepSpeed config the tuned keys are laid over."
     )
-    nvme_path: str | None = Field(default=None, description="NVMe folder for nvme offload.")
-    threads_per_rank: int = Field(default=1, description="OMP threads of each rank.")
-    float32_matmul_precision: str = Field(
+    nvme_path: Annotated[str | None, SetBy("nvme_path")] = Field(
+        default=None, description="NVMe folder for nvme offload."
+    )
+    threads_per_rank: Annotated[int, SetBy(words="threads per rank (--gpus on a CPU machine)")] = (
+        Field(default=1, description="OMP threads of each rank.")
+    )
+    float32_matmul_precision: Annotated[str, SetBy("tf32")] = Field(
         default="highest",
         description="torch.set_float32_matmul_precision of the probes: 'highest' (IEEE fp32, "
         "PyTorch's default) or 'high' (TF32 on GPUs that have it).",
     )
-    script: ScriptConfig | None = Field(
+    script: Annotated[
+        ScriptConfig | None,
+        SetBy(words="--script (its arguments, --script-arg, the folder it runs in)"),
+    ] = Field(
         default=None,
         description="The user's training script that is the probe: its file, its arguments, "
         "the folder it runs in and how the candidate's values reach it.",
@@ -86,7 +125,8 @@ class StudyConfig(BaseModel):
         for key in mine:
             if mine[key] == theirs[key]:
                 continue
-            flag = FLAG_OF_CONFIG[key]
+            field = type(self).model_fields[key]
+            flag = next(item for item in field.metadata if isinstance(item, SetBy)).text()
             if key in ("space", "base_config", "script"):  # documents: say that they differ
                 lines.append(f"{flag}: its content differs from the study's")
             else:
@@ -97,27 +137,9 @@ class StudyConfig(BaseModel):
         return lines
 
 
-# The flag (or what stands behind it) of each StudyConfig field, for error messages.
-FLAG_OF_CONFIG = {
-    "workload": "--workload",
-    "space": "--space",
-    "accelerator": "the accelerator (cuda/cpu)",
-    "gpus_per_trial": "--gpus-per-trial",
-    "world_sizes": "--gpus (the world sizes searched)",
-    "global_batch": "--global-batch",
-    "max_global_batch": "--max-global-batch",
-    "vram_limit_bytes": "--vram",
-    "base_config": "--base-config",
-    "nvme_path": "--nvme-path",
-    "threads_per_rank": "threads per rank (--gpus on a CPU machine)",
-    "float32_matmul_precision": "--tf32",
-    "script": "--script (its arguments, --script-arg, the folder it runs in)",
-}
-
-
 def _show(key: str, value: Any) -> str:
     if key == "vram_limit_bytes" and isinstance(value, int):
-        from autotune.settings import format_bytes
+        from autotune.units import format_bytes
 
         return format_bytes(value)
     return repr(value)

@@ -8,18 +8,18 @@ from autotune.views._json_documents import (
     dumps,
     export_document,
     forecast_document,
+    loss_check_document,
     plan_document,
     space_document,
     status_document,
-    verification_document,
 )
 from autotune.views._status_table import (
     goal_lines,
+    loss_check_lines,
     plan_report,
     space_facts,
     space_report,
     trials_table,
-    verification_lines,
 )
 
 __all__ = [
@@ -31,6 +31,8 @@ __all__ = [
     "forecast_document",
     "forecast_report",
     "goal_lines",
+    "loss_check_document",
+    "loss_check_lines",
     "plan_document",
     "plan_report",
     "serve",
@@ -39,7 +41,5 @@ __all__ = [
     "space_report",
     "status_document",
     "trials_table",
-    "verification_document",
-    "verification_lines",
     "write_report",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 from autotune.views import _svg as svg
 from autotune.views._report_data import FEASIBLE, INFEASIBLE, NOT_PROBED, STOPPED
 
@@ -207,7 +207,7 @@ def loss_curves(data: ReportData) -> str:
     loss that is not finite is a cross on the top edge."""
     import math
 
-    check = data.verification
+    check = data.loss_check
     runs = {run.role: run for run in check.runs} if check is not None else {}
     curves = [
         (runs[role], color)

@@ -18,7 +18,7 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import optuna
@@ -139,7 +139,7 @@ def study_note(data: ReportData, optuna_best: int | None) -> str:
     if data.goal_lines:
         lines += ["", "## Objective, world sizes and backends", ""]
         lines += [line if line.startswith("- ") else f"- {line}" for line in data.goal_lines]
-    check = data.verification
+    check = data.loss_check
     if check is not None:
         lines += [
             "",

@@ -10,7 +10,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.timing import format_duration
+from autotune.units import format_duration
 
 if TYPE_CHECKING:
     from autotune.run.forecast import Forecast, ForecastRow

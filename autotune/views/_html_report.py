@@ -15,7 +15,7 @@ from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 from autotune.views import _charts as charts
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def _importance_section(data: ReportData) -> str:
 
 def _loss_check_section(data: ReportData) -> list[str]:
     """The chosen trial's loss check against its reference (``autotune verify``)."""
-    check = data.verification
+    check = data.loss_check
     if check is None:
         return []
     return [

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from autotune.memory import Planned
     from autotune.run.forecast import Forecast
     from autotune.study import Best, TrialView
-    from autotune.study.verification import Verification
+    from autotune.study.loss_checks import LossCheck
     from autotune.views._status_table import SpaceFacts
 
 VERSION = 2
@@ -85,7 +85,7 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
     from autotune.run import read_budget
     from autotune.study import best, dropped_backends, records, screened_keys, study_config
     from autotune.study import confirmation as confirm
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     trials = records.views(study)
     evaluated = records.evaluations(trials)
@@ -104,7 +104,7 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
         "best": None if decided is None else decided.model_dump(),
         "confirmation": None if verdict is None else verdict.model_dump(mode="json"),
         "verification": {
-            str(number): verification_entry(check)
+            str(number): loss_check_entry(check)
             for number, check in sorted(checks.load_all(study).items())
         },
         "counts": {
@@ -129,14 +129,14 @@ def status_document(study: optuna.Study) -> dict[str, Any]:
     }
 
 
-def verification_entry(check: Verification) -> dict[str, Any]:
+def loss_check_entry(check: LossCheck) -> dict[str, Any]:
     """A trial's loss check; a loss or norm that is not finite is ``null`` (JSON has no NaN:
     the verdict's text says which it was)."""
     return _finite(check.model_dump(mode="json"))
 
 
-def verification_document(study_name: str, check: Verification) -> dict[str, Any]:
-    return {**_head("verify"), "study": study_name, **verification_entry(check)}
+def loss_check_document(study_name: str, check: LossCheck) -> dict[str, Any]:
+    return {**_head("verify"), "study": study_name, **loss_check_entry(check)}
 
 
 def _finite(value: Any) -> Any:

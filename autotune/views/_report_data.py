@@ -4,7 +4,7 @@ Every trial the study evaluated becomes a :class:`Point` (throughput, measured a
 predicted peak per rank, when it ran, how it ended); the best is
 :func:`autotune.study.best.decide_best`'s, the confirmation round's standings are its verdict's,
 which knobs mattered comes from Optuna's importance evaluators, and the chosen trial's
-loss check from :mod:`autotune.study.verification`.
+loss check from :mod:`autotune.study.loss_checks`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.study import Best, Confirmation, StudyConfig, TrialView
-    from autotune.study.verification import Verification
+    from autotune.study.loss_checks import LossCheck
 
 # How a trial ended, as the plots tell them apart.
 FEASIBLE = "feasible"
@@ -65,7 +65,7 @@ class ReportData:
     distance: str
     actions: list[str]
     ds_config: dict[str, Any] | None
-    verification: Verification | None = None  # the chosen trial's loss check
+    loss_check: LossCheck | None = None  # the chosen trial's loss check
     # the objective, the best's time and cost to train, the fastest at each world size
     goal_lines: list[str] = field(default_factory=list)
 
@@ -119,7 +119,7 @@ def collect(study: optuna.Study) -> ReportData:
     )
     from autotune.study import best, records, screened_keys, study_config
     from autotune.study import confirmation as confirm
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
     from autotune.views._status_table import goal_lines
 
     trials = records.views(study)
@@ -149,7 +149,7 @@ def collect(study: optuna.Study) -> ReportData:
         ),
         actions=user_actions(chosen, config) if chosen is not None and config else [],
         ds_config=production_config(chosen, config) if chosen is not None and config else None,
-        verification=checks.load(study, chosen.number) if chosen is not None else None,
+        loss_check=checks.load(study, chosen.number) if chosen is not None else None,
         goal_lines=goal_lines(study),
     )
 

@@ -10,8 +10,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.settings import format_bytes
 from autotune.study import study_config
+from autotune.units import format_bytes
 
 if TYPE_CHECKING:
     import optuna
@@ -28,7 +28,7 @@ def trials_table(study: optuna.Study) -> Table:
     from autotune import training_goal
     from autotune.study import best, records
     from autotune.study import confirmation as confirm
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     config = study_config(study)
     limit = config.vram_limit_bytes if config else None
@@ -101,11 +101,11 @@ def goal_lines(study: optuna.Study) -> list[str]:
     return lines + records.world_size_lines(trials, goal) + backend_lines(trials) + dropped
 
 
-def verification_lines(study: optuna.Study) -> list[str]:
+def loss_check_lines(study: optuna.Study) -> list[str]:
     """The study's loss checks (``autotune verify``), one line each, the best's first; for
     a best never checked, how to check it."""
     from autotune.study import best
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
 
     decided = best.of_study(study)
     chosen = decided.trial if decided is not None else None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import SettingsError
-from autotune.settings import RunSettings, format_bytes, parse_duration, parse_size
-from autotune.timing import format_duration
+from autotune.settings import RunSettings
+from autotune.units import format_bytes, format_duration, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -62,17 +62,17 @@ def test_formatting() -> None:
 
 def test_settings_errors_name_the_flag() -> None:
     with pytest.raises(SettingsError, match=r"^--gpus: input should be greater than 0, got 0"):
-        RunSettings.build(workload="gpt-tiny", gpus=0, budget_s=60)
+        RunSettings.build(workload="gpt-tiny", world_sizes=(0,), budget_s=60)
     with pytest.raises(SettingsError, match=r"^--vram:"):
-        RunSettings.build(workload="gpt-tiny", gpus=1, budget_s=60, vram_limit_bytes=-5)
+        RunSettings.build(workload="gpt-tiny", world_sizes=(1,), budget_s=60, vram_limit_bytes=-5)
     with pytest.raises(SettingsError, match="extra inputs"):
-        RunSettings.build(workload="gpt-tiny", gpus=1, budget_s=60, colour="red")
+        RunSettings.build(workload="gpt-tiny", world_sizes=(1,), budget_s=60, colour="red")
 
 
 def test_settings_are_frozen() -> None:
-    settings = RunSettings.build(workload="gpt-tiny", gpus=2, budget_s=60)
+    settings = RunSettings.build(workload="gpt-tiny", world_sizes=(2,), budget_s=60)
     with pytest.raises(Exception, match="frozen"):
-        settings.gpus = 3  # type: ignore[misc]
+        settings.world_sizes = (3,)  # type: ignore[misc]
 
 
 def test_a_continue_takes_stored_files_only_from_this_host_and_user(tmp_path) -> None:
@@ -82,39 +82,43 @@ def test_a_continue_takes_stored_files_only_from_this_host_and_user(tmp_path) ->
     import os
     import socket
 
-    from autotune.cli._flags import RunFlags
+    from autotune.cli._flags import FILE_FLAGS, PER_RUN, RunFlags
     from autotune.cli._stored_flags import HOST_KEY, inherited
     from autotune.errors import SettingsError
 
+    kept = set(RunFlags.model_fields) - set(PER_RUN)
     workload = tmp_path / "mine.py"
     workload.write_text("def make(): ...\n")
     here = socket.gethostname()
     stored = RunFlags(workload=f"{workload}:make", gpus=2).stored()
     assert stored[HOST_KEY] == here
     assert (
-        inherited(stored, {}, flags=RunFlags.model_fields)["workload"] == f"{workload}:make"
+        inherited(stored, {}, kept=kept, file_flags=FILE_FLAGS)["workload"] == f"{workload}:make"
     )  # same host, own file
     # another host: refused, naming the flag and how to continue
     with pytest.raises(SettingsError, match=r"started on elsewhere.*--workload PATH"):
-        inherited({**stored, HOST_KEY: "elsewhere"}, {}, flags=RunFlags.model_fields)
+        inherited({**stored, HOST_KEY: "elsewhere"}, {}, kept=kept, file_flags=FILE_FLAGS)
     # given explicitly, it is the user's choice
     assert (
         inherited(
-            {**stored, HOST_KEY: "elsewhere"}, {"workload": "gpt-tiny"}, flags=RunFlags.model_fields
+            {**stored, HOST_KEY: "elsewhere"},
+            {"workload": "gpt-tiny"},
+            kept=kept,
+            file_flags=FILE_FLAGS,
         )["gpus"]
         == "2"
     )
     # a built-in workload is no file: taken back from anywhere; the trials folder falls back
     # to this host's default
     builtin = {**RunFlags(workload="gpt-tiny").stored(), HOST_KEY: "elsewhere"}
-    assert inherited(builtin, {}, flags=RunFlags.model_fields) == {
+    assert inherited(builtin, {}, kept=kept, file_flags=FILE_FLAGS) == {
         k: v for k, v in builtin.items() if k not in (HOST_KEY, "trials_dir")
     }
     # another user's file on this host: refused
     if os.getuid() == 0:
         os.chown(workload, 65534, 65534)
         with pytest.raises(SettingsError, match="--workload"):
-            inherited(stored, {}, flags=RunFlags.model_fields)
+            inherited(stored, {}, kept=kept, file_flags=FILE_FLAGS)
 
 
 def test_every_flag_left_out_resolves_to_the_settings_default():
@@ -127,7 +131,7 @@ def test_every_flag_left_out_resolves_to_the_settings_default():
     resolved = RunFlags(workload="gpt-tiny").settings()
     # set from the flags but not defaults of their own: the workload, its study name, the
     # required device count, and 'auto' sizes resolved later
-    own = {"workload", "study_name", "gpus"}
+    own = {"workload", "study_name"}
     checked = 0
     for name, field in RunSettings.model_fields.items():
         if name in own or field.is_required():
@@ -163,7 +167,7 @@ def test_verify_strict_sets_both_settings_and_a_stored_switch_still_reads() -> N
 
     def settings(**flags: object) -> tuple[bool, bool]:
         resolved = RunFlags.resolve({"workload": "gpt-tiny"}, flags).settings()
-        return resolved.verify, resolved.verify_strict
+        return resolved.checks_loss, resolved.verify_strict
 
     assert settings() == (False, False)
     assert settings(verify="on") == (True, False)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.errors import SettingsError
-from autotune.training_goal import TrainingGoal, parse_count, parse_world_sizes
+from autotune.training_goal import TrainingGoal
+from autotune.units import parse_count, parse_world_sizes
 
 
 def test_time_and_cost_to_train_are_size_over_throughput_and_price_by_gpu_hours() -> None:

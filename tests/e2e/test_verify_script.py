@@ -8,7 +8,7 @@ splits the batch finer; how the script trains is switched per check through its
   cause loss normalisation;
 - the same script normalising over the step's tokens trains the same;
 - (a data order the script does not reproduce, "cannot judge", is
-  ``tests/study/test_loss_parity.py``'s, on the digests these runs record);
+  ``tests/study/test_loss_runs.py``'s, on the digests these runs record);
 - the first Ctrl-C stops a running check: nothing recorded, exit 130.
 """
 

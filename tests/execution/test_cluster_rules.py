@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli._flags import RunFlags
-from autotune.cli._stored_flags import PER_RUN
+from autotune.cli._flags import PER_RUN, RunFlags
 from autotune.errors import ExecutorError, SettingsError
 from autotune.execution._cluster import CPU_RANK_RESOURCE, check_offer, slot_layout
 from autotune.execution._rank_actor import Placement

@@ -15,8 +15,8 @@ from autotune.backends import get_backend
 from autotune.candidate import Candidate, FsdpKnobs
 from autotune.execution import launch_probes
 from autotune.execution.launch import ProbeJob
-from autotune.protocol import ParityRun, ProbeSpec, RankReport, ShardingState
-from autotune.study.loss_parity import ComparedRun, compare
+from autotune.protocol import LossRun, ProbeSpec, RankReport, ShardingState
+from autotune.study.loss_comparison import ComparedRun, compare
 from tests.support.paths import ASSETS
 from tests.support.probe_jobs import CANDIDATE, make_job
 
@@ -121,7 +121,7 @@ def test_no_rank_holds_the_whole_model(tmp_path: Path) -> None:
     assert all(b is not None and (b.device, b.param_bytes) == ("meta", 0) for b in builds)
 
 
-def _parity_job(root: Path, name: str, candidate: Candidate) -> ProbeJob:
+def _loss_run_job(root: Path, name: str, candidate: Candidate) -> ProbeJob:
     spec = ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
@@ -129,7 +129,7 @@ def _parity_job(root: Path, name: str, candidate: Candidate) -> ProbeJob:
         accelerator="cpu",
         vram_limit_bytes=8 * 2**30,
         device_memory_bytes=24 * 2**30,
-        parity=ParityRun(steps=4, seed=7),
+        loss_run=LossRun(steps=4, seed=7),
     )
     return ProbeJob(
         spec=spec, trial_dir=str(root / name), world_size=2, timeout_s=600,
@@ -156,7 +156,7 @@ def test_fsdp2_loss_checks_start_from_the_seeded_weights_and_train_the_same(
             offload_optimizer="cpu", offload_param="cpu",
         ),
     }  # fmt: skip
-    results = launch_probes([_parity_job(tmp_path, name, c) for name, c in runs.items()])
+    results = launch_probes([_loss_run_job(tmp_path, name, c) for name, c in runs.items()])
     traces = {}
     for name, result in zip(runs, results, strict=True):
         assert result.status == "ok", (name, result.error + result.log_tail)

@@ -79,7 +79,7 @@ def test_a_minimal_workload_factory_is_enough(tmp_path: Path, monkeypatch) -> No
     workload = get_workload(ref)
     assert workload.tokens_per_sample == 1 and workload_study_name(ref) == "mlp"
     monkeypatch.chdir(tmp_path)
-    plan = plan_run(RunSettings(workload=ref, gpus=2, trials_dir=tmp_path / "trials"))
+    plan = plan_run(RunSettings(workload=ref, world_sizes=(2,), trials_dir=tmp_path / "trials"))
     assert plan.study_name == "mlp"
     assert not any(c.activation_checkpointing for c in plan.space.candidates())
     assert any("does not override enable_activation_checkpointing" in n for n in plan.notes)

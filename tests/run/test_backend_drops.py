@@ -35,7 +35,7 @@ def _script_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     settings = RunSettings(
         workload=f"script:{script.path}",
         script=script,
-        gpus=2,
+        world_sizes=(2,),
         space="default",
         storage_url=f"sqlite:///{tmp_path}/autotune.db",
         trials_dir=tmp_path / "trials",
@@ -115,7 +115,7 @@ def test_a_space_of_fsdp2_only_below_its_floor_is_refused_in_one_line(
         "space lists backend [fsdp2] only, and this study cannot train with fsdp2: "
         f"{FLOOR_REASON}; add deepspeed to 'backend'"
     )
-    settings = RunSettings(workload="gpt-tiny", gpus=2, space="fsdp2.yaml")
+    settings = RunSettings(workload="gpt-tiny", world_sizes=(2,), space="fsdp2.yaml")
     with pytest.raises(SpaceError) as refused:
         plan_run(settings, CPU)  # what `autotune run` plans first
     assert str(refused.value) == refusal

@@ -40,7 +40,7 @@ def _settings(tmp_path, space: str, **flags):
     (tmp_path / "space.yaml").write_text(space)
     return RunSettings.build(
         workload="gpt-tiny",
-        gpus=2,
+        world_sizes=(2,),
         trials_dir=tmp_path / "trials",
         storage_url=f"sqlite:///{tmp_path}/t.db",
         space=str(tmp_path / "space.yaml"),

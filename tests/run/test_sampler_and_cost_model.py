@@ -295,7 +295,7 @@ def test_sampler_flag_selects_the_sampler(name: str, kind: str, tmp_path) -> Non
     from autotune.settings import RunSettings
 
     settings = RunSettings.build(
-        workload="gpt-tiny", gpus=2, sampler=name, trials_dir=tmp_path / "trials"
+        workload="gpt-tiny", world_sizes=(2,), sampler=name, trials_dir=tmp_path / "trials"
     )
     sampler, policy = Tuner(plan_run(settings)).make_sampler()
     assert type(sampler).__name__ == kind

@@ -26,7 +26,7 @@ def _plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **flags: object):
     settings = RunSettings(
         workload=f"script:{script.path}",
         script=script,
-        gpus=2,
+        world_sizes=(2,),
         space=str(tmp_path / "space.yaml"),
         trials_dir=tmp_path / "trials",
         **flags,

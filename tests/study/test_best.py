@@ -116,8 +116,8 @@ def test_a_trial_set_aside_by_its_loss_check_is_never_the_best() -> None:
 def test_the_study_remembers_what_strict_checks_set_aside(tmp_path) -> None:
     import optuna
 
-    from autotune.study import verification as checks
-    from tests.support.verification import check
+    from autotune.study import loss_checks as checks
+    from tests.support.loss_checks import check
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db")

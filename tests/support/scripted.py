@@ -18,9 +18,9 @@ def make_tuner(tmp_path, space_yaml: str | None = None, executor=None, **setting
         space = tmp_path / "space.yaml"
         space.write_text(space_yaml)
         settings["space"] = str(space)
+    settings.setdefault("world_sizes", (2,))
     built = RunSettings.build(
         workload="gpt-tiny",
-        gpus=2,
         trials_dir=tmp_path / "trials",
         storage_url=f"sqlite:///{tmp_path}/t.db",
         **settings,

@@ -49,7 +49,7 @@ LONGEST_FIRST = (
     "integration/test_loopback_only.py",
     "backends/test_build_locks.py",
     "integration/test_executor_ray.py",
-    "integration/test_loss_parity.py",
+    "integration/test_loss_runs.py",
     "integration/test_nvme.py",
 )
 

@@ -11,9 +11,9 @@ from typing import Any
 import optuna
 
 from autotune.study import best
-from autotune.views import verification_document
+from autotune.views import loss_check_document
 from tests.support.cli import run_cli
-from tests.support.verification import check
+from tests.support.loss_checks import check
 from tests.views.synthetic import NAME
 
 SPACE = """\
@@ -125,7 +125,7 @@ def test_status_table_stays_readable_in_80_columns(synthetic: str, tmp_path: Pat
 
 
 def test_verify_json_writes_a_loss_that_is_not_finite_as_null() -> None:
-    document = verification_document("s", check(3, [8.3, math.nan, math.nan]))
+    document = loss_check_document("s", check(3, [8.3, math.nan, math.nan]))
     text = json.dumps(document, allow_nan=False)  # strict JSON: NaN would raise
     parsed = json.loads(text)
     assert parsed["kind"] == "autotune.verify" and parsed["trial"] == 3

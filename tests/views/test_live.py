@@ -109,9 +109,9 @@ def test_the_loss_checks_time_and_progress_are_shown() -> None:
     alone = events.SearchStopped("budget", spent_s=570, total_s=600, reserve_s=30, verify_s=30)
     assert str(line(alone)).endswith("the last 30s kept for the loss check)")
     state.apply(stopped)
-    state.apply(events.VerificationStarted(2, "z2 bf16 mb2x2", "z0 fp32 mb4x1", "why", 10, 3))
+    state.apply(events.LossCheckStarted(2, "z2 bf16 mb2x2", "z0 fp32 mb4x1", "why", 10, 3))
     assert "checking the loss of trial 2" in _screen(state)
-    state.apply(events.VerificationDone(2, "drifts within the tolerance of bf16", 1e-3, 0.06, 9))
+    state.apply(events.LossCheckDone(2, "drifts within the tolerance of bf16", 1e-3, 0.06, 9))
     assert "loss check: drifts within the tolerance of bf16" in _screen(state)
 
 

@@ -11,11 +11,11 @@ import optuna
 import pytest
 
 from autotune.study import best, records
-from autotune.study import verification as checks
+from autotune.study import loss_checks as checks
 from autotune.views import _charts as charts
 from autotune.views._report_data import collect, importance
 from tests.support.cli import run_cli
-from tests.support.verification import check
+from tests.support.loss_checks import check
 from tests.views.conftest import RealStudy, chromium, dump_dom, pixels_near, screenshot
 from tests.views.synthetic import NAME
 

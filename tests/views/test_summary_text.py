@@ -190,10 +190,10 @@ def test_summary_and_study_note_say_the_chosen_trials_loss_check(
 ) -> None:
     """summary.md says how to check the chosen trial until it is checked, then the verdict
     with the losses step by step; optuna-dashboard's study note says the verdict."""
-    from autotune.study import verification as checks
+    from autotune.study import loss_checks as checks
     from autotune.views._dashboard import study_note
     from autotune.views._report_data import collect
-    from tests.support.verification import check
+    from tests.support.loss_checks import check
 
     study = optuna.load_study(study_name=NAME, storage=synthetic)
     decided = best.of_study(study)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 
-from autotune.settings import format_bytes
+from autotune.units import format_bytes
 from tests.e2e.faults.conftest import (
     Driver,
     assert_no_probe_left,

@@ -1,6 +1,6 @@
 """The loss check of a trial against its reference (``autotune verify``), as the study keeps
-it: the study user attr :data:`VERIFICATION_ATTR`, one entry per verified trial, read and
-written only here. The comparison itself is :mod:`autotune.study.loss_parity`."""
+it: the study user attr :data:`LOSS_CHECKS_ATTR`, one entry per verified trial, read and
+written only here. The comparison itself is :mod:`autotune.study.loss_comparison`."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autotune.candidate import Candidate
 from autotune.errors import StorageError
 from autotune.protocol import LossTrace
-from autotune.study.loss_parity import ParityVerdict
+from autotune.study.loss_comparison import LossComparison
 
 if TYPE_CHECKING:
     import optuna
 
-VERIFICATION_ATTR = "autotune_verification"
+LOSS_CHECKS_ATTR = "autotune_verification"
 Role = Literal["reference", "reference repeat", "winner"]
 
 
-class VerifiedRun(BaseModel):
-    """One loss-parity run of a verification."""
+class LossCheckRun(BaseModel):
+    """One loss run of a loss check."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
@@ -35,7 +35,7 @@ class VerifiedRun(BaseModel):
     trace: LossTrace | None = Field(default=None, description="What it recorded.")
 
 
-class Verification(BaseModel):
+class LossCheck(BaseModel):
     """A trial's loss check: its reference and why, the runs, the verdict."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
@@ -50,8 +50,8 @@ class Verification(BaseModel):
     reference_reason: str = Field(description="Why this reference, in one line.")
     steps: int = Field(description="Optimizer steps each run trained.")
     seed: int = Field(description="The seed of every run's weights and randomness.")
-    runs: list[VerifiedRun] = Field(description="Reference, its repeat, and the trial's run.")
-    verdict: ParityVerdict = Field(description="What the comparison found.")
+    runs: list[LossCheckRun] = Field(description="Reference, its repeat, and the trial's run.")
+    verdict: LossComparison = Field(description="What the comparison found.")
     seconds: float = Field(default=0.0, description="Wall time of the whole check.")
     set_aside: bool = Field(
         default=False,
@@ -60,21 +60,21 @@ class Verification(BaseModel):
     )
 
 
-def store(study: optuna.Study, verification: Verification) -> None:
-    """Keep ``verification`` in the study, beside the other trials' checks."""
-    kept = dict(study.user_attrs.get(VERIFICATION_ATTR) or {})
-    kept[str(verification.trial)] = verification.model_dump(mode="python")
-    study.set_user_attr(VERIFICATION_ATTR, kept)
+def store(study: optuna.Study, check: LossCheck) -> None:
+    """Keep ``check`` in the study, beside the other trials' checks."""
+    kept = dict(study.user_attrs.get(LOSS_CHECKS_ATTR) or {})
+    kept[str(check.trial)] = check.model_dump(mode="python")
+    study.set_user_attr(LOSS_CHECKS_ATTR, kept)
 
 
-def load_all(study: optuna.Study) -> dict[int, Verification]:
+def load_all(study: optuna.Study) -> dict[int, LossCheck]:
     """Every verified trial's check, by trial number."""
-    raw = study.user_attrs.get(VERIFICATION_ATTR) or {}
+    raw = study.user_attrs.get(LOSS_CHECKS_ATTR) or {}
     try:
-        return {int(number): Verification.model_validate(entry) for number, entry in raw.items()}
+        return {int(number): LossCheck.model_validate(entry) for number, entry in raw.items()}
     except (ValidationError, ValueError, AttributeError):
         raise StorageError(
-            f"study {study.study_name!r}: its stored loss checks ({VERIFICATION_ATTR}) are not "
+            f"study {study.study_name!r}: its stored loss checks ({LOSS_CHECKS_ATTR}) are not "
             "what this autotune reads (edited, or written by another version); run autotune "
             "verify again"
         ) from None
@@ -85,6 +85,6 @@ def set_aside(study: optuna.Study) -> frozenset[int]:
     return frozenset(number for number, check in load_all(study).items() if check.set_aside)
 
 
-def load(study: optuna.Study, trial: int) -> Verification | None:
+def load(study: optuna.Study, trial: int) -> LossCheck | None:
     """Trial ``trial``'s check, if it was verified."""
     return load_all(study).get(trial)

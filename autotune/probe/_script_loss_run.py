@@ -1,6 +1,6 @@
-"""A loss-parity run of the user's script (``ProbeSpec.parity`` with ``ProbeSpec.script``,
+"""A loss run of the user's script (``ProbeSpec.loss_run`` with ``ProbeSpec.script``,
 for ``autotune verify``): the script trains as it would, and the rank records what each
-optimizer step trained on and the loss it stepped with (:class:`ScriptParity`).
+optimizer step trained on and the loss it stepped with (:class:`ScriptLossRun`).
 
 What autotune sets, and what it cannot:
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from autotune.probe._parity import (
+from autotune.probe._loss_run import (
     grad_norm,
     mean_over_ranks,
     module_grad_norm,
@@ -39,14 +39,14 @@ from autotune.probe._parity import (
     switch_off_dropout,
     weights_digest,
 )
-from autotune.protocol import LossTrace, ParityRun
+from autotune.protocol import LossRun, LossTrace
 
 
-class ScriptParity:
-    """One rank's record of a script's loss-parity run."""
+class ScriptLossRun:
+    """One rank's record of a script's loss run."""
 
-    def __init__(self, parity: ParityRun, micro_batch: int) -> None:
-        self.parity = parity
+    def __init__(self, loss_run: LossRun, micro_batch: int) -> None:
+        self.loss_run = loss_run
         self.micro_batch = micro_batch
         self.losses: list[float] = []
         self.grad_norms: list[float | None] = []
@@ -64,7 +64,7 @@ class ScriptParity:
 
     def seed(self) -> None:
         """Seed before the script runs (module docstring, "Seeds")."""
-        seed_everything(self.parity.seed)
+        seed_everything(self.loss_run.seed)
 
     def model_handed_over(self, model: Any, backend: Any) -> None:
         """The model at ``deepspeed.initialize``: its weights digested, dropout off."""
@@ -110,7 +110,7 @@ class ScriptParity:
 
     def before_step(self, engine: Any) -> None:
         """An optimizer step is about to run: the module's gradients as it finds them (the
-        norm where DeepSpeed reports none, :func:`~autotune.probe._parity.grad_norm`)."""
+        norm where DeepSpeed reports none, :func:`~autotune.probe._loss_run.grad_norm`)."""
         self._own_norm = module_grad_norm(engine.module)
 
     def step_done(self, engine: Any, skipped: bool) -> bool:
@@ -129,7 +129,7 @@ class ScriptParity:
         if self.sample_digests is not None:
             self.sample_digests.append(_step_digest(self._step_samples))
         self._step_loss, self._step_backwards, self._step_samples = 0.0, 0, []
-        return len(self.losses) >= self.parity.steps
+        return len(self.losses) >= self.loss_run.steps
 
     def trace(self) -> LossTrace:
         return LossTrace(

@@ -1,8 +1,8 @@
-"""A loss-parity run on the rank (``ProbeSpec.parity``, for ``autotune verify``): the
+"""A loss run on the rank (``ProbeSpec.loss_run``, for ``autotune verify``): the
 candidate's engine trained from a fixed seed on a fixed global batch, each optimizer step's
 loss recorded (:class:`~autotune.protocol.LossTrace`).
 
-Every run of a verification must start from the same weights and see the same samples in
+Every run of a loss check must start from the same weights and see the same samples in
 each step, whatever its precision, ZeRO stage and split of the global batch:
 
 - **Weights**: the model is built once whole, in fp32 on the CPU, after seeding torch, and
@@ -38,8 +38,8 @@ from autotune.probe._rank_process import start_candidate
 from autotune.protocol import LossTrace, ProbeSpec, RankReport
 
 
-def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
-    """Build the candidate's engine from the seeded weights, train ``spec.parity.steps``
+def record_losses(spec: ProbeSpec, report: RankReport, device: Any) -> None:
+    """Build the candidate's engine from the seeded weights, train ``spec.loss_run.steps``
     optimizer steps and put what they recorded on ``report``."""
     import torch
 
@@ -47,12 +47,12 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     from autotune.workloads import get_workload
     from autotune.workloads.blocks import shard_units
 
-    assert spec.parity is not None
+    assert spec.loss_run is not None
     backend = get_backend(spec.candidate.backend)
     start_candidate(spec, report, device)
-    candidate, parity = spec.candidate, spec.parity
+    candidate, loss_run = spec.candidate, spec.loss_run
     workload = get_workload(spec.workload)
-    source = seeded_weights(workload, parity.seed)
+    source = seeded_weights(workload, loss_run.seed)
     model, report.build = build_model(workload, spec, device, backend)
     if candidate.activation_checkpointing:
         workload.enable_activation_checkpointing(model)
@@ -65,11 +65,11 @@ def run_parity(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     model.train()
     engine = backend.initialize_engine(model, spec.ds_config, units=shard_units(workload, model))
     batches = micro_batches(workload, candidate, int(os.environ.get("RANK", "0")), device)
-    seed_everything(parity.seed)
+    seed_everything(loss_run.seed)
     losses, norms, skipped = [], [], []
-    for step in range(parity.steps):
+    for step in range(loss_run.steps):
         loss, was_skipped, norm = _train_step(
-            engine, workload, batches, step == parity.inject_nan_at_step
+            engine, workload, batches, step == loss_run.inject_nan_at_step
         )
         losses.append(loss)
         skipped.append(was_skipped)

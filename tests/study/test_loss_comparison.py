@@ -9,7 +9,7 @@ import pytest
 
 from autotune.candidate import Candidate
 from autotune.protocol import LossTrace
-from autotune.study.loss_parity import (
+from autotune.study.loss_comparison import (
     UNIT_ROUNDOFF,
     ComparedRun,
     coarser,

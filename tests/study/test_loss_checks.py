@@ -10,8 +10,8 @@ import optuna
 import pytest
 
 from autotune.errors import StorageError
-from autotune.study import verification as checks
-from tests.support.verification import check
+from autotune.study import loss_checks as checks
+from tests.support.loss_checks import check
 
 
 @pytest.fixture
@@ -36,6 +36,6 @@ def test_checks_are_kept_per_trial_and_read_back_whole(study: optuna.Study) -> N
 
 
 def test_a_stored_check_this_version_cannot_read_is_one_storage_error(study: optuna.Study) -> None:
-    study.set_user_attr(checks.VERIFICATION_ATTR, {"0": {"trial": "zero"}})
+    study.set_user_attr(checks.LOSS_CHECKS_ATTR, {"0": {"trial": "zero"}})
     with pytest.raises(StorageError, match="stored loss checks"):
         checks.load_all(study)

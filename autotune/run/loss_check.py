@@ -1,10 +1,10 @@
 """``autotune verify``: does a study's winner train the same as its reference?
 
 The reference (:mod:`autotune.run._reference`) and the trial are trained from one seed on
-one global batch for the same optimizer steps, as loss-parity runs of the probe's ranks
-(``ProbeSpec.parity``, :mod:`autotune.probe._parity`), all in one launch: the reference
-twice, then the trial. The comparison is :func:`autotune.study.loss_parity.compare`; the
-check is stored in the study (:mod:`autotune.study.verification`).
+one global batch for the same optimizer steps, as loss runs of the probe's ranks
+(``ProbeSpec.loss_run``, :mod:`autotune.probe._loss_run`), all in one launch: the reference
+twice, then the trial. The comparison is :func:`autotune.study.loss_comparison.compare`; the
+check is stored in the study (:mod:`autotune.study.loss_checks`).
 
 The reference runs twice because a second run is the only evidence that the reference
 itself is reproducible (the same weights, data order and kernels give the same losses):
@@ -14,11 +14,11 @@ repeat shows by how much. A trial whose configuration is its reference's reuses 
 repeat as its own run.
 
 A script study's runs are the user's script itself (``autotune.probe.script_rank`` with
-the parity run, :mod:`autotune.probe._script_parity`), one launch each: its reference is
+the loss run, :mod:`autotune.probe._script_loss_run`), one launch each: its reference is
 rule 1 with the config the script names on its command line, where it names one.
 
 A ``cancel`` event set (the first Ctrl-C) stops the runs; nothing is stored and
-:class:`VerificationInterrupted` is raised.
+:class:`LossCheckInterruptedError` is raised.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from autotune.errors import AutotuneError, SettingsError
 from autotune.run._reference import Reference, choose_reference
 from autotune.settings import DEFAULT_VERIFY_STEPS
 from autotune.study import best, records, study_config
-from autotune.study import verification as checks
-from autotune.study.loss_parity import ComparedRun, ParityVerdict, compare
+from autotune.study import loss_checks as checks
+from autotune.study.loss_comparison import ComparedRun, LossComparison, compare
 
 if TYPE_CHECKING:
     import optuna
@@ -48,13 +48,13 @@ if TYPE_CHECKING:
 SEED = 0
 
 
-class VerificationInterrupted(AutotuneError):
+class LossCheckInterruptedError(AutotuneError):
     """The check was stopped (Ctrl-C) before its runs ended: nothing was stored."""
 
     exit_code = 130
 
 
-def verify(
+def check_loss(
     study: optuna.Study,
     *,
     trial: int | None = None,
@@ -62,11 +62,11 @@ def verify(
     emit: events.Emit = events.ignore,
     strict: bool = False,
     cancel: threading.Event | None = None,
-) -> checks.Verification:
+) -> checks.LossCheck:
     """Check trial ``trial`` (the best by default) against its reference; store and return
     the check. ``strict`` (``run --verify strict``): a trial whose check differs is set
     aside, never the best (a later check without it takes that back). ``cancel`` set:
-    the runs are stopped and :class:`VerificationInterrupted` raised, nothing stored."""
+    the runs are stopped and :class:`LossCheckInterruptedError` raised, nothing stored."""
     started = time.monotonic()
     config = _checked_config(study, steps)
     trials = records.views(study)
@@ -83,7 +83,7 @@ def verify(
     if reference.candidate != chosen.candidate:
         roles.append("winner")
     emit(
-        events.VerificationStarted(
+        events.LossCheckStarted(
             chosen.number,
             chosen.label,
             reference.candidate.label,
@@ -97,8 +97,8 @@ def verify(
     _ensure_ops(hardware, jobs, emit)
     runs = _launch(roles, jobs, emit, cancel)
     if cancel is not None and cancel.is_set():
-        emit(events.VerificationInterrupted(chosen.number))
-        raise VerificationInterrupted(
+        emit(events.LossCheckInterrupted(chosen.number))
+        raise LossCheckInterruptedError(
             f"the loss check of trial {chosen.number} was interrupted: nothing recorded; run "
             f"autotune verify --study {study.study_name} --trial {chosen.number} to check it"
         )
@@ -109,15 +109,15 @@ def _record(
     study: optuna.Study,
     chosen: TrialView,
     reference: Reference,
-    runs: list[checks.VerifiedRun],
+    runs: list[checks.LossCheckRun],
     steps: int,
     strict: bool,
     started: float,
     emit: events.Emit,
-) -> checks.Verification:
+) -> checks.LossCheck:
     """The runs compared, the check stored in the study and told."""
     verdict = _verdict(runs)
-    check = checks.Verification(
+    check = checks.LossCheck(
         trial=chosen.number,
         label=chosen.label,
         reference_label=reference.candidate.label,
@@ -132,7 +132,7 @@ def _record(
     )
     checks.store(study, check)
     emit(
-        events.VerificationDone(
+        events.LossCheckDone(
             chosen.number,
             verdict.text,
             verdict.max_relative_difference,
@@ -184,7 +184,7 @@ def _workload(config: StudyConfig, chosen: Candidate) -> Any:
 
 def _launch(
     roles: list[str], jobs: list[ProbeJob], emit: events.Emit, cancel: threading.Event | None
-) -> list[checks.VerifiedRun]:
+) -> list[checks.LossCheckRun]:
     """Every run in one launch (a script's: one launch each), reference first; a trial
     that is its own reference takes the repeat as its run."""
     from autotune.execution import launch_probes
@@ -201,7 +201,7 @@ def _launch(
         return []
     runs = [_run(role, job, result) for role, job, result in zip(roles, jobs, results, strict=True)]
     for run in runs:
-        emit(events.VerificationRunDone(run.role, run.label, run.status, run.error, run.wall_s))
+        emit(events.LossCheckRunDone(run.role, run.label, run.status, run.error, run.wall_s))
     if len(runs) == 2:
         runs.append(runs[1].model_copy(update={"role": "winner"}))
     return runs
@@ -261,10 +261,10 @@ def _jobs(
     hardware: Hardware,
     workload: Any,
 ) -> list[ProbeJob]:
-    """One loss-parity job per role, in its own folder under ``folder``."""
+    """One loss-check job per role, in its own folder under ``folder``."""
     from autotune.backends import get_backend
     from autotune.execution import ProbeJob
-    from autotune.protocol import ParityRun, ProbeSpec
+    from autotune.protocol import LossRun, ProbeSpec
     from autotune.run._dispatch import workload_folders
 
     fallback = get_backend(chosen.candidate.backend).uses_fallback_optimizer(
@@ -291,7 +291,7 @@ def _jobs(
             vram_limit_bytes=config.vram_limit_bytes,
             device_memory_bytes=hardware.device_memory_bytes,
             float32_matmul_precision=config.float32_matmul_precision,  # type: ignore[arg-type]
-            parity=ParityRun(steps=steps, seed=SEED),
+            loss_run=LossRun(steps=steps, seed=SEED),
             script=script,
         )
         jobs.append(
@@ -357,8 +357,8 @@ def _ensure_ops(hardware: Hardware, jobs: list[ProbeJob], emit: events.Emit) -> 
     get_backend(DEFAULT_BACKEND).ensure_ops(hardware, offload_targets=targets, emit=emit)
 
 
-def _run(role: str, job: ProbeJob, result: ProbeResult) -> checks.VerifiedRun:
-    return checks.VerifiedRun(
+def _run(role: str, job: ProbeJob, result: ProbeResult) -> checks.LossCheckRun:
+    return checks.LossCheckRun(
         role=role,  # type: ignore[arg-type]
         label=job.spec.candidate.label,
         candidate=job.spec.candidate,
@@ -370,12 +370,12 @@ def _run(role: str, job: ProbeJob, result: ProbeResult) -> checks.VerifiedRun:
     )
 
 
-def _verdict(runs: list[checks.VerifiedRun]) -> ParityVerdict:
+def _verdict(runs: list[checks.LossCheckRun]) -> LossComparison:
     """The comparison of the runs; "cannot judge" where one did not finish."""
     failed = next((r for r in runs if r.status != "ok" or r.trace is None), None)
     precision = runs[-1].candidate.precision
     if failed is not None:
-        return ParityVerdict(
+        return LossComparison(
             verdict="cannot judge",
             text=f"cannot judge: the {failed.role} run ended {failed.status}: {failed.error} "
             f"(log: {failed.folder}/probe.log)",

@@ -71,10 +71,10 @@ class ComparedRun(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     candidate: Candidate = Field(description="The configuration the run trained with.")
-    trace: LossTrace = Field(description="What its loss-parity run recorded.")
+    trace: LossTrace = Field(description="What its loss run recorded.")
 
 
-class ParityVerdict(BaseModel):
+class LossComparison(BaseModel):
     """The comparison's outcome."""
 
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
@@ -117,7 +117,7 @@ def relative_difference(value: float, reference: float) -> float:
 
 def compare(
     reference: ComparedRun, winner: ComparedRun, repeat: ComparedRun | None = None
-) -> ParityVerdict:
+) -> LossComparison:
     """The verdict on ``winner`` against ``reference`` (and ``repeat``, a second run of the
     reference, whose disagreement means "cannot judge"); see the module docstring."""
     precision = coarser(reference.candidate.precision, winner.candidate.precision)
@@ -131,7 +131,7 @@ def compare(
         if why:
             cause = likely_cause(reference, winner, step)
             grows = _growth(ref.losses, won.losses, step)
-            return ParityVerdict(
+            return LossComparison(
                 verdict="differs",
                 text=f"differs: step {step}, {why}{grows}, likely cause: {cause}",
                 precision=precision,
@@ -144,10 +144,10 @@ def compare(
         for s, (r, w) in enumerate(zip(ref.losses, won.losses, strict=False))
     )
     if same:
-        return ParityVerdict(
+        return LossComparison(
             verdict="trains the same", text="trains the same", precision=precision, **worst
         )
-    return ParityVerdict(
+    return LossComparison(
         verdict="drifts",
         text=f"drifts within the tolerance of {precision}",
         precision=precision,
@@ -169,13 +169,13 @@ def _worst(reference: list[float], winner: list[float], precision: str) -> dict[
 
 def _cannot_judge(
     reference: ComparedRun, winner: ComparedRun, repeat: ComparedRun | None
-) -> ParityVerdict | None:
+) -> LossComparison | None:
     """ "cannot judge" when the reference itself is no yardstick, else None."""
     ref = reference.trace
     precision = coarser(reference.candidate.precision, winner.candidate.precision)
 
-    def verdict(step: int | None, why: str) -> ParityVerdict:
-        return ParityVerdict(
+    def verdict(step: int | None, why: str) -> LossComparison:
+        return LossComparison(
             verdict="cannot judge", text=f"cannot judge: {why}", precision=precision, step=step
         )
 
@@ -220,7 +220,7 @@ def _cannot_judge(
     return _other_samples(ref, winner.trace, verdict)
 
 
-def _other_samples(reference: LossTrace, winner: LossTrace, verdict: Any) -> ParityVerdict | None:
+def _other_samples(reference: LossTrace, winner: LossTrace, verdict: Any) -> LossComparison | None:
     """ "cannot judge" where the winner trained on other samples than the reference."""
     step = _first_other_samples(reference, winner)
     if step is None:

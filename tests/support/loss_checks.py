@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from autotune.candidate import Candidate
 from autotune.protocol import LossTrace
-from autotune.study import verification as checks
-from autotune.study.loss_parity import ComparedRun, compare
+from autotune.study import loss_checks as checks
+from autotune.study.loss_comparison import ComparedRun, compare
 
 WINNER = Candidate(
     precision="bf16",
@@ -32,10 +32,10 @@ def trace(losses: list[float]) -> LossTrace:
     )
 
 
-def check(trial: int, losses: list[float]) -> checks.Verification:
+def check(trial: int, losses: list[float]) -> checks.LossCheck:
     reference = [8.3, 8.2, 8.1]
     runs = [
-        checks.VerifiedRun(role=role, label=c.label, candidate=c, status="ok", trace=trace(values))
+        checks.LossCheckRun(role=role, label=c.label, candidate=c, status="ok", trace=trace(values))
         for role, c, values in (
             ("reference", REFERENCE, reference),
             ("reference repeat", REFERENCE, reference),
@@ -43,7 +43,7 @@ def check(trial: int, losses: list[float]) -> checks.Verification:
         )
     ]
     compared = [ComparedRun(candidate=r.candidate, trace=r.trace) for r in runs]  # type: ignore[arg-type]
-    return checks.Verification(
+    return checks.LossCheck(
         trial=trial,
         label=WINNER.label,
         reference_label=REFERENCE.label,

@@ -1,9 +1,9 @@
-"""Loss-parity runs of real DeepSpeed on 2 CPU ranks (gpt-tiny): every run starts from the
+"""Loss runs of real DeepSpeed on 2 CPU ranks (gpt-tiny): every run starts from the
 same seeded weights whatever its ZeRO stage (ZeRO-3 builds under ``zero.Init``), fp32 runs
 of other stages and splits train the same, bf16 drifts within its tolerance, and an
 injected NaN differs at its step.
 
-The NaN is an injected fault of the run (``ParityRun.inject_nan_at_step``), named as such:
+The NaN is an injected fault of the run (``LossRun.inject_nan_at_step``), named as such:
 an overflow cannot be produced on demand in bf16 on a CPU.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from autotune.backends import get_backend
 from autotune.candidate import Candidate
 from autotune.execution.launch import ProbeJob, launch_probes
-from autotune.protocol import ParityRun, ProbeResult, ProbeSpec
-from autotune.study.loss_parity import ComparedRun, compare, tolerance
+from autotune.protocol import LossRun, ProbeResult, ProbeSpec
+from autotune.study.loss_comparison import ComparedRun, compare, tolerance
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def parity_job(root: Path, name: str, candidate: Candidate, nan_at: int | None =
         accelerator="cpu",
         vram_limit_bytes=8 * 2**30,
         device_memory_bytes=24 * 2**30,
-        parity=ParityRun(steps=STEPS, seed=7, inject_nan_at_step=nan_at),
+        loss_run=LossRun(steps=STEPS, seed=7, inject_nan_at_step=nan_at),
     )
     return ProbeJob(
         spec=spec,
@@ -66,7 +66,7 @@ RUNS = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ProbeResult]:
-    root = tmp_path_factory.mktemp("parity")
+    root = tmp_path_factory.mktemp("loss_runs")
     jobs = [
         parity_job(root, name, c, nan_at=2 if name == "bf16-nan" else None)
         for name, c in RUNS.items()

@@ -1,0 +1,59 @@
+"""A setting's command-line flag, declared once on the setting's own field.
+
+A field of :class:`~autotune.settings.RunSettings` (or of a section of it, such as
+:class:`~autotune.training_goal.TrainingGoal`) carries a :class:`Flag` in its ``Annotated``
+metadata: the flag's name where it differs from the field's (``--vram`` for
+``vram_limit_bytes``), the unit its text is read in, whether it negates the setting
+(``--no-prune``), and how a study keeps it. ``autotune run``'s options, their help and
+defaults, the project file's keys, a study's stored flags and the flag an error line names
+are all derived from these fields (:mod:`autotune.cli._flags`); the field's description is
+the flag's help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from autotune.units import AS_TYPED, Unit
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one setting is typed on ``autotune run``'s command line."""
+
+    name: str | None = None  # the flag's name as a field (vram for --vram); None: the setting's
+    unit: Unit = AS_TYPED  # how the flag's text becomes the setting's value
+    negates: bool = False  # the flag switches the setting off (--no-prune for prune)
+    per_run: bool = False  # concerns one run, not what a study measures: a study does not keep it
+    names_file: bool = False  # names a file, folder or code: stored absolute, host-bound
+    shown_default: str | None = None  # the flag's default where the setting's None means it
+    hidden: bool = False  # testing only or an alias: left out of --help
+    optional_value: str | None = None  # the value of the flag given bare (--verify is "on")
+    positional: bool = False  # the command's arguments (what follows `--`), not an option
+
+    def flag_name(self, field_name: str) -> str:
+        """The flag as a field name (``no_prune``)."""
+        return self.name or field_name
+
+    def option(self, field_name: str) -> str:
+        """The flag as typed (``--no-prune``)."""
+        return "--" + self.flag_name(field_name).replace("_", "-")
+
+    def flag_default(self, setting_default: Any) -> Any:
+        """The flag's default, from the setting's: the flag shows what the setting holds."""
+        if self.shown_default is not None:
+            return self.shown_default
+        if self.negates:
+            return not setting_default
+        if self.unit is AS_TYPED or setting_default is None:
+            return setting_default
+        return str(setting_default)
+
+
+def flag_of(field: FieldInfo) -> Flag | None:
+    """The :class:`Flag` a settings field declares, if it has one."""
+    return next((item for item in field.metadata if isinstance(item, Flag)), None)
