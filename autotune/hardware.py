@@ -74,9 +74,11 @@ class Hardware(BaseModel):
         the ranks on that node."""
         return max(1, self.cpu_count // self.ranks_on_node(ranks))
 
-    def describe(self, ranks: int, backends: Iterable[str] = ("deepspeed",)) -> str:
+    def describe(
+        self, ranks: int, libraries: Iterable[str] = ("DeepSpeed's CPU accelerator",)
+    ) -> str:
         """One line for the user, e.g. for the start of ``autotune run``; on CPU it names
-        what runs the ranks for the space's ``backends``."""
+        the ``libraries`` that train on the ranks (the space's backends')."""
         if self.accelerator == "cuda":
             return (
                 f"{ranks} of {self.device_count} CUDA GPU(s) ({self.device_name}, "
@@ -84,20 +86,10 @@ class Hardware(BaseModel):
                 f"{', '.join(self.precisions)}"
             )
         return (
-            f"no CUDA GPU: running {ranks} CPU rank(s) {_cpu_ranks_library(backends)} "
+            f"no CUDA GPU: running {ranks} CPU rank(s) with {' or '.join(libraries)} "
             f"(gloo, {self.threads_per_rank(ranks)} thread(s) each); the memory limit applies "
             f"to each rank's tracked tensor bytes; precisions {', '.join(self.precisions)}"
         )
-
-
-def _cpu_ranks_library(backends: Iterable[str]) -> str:
-    """What trains on the CPU ranks: DeepSpeed through its CPU accelerator, FSDP2 as torch."""
-    names = set(backends)
-    if names == {"fsdp2"}:
-        return "with torch's FSDP2"
-    if "fsdp2" in names:
-        return "with DeepSpeed's CPU accelerator or torch's FSDP2"
-    return "with DeepSpeed's CPU accelerator"
 
 
 def _cpu_count() -> int:

@@ -578,3 +578,51 @@ def test_a_field_declared_twice_is_found(tmp_path: Path) -> None:
     records = [("a.py", "A"), ("b.py", "B")]
     assert declared_twice(tmp_path, records) == ["budget_s: A, B", "status: A, B"]
     assert declared_twice(tmp_path, records, own=("status",)) == ["budget_s: A, B"]
+
+
+# Where a backend's name may be written in a comparison outside backends/: a candidate's
+# stored key (studies from before a second backend keep DeepSpeed's without its name) and
+# the space file's per-backend sections and decisions.
+NAMES_A_BACKEND_BY_DESIGN = ("candidate.py", "space/search_space.py")
+
+
+def backend_name_comparisons(tree: Tree, names: set[str]) -> list[str]:
+    """Comparisons with a backend's name (``candidate.backend == "fsdp2"``, ``"fsdp2" in
+    backends``) outside ``backends/`` and the modules that name one by design: code
+    elsewhere asks the backend (``get_backend(name).shards_by_block``, ...)."""
+    found = []
+    for path in modules(tree).values():
+        relative = path.relative_to(tree.folder)
+        if relative.parts[0] == "backends" or str(relative) in NAMES_A_BACKEND_BY_DESIGN:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(side, ast.Constant) and side.value in names
+                for side in (node.left, *node.comparators)
+            ):
+                found.append(f"{path.relative_to(tree.folder.parent)}:{node.lineno}")
+    return found
+
+
+def test_only_backends_branch_on_a_backends_name() -> None:
+    from autotune.backends import BACKENDS
+
+    found = backend_name_comparisons(PACKAGE, set(BACKENDS))
+    assert found == [], "ask the backend instead of comparing its name: " + ", ".join(found)
+
+
+def test_a_comparison_with_a_backends_name_is_found(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "pkg",
+        {
+            "views/a.py": 'def f(c):\n    return c.backend == "fsdp2"\n',
+            "views/b.py": 'def f(names):\n    return "fsdp2" in names\n',
+            "backends/c.py": 'def f(c):\n    return c.backend == "fsdp2"\n',
+            "candidate.py": 'def f(c):\n    return c.backend == "deepspeed"\n',
+        },
+    )
+    tree = Tree(tmp_path / "pkg", import_root=tmp_path)
+    assert sorted(backend_name_comparisons(tree, {"fsdp2", "deepspeed"})) == [
+        str(Path("pkg/views/a.py")) + ":2",
+        str(Path("pkg/views/b.py")) + ":2",
+    ]

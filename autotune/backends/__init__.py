@@ -6,10 +6,12 @@ from autotune.backends._backend import (
     BACKENDS,
     DEFAULT_BACKEND,
     TrainingBackend,
+    cpu_rank_libraries,
     get_backend,
     register_backend,
 )
 from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
+from autotune.backends._shell_text import printable
 
 
 def _deepspeed() -> TrainingBackend:
@@ -35,6 +37,8 @@ __all__ = [
     "Breakdown",
     "ModelFacts",
     "TrainingBackend",
+    "cpu_rank_libraries",
     "get_backend",
+    "printable",
     "register_backend",
 ]

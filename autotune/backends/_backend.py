@@ -26,7 +26,13 @@ class TrainingBackend(Protocol):
     """What a training backend must provide. Each member is the backend's own and the only
     place its library's details are spelled; the rest of autotune calls these.
 
-    - ``name``: the name the registry knows it by ("deepspeed").
+    - ``name``: the name the registry knows it by ("deepspeed"); ``display_name`` the
+      library's name in text ("DeepSpeed"); ``cpu_ranks_library`` what trains on CPU ranks
+      ("DeepSpeed's CPU accelerator") and ``cpu_ranks_runtime`` what the export says runs
+      them ("gloo" for FSDP2); ``engine_entry`` the call that hands the model to the
+      library, in text ("`deepspeed.initialize`").
+    - ``shards_by_block``: the library wraps the model's transformer blocks one by one
+      (FSDP2's units), so the export names the block class.
     - ``config_file_name``: the file the export writes the rendered config to, and the name
       a probe's trial folder keeps it under ("ds_config.json").
     - ``render_config(candidate, base, nvme_path=, largest_param_numel=)``: the candidate as
@@ -52,6 +58,10 @@ class TrainingBackend(Protocol):
       over ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe
       times; ``units`` are the modules a sharding backend wraps one by one (the workload's
       ``shard_units``).
+    - ``calibration_group(candidate)``: the candidates whose measured peaks calibrate one
+      memory correction together (a ZeRO stage; FSDP2's sharding);
+      ``holds_reduce_bucket(candidate)``: the library holds a gradient reduce bucket beside
+      the model states between steps (DeepSpeed's ZeRO-3).
     - ``model_states(candidate, facts)``: the (device, host) bytes per rank of parameters,
       gradients and optimizer states held between steps.
     - ``transient_phases(candidate, facts, act, knobs, host)``: the device bytes beyond the
@@ -88,9 +98,17 @@ class TrainingBackend(Protocol):
       beside the config (name to text; FSDP2's accelerate config), ``block_class`` naming
       the class of the model's transformer blocks; ``code_lines(config)`` the lines of
       code summary.md shows for a plain-torch script (none for DeepSpeed).
+      ``precision_actions(candidate)``: what the user's code must do about the candidate's
+      precision under this library; ``setup_actions(candidate, base)``: what else it must do
+      to train as the probes did (``base``: the user's base config).
     """
 
     name: str
+    display_name: str
+    cpu_ranks_library: str
+    cpu_ranks_runtime: str
+    engine_entry: str
+    shards_by_block: bool
     config_file_name: str
     torch_floor: tuple[int, int]
 
@@ -125,6 +143,10 @@ class TrainingBackend(Protocol):
     ) -> Any: ...
 
     def whole_parameters(self, model: Any) -> contextlib.AbstractContextManager[Any]: ...
+
+    def calibration_group(self, candidate: Candidate) -> str: ...
+
+    def holds_reduce_bucket(self, candidate: Candidate) -> bool: ...
 
     def model_states(
         self, candidate: Candidate, facts: ModelFacts
@@ -192,6 +214,10 @@ class TrainingBackend(Protocol):
 
     def code_lines(self, config: dict[str, Any]) -> list[str]: ...
 
+    def precision_actions(self, candidate: Candidate) -> list[str]: ...
+
+    def setup_actions(self, candidate: Candidate, base: dict[str, Any]) -> list[str]: ...
+
 
 # The backend of what has no candidate to name one: a script's probes (a script that calls
 # deepspeed.initialize), the compiled ops built before a run.
@@ -218,3 +244,9 @@ def get_backend(name: str) -> TrainingBackend:
     if name not in _made:
         _made[name] = BACKENDS[name]()
     return _made[name]
+
+
+def cpu_rank_libraries(names: Iterable[str]) -> list[str]:
+    """What trains on CPU ranks for the backends ``names``, in the registry's order."""
+    given = set(names)
+    return [get_backend(name).cpu_ranks_library for name in BACKENDS if name in given]

@@ -16,3 +16,9 @@ def export_lines(env: Mapping[str, str], *, keep_callers: bool = True) -> str:
     return "".join(
         f'export {name}="${{{name}:-{shlex.quote(value)}}}"\n' for name, value in env.items()
     )
+
+
+def printable(text: str) -> str:
+    """One line of plain text: control characters (a newline ends a shell comment) become
+    spaces."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)

@@ -214,7 +214,10 @@ def build_ops() -> None:
 
 
 def _print_plan(plan: Plan) -> None:
-    console.print(plan.hardware.describe(plan.settings.gpus, plan.space.backends))
+    from autotune.backends import cpu_rank_libraries
+
+    libraries = cpu_rank_libraries(plan.space.backends)
+    console.print(plan.hardware.describe(plan.settings.gpus, libraries))
     batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
     console.print(
         f"workload {plan.workload.describe()}; global batch {batch}, "

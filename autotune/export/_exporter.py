@@ -41,9 +41,11 @@ class Exported(BaseModel):
 
 def _block_class(trial: TrialView, config: StudyConfig) -> str:
     """The class name of the workload's transformer blocks, FSDP2's units, from its model
-    built on the meta device ("" for a DeepSpeed trial, a script's model or a model
-    without blocks)."""
-    if config.script is not None or trial.candidate.backend != "fsdp2":
+    built on the meta device ("" for a backend that does not shard by block, a script's
+    model or a model without blocks)."""
+    from autotune.backends import get_backend
+
+    if config.script is not None or not get_backend(trial.candidate.backend).shards_by_block:
         return ""
     import torch
 

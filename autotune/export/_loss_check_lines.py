@@ -6,17 +6,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
+from autotune.backends import printable
+
 if TYPE_CHECKING:
     import optuna
 
     from autotune.protocol import LossTrace
     from autotune.study import TrialView
-
-
-def printable(text: str) -> str:
-    """One line of plain text: control characters (a newline ends a shell comment) become
-    spaces."""
-    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 def set_aside_lines(

@@ -3,9 +3,8 @@ their own code to train as it was probed, for each backend."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from autotune.export._loss_check_lines import printable
 from autotune.export._numerics import numerics_actions
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.units import format_bytes
@@ -29,7 +28,7 @@ def _checkpointing_action(candidate: Candidate, config: StudyConfig) -> str:
         return f"Activation checkpointing is {state}: launch.sh sets `{flag}` so."
     if not candidate.activation_checkpointing:
         return "Keep activation checkpointing off (it was off in the probes)."
-    wrapping = "`fully_shard`" if candidate.backend == "fsdp2" else "`deepspeed.initialize`"
+    wrapping = get_backend(candidate.backend).engine_entry
     return (
         "Turn activation checkpointing on in your model: for a transformers model call "
         "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
@@ -42,23 +41,12 @@ def _checkpointing_action(candidate: Candidate, config: StudyConfig) -> str:
 
 def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
     """What the user must do in their own code to train as the trial was probed."""
-    fsdp2 = candidate.backend == "fsdp2"
-    actions = [_checkpointing_action(candidate, config)]
-    if candidate.precision == "fp16":
-        actions.append(
-            "fp16 uses DeepSpeed's dynamic loss scaling (ds_config.json); do not add your own "
-            "GradScaler."
-        )
-    if candidate.precision == "bf16" and fsdp2:
-        actions.append(
-            "Build the model in fp32: FSDP2 keeps its shards in fp32 and computes in bf16 "
-            "(MixedPrecisionPolicy); do not cast the model yourself."
-        )
-    elif candidate.precision == "bf16":
-        actions.append("DeepSpeed casts the model to bf16; do not call `model.half()` yourself.")
+    from autotune.backends import get_backend
+
+    backend = get_backend(candidate.backend)
+    actions = [_checkpointing_action(candidate, config), *backend.precision_actions(candidate)]
     actions += numerics_actions(config)
-    if fsdp2:
-        actions += _fsdp2_actions(candidate, config.base_config or {})
+    actions += backend.setup_actions(candidate, config.base_config or {})
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
         actions.append(
             "CPU offload keeps optimizer states (and parameters) in host RAM: the probes' "
@@ -79,7 +67,7 @@ def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig)
             "learning rate (e.g. linearly with the batch) and re-check convergence."
         )
     if config.accelerator == "cpu":
-        ranks = "gloo" if fsdp2 else "DeepSpeed's CPU accelerator"
+        ranks = backend.cpu_ranks_runtime
         actions.append(
             f"These are CPU ranks ({ranks}); run with "
             f"OMP_NUM_THREADS={config.threads_per_rank} as the probes did (launch.sh does)."
@@ -133,35 +121,6 @@ def _fsdp2_rows(candidate: Candidate, *, searched: bool) -> list[str]:
         f"| global batch | {candidate.train_batch_size} |",
         f"| activation checkpointing | {'on' if candidate.activation_checkpointing else 'off'} |",
     ]
-
-
-# What an FSDP2 config takes of a DeepSpeed base config, besides the keys the search sets.
-_FSDP2_TAKES = {
-    "optimizer", "gradient_clipping", "train_batch_size", "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps", "fp16", "bf16", "zero_optimization",
-}  # fmt: skip
-
-
-def _fsdp2_actions(candidate: Candidate, base: dict[str, Any]) -> list[str]:
-    """An FSDP2 winner's steps the script takes itself: reducing after each micro-batch
-    under accelerate, and the base config's DeepSpeed-only keys."""
-    assert candidate.fsdp is not None
-    actions = []
-    if candidate.fsdp.sync_each_micro_batch and candidate.gradient_accumulation_steps > 1:
-        actions.append(
-            "Reduce gradients after each micro-batch: with accelerate, "
-            "`Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin("
-            f"num_steps={candidate.gradient_accumulation_steps}, sync_each_batch=True))`; "
-            "in a plain-torch loop, do not call `set_requires_gradient_sync(False)`."
-        )
-    left = sorted(set(base) - _FSDP2_TAKES)
-    if left:
-        keys = ", ".join(f"`{printable(key)}`" for key in left)
-        actions.append(
-            "fsdp2_config.json carries your base config's optimizer and gradient clipping, "
-            f"not its DeepSpeed-only keys ({keys}): set those in your script."
-        )
-    return actions
 
 
 def _fsdp2_sync_row(candidate: Candidate) -> list[str]:

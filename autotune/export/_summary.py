@@ -14,7 +14,8 @@ from collections import Counter
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from autotune.export._loss_check_lines import loss_check_lines, printable, set_aside_lines
+from autotune.backends import printable
+from autotune.export._loss_check_lines import loss_check_lines, set_aside_lines
 from autotune.export._setting_lines import setting_rows, user_actions_of
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.study import records

@@ -120,8 +120,8 @@ class Calibration(BaseModel):
 
     @staticmethod
     def key(candidate: Candidate) -> str:
-        sharding = "fsdp2" if candidate.backend == "fsdp2" else f"z{candidate.zero_stage}"
-        return f"{sharding}-{candidate.precision}"
+        group = get_backend(candidate.backend).calibration_group(candidate)
+        return f"{group}-{candidate.precision}"
 
     def add(self, candidate: Candidate, predicted_bytes: int, measured_bytes: int) -> None:
         if predicted_bytes > 0 and measured_bytes > 0:
@@ -187,7 +187,7 @@ class MemoryModel:
         facts = self.facts(candidate)
         stage = candidate.zero_stage
         device, host = self.model_states(candidate)
-        if stage == 3 and candidate.backend == "deepspeed":
+        if self.backend_of(candidate).holds_reduce_bucket(candidate):
             device.buckets += self._bucket(candidate)
         correction = self.calibration.factor(candidate)
         if stop_above is not None and device.total * correction > stop_above:

@@ -408,25 +408,32 @@ class Tuner:
         return len(screened)
 
     def _prepare_ops(self) -> float:
-        """Build the ops DeepSpeed's candidates need (once per environment, with progress);
-        where its optimizer cannot be built, the probes use its fallback (torch's Adam in
-        place of FusedAdam). Returns the seconds spent compiling (0 when every op was built
-        already, or no candidate trains with DeepSpeed): the budget leaves them out."""
+        """Build the compiled ops the space's candidates need, each backend for its own
+        (once per environment, with progress; FSDP2 is torch's own and builds nothing);
+        where a backend's optimizer cannot be built, the probes use its fallback (DeepSpeed:
+        torch's Adam in place of FusedAdam). Returns the seconds spent compiling (0 when
+        every op was built already): the budget leaves them out."""
         from autotune.backends import get_backend
 
-        deepspeed = [c for c in self.plan.space.candidates() if c.backend == "deepspeed"]
-        if not deepspeed:
-            return 0.0  # FSDP2 is torch's own: nothing to build
-        targets = {
-            device for c in deepspeed for device in (c.offload_optimizer, c.offload_param)
-        } - {"none"}
-        report = get_backend("deepspeed").ensure_ops(
-            self.plan.hardware, offload_targets=targets, emit=self.emit
-        )
-        if report.built:
-            self.emit(events.OpsBuilt(tuple(report.built), report.seconds))
-        self.plan.torch_adam = report.torch_adam
-        return report.seconds if report.built else 0.0
+        candidates = list(self.plan.space.candidates())
+        seconds = 0.0
+        for name in self.plan.space.backends:
+            own = [c for c in candidates if c.backend == name]
+            if not own:
+                continue
+            targets = {device for c in own for device in (c.offload_optimizer, c.offload_param)} - {
+                "none"
+            }
+            report = get_backend(name).ensure_ops(
+                self.plan.hardware, offload_targets=targets, emit=self.emit
+            )
+            if report is None:
+                continue  # nothing to build
+            if report.built:
+                self.emit(events.OpsBuilt(tuple(report.built), report.seconds))
+                seconds += report.seconds
+            self.plan.torch_adam = self.plan.torch_adam or report.torch_adam
+        return seconds
 
 
 def default_executor(plan: Plan) -> Executor:

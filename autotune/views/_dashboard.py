@@ -79,7 +79,9 @@ def trial_note(
         lines.append(f"- Probe folder: `{record.trial_dir}`")
     if record.ds_config:
         config = json.dumps(record.ds_config, indent=2, sort_keys=True)
-        library = "FSDP2" if trial.candidate.backend == "fsdp2" else "DeepSpeed"
+        from autotune.backends import get_backend
+
+        library = get_backend(trial.candidate.backend).display_name
         lines += ["", f"{library} config of the probe:", "", "```json", config, "```"]
     return "\n".join(lines) + "\n"
 

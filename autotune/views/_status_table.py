@@ -206,6 +206,7 @@ def space_facts(
     """The valid candidates of a space on this hardware, per dimension, with examples."""
     import random
 
+    from autotune.backends import cpu_rank_libraries
     from autotune.hardware import detect
     from autotune.run import bind_space, check_nvme_path
     from autotune.space import load_space
@@ -228,7 +229,7 @@ def space_facts(
     candidates = list(bound.candidates())
     return SpaceFacts(
         space=space_ref,
-        hardware=hardware.describe(gpus, bound.backends),
+        hardware=hardware.describe(gpus, cpu_rank_libraries(bound.backends)),
         gpus=gpus,
         global_batch=batch,  # type: ignore[arg-type]
         max_global_batch=max_global_batch,

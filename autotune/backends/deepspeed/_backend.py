@@ -27,6 +27,11 @@ class DeepSpeedBackend:
     """DeepSpeed 0.19: ZeRO stages 0-3 with CPU and NVMe offload, its JIT ops."""
 
     name = "deepspeed"
+    display_name = "DeepSpeed"
+    cpu_ranks_library = "DeepSpeed's CPU accelerator"
+    cpu_ranks_runtime = "DeepSpeed's CPU accelerator"
+    engine_entry = "`deepspeed.initialize`"
+    shards_by_block = False
     config_file_name = "ds_config.json"
     # pyproject.toml's floor too: a probe tells an OOM by torch.OutOfMemoryError, new in 2.5.
     torch_floor = (2, 5)
@@ -46,6 +51,7 @@ class DeepSpeedBackend:
     launch_script = staticmethod(_export_text.launch_script)
     script_launch_script = staticmethod(_export_text.script_launch_script)
     config_usage_lines = staticmethod(_export_text.config_usage_lines)
+    precision_actions = staticmethod(_export_text.precision_actions)
 
     def ensure_ops(
         self,
@@ -101,3 +107,16 @@ class DeepSpeedBackend:
         from autotune.backends.deepspeed.ops import partial_offload_supported
 
         return partial_offload_supported()
+
+    def calibration_group(self, candidate: Candidate) -> str:
+        """Candidates of one ZeRO stage share a memory correction."""
+        return f"z{candidate.zero_stage}"
+
+    def holds_reduce_bucket(self, candidate: Candidate) -> bool:
+        """ZeRO-3 keeps a reduce bucket of gradients beside the model states."""
+        return candidate.zero_stage == 3
+
+    def setup_actions(self, candidate: Candidate, base: dict[str, Any]) -> list[str]:
+        """Nothing beyond the config: DeepSpeed reads everything from it."""
+        del candidate, base
+        return []

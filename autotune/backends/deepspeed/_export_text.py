@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.backends._shell_text import export_lines
+
+if TYPE_CHECKING:
+    from autotune.candidate import Candidate
 
 
 def _exports(accelerator: str, env: Mapping[str, str]) -> str:
@@ -130,3 +133,16 @@ def config_usage_lines(ranks: int, script_name: str | None) -> list[str]:
         "- `launch.sh`: starts your script with the deepspeed launcher or torchrun "
         f"(`LAUNCHER=torchrun`) on {ranks} rank(s).",
     ]
+
+
+def precision_actions(candidate: Candidate) -> list[str]:
+    """What the user's code must do about the candidate's precision: DeepSpeed scales fp16
+    losses and casts to bf16 itself."""
+    if candidate.precision == "fp16":
+        return [
+            "fp16 uses DeepSpeed's dynamic loss scaling (ds_config.json); do not add your own "
+            "GradScaler."
+        ]
+    if candidate.precision == "bf16":
+        return ["DeepSpeed casts the model to bf16; do not call `model.half()` yourself."]
+    return []

@@ -37,6 +37,11 @@ class Fsdp2Backend:
     """torch's FSDP2 (``torch.distributed.fsdp.fully_shard``): no compiled ops, no NVMe."""
 
     name = "fsdp2"
+    display_name = "FSDP2"
+    cpu_ranks_library = "torch's FSDP2"
+    cpu_ranks_runtime = "gloo"
+    engine_entry = "`fully_shard`"
+    shards_by_block = True
     config_file_name = "fsdp2_config.json"
     torch_floor = (2, 8)  # TORCH_FLOOR_NEEDS
 
@@ -52,6 +57,8 @@ class Fsdp2Backend:
     config_usage_lines = staticmethod(_export_text.config_usage_lines)
     export_files = staticmethod(_export_text.export_files)
     code_lines = staticmethod(_export_text.code_lines)
+    precision_actions = staticmethod(_export_text.precision_actions)
+    setup_actions = staticmethod(_export_text.setup_actions)
 
     def ensure_ops(
         self,
@@ -106,3 +113,13 @@ class Fsdp2Backend:
     def script_launch_script(self, **kwargs: Any) -> str:
         del kwargs
         raise SpaceError(NO_SCRIPT_PROBES)
+
+    def calibration_group(self, candidate: Candidate) -> str:
+        """Every FSDP2 candidate shards alike: one memory correction."""
+        del candidate
+        return "fsdp2"
+
+    def holds_reduce_bucket(self, candidate: Candidate) -> bool:
+        """FSDP2 reduces each unit's gradients as they are produced: no bucket is held."""
+        del candidate
+        return False

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from autotune.backends._process_group import CPU_ONLY, CUDA_WITH_HOST
-from autotune.backends._shell_text import export_lines
+from autotune.backends._shell_text import export_lines, printable
 from autotune.backends.fsdp2._config import Fsdp2Config
+
+if TYPE_CHECKING:
+    from autotune.candidate import Candidate
 
 _TORCH_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
 
@@ -234,3 +237,43 @@ def _optimizer_call(optimizer: dict[str, Any]) -> str:
 
     params = ", ".join(f"{k}={v!r}" for k, v in optimizer.get("params", {}).items())
     return f"{optimizer_class(optimizer)}(model.parameters(){', ' if params else ''}{params})"
+
+
+# What an FSDP2 config takes of a DeepSpeed base config, besides the keys the search sets.
+_FSDP2_TAKES = {
+    "optimizer", "gradient_clipping", "train_batch_size", "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps", "fp16", "bf16", "zero_optimization",
+}  # fmt: skip
+
+
+def precision_actions(candidate: Candidate) -> list[str]:
+    """What the user's code must do about the candidate's precision: FSDP2 computes in
+    bf16 over fp32 shards."""
+    if candidate.precision == "bf16":
+        return [
+            "Build the model in fp32: FSDP2 keeps its shards in fp32 and computes in bf16 "
+            "(MixedPrecisionPolicy); do not cast the model yourself."
+        ]
+    return []
+
+
+def setup_actions(candidate: Candidate, base: dict[str, Any]) -> list[str]:
+    """An FSDP2 winner's steps the script takes itself: reducing after each micro-batch
+    under accelerate, and the base config's DeepSpeed-only keys."""
+    assert candidate.fsdp is not None
+    actions = []
+    if candidate.fsdp.sync_each_micro_batch and candidate.gradient_accumulation_steps > 1:
+        actions.append(
+            "Reduce gradients after each micro-batch: with accelerate, "
+            "`Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin("
+            f"num_steps={candidate.gradient_accumulation_steps}, sync_each_batch=True))`; "
+            "in a plain-torch loop, do not call `set_requires_gradient_sync(False)`."
+        )
+    left = sorted(set(base) - _FSDP2_TAKES)
+    if left:
+        keys = ", ".join(f"`{printable(key)}`" for key in left)
+        actions.append(
+            "fsdp2_config.json carries your base config's optimizer and gradient clipping, "
+            f"not its DeepSpeed-only keys ({keys}): set those in your script."
+        )
+    return actions
