@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.units import AS_TYPED, Unit
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
     from pydantic.fields import FieldInfo
 
 
@@ -57,3 +58,14 @@ class Flag:
 def flag_of(field: FieldInfo) -> Flag | None:
     """The :class:`Flag` a settings field declares, if it has one."""
     return next((item for item in field.metadata if isinstance(item, Flag)), None)
+
+
+def problem_line(model: type[BaseModel], exc: ValidationError) -> str:
+    """pydantic's first complaint about ``model``'s values as one line naming the flag
+    (the field's :class:`Flag`, else the field's name as a flag)."""
+    error = exc.errors()[0]
+    field = str(error["loc"][0]) if error["loc"] else "settings"
+    info = model.model_fields.get(field)
+    flag = flag_of(info) if info is not None else None
+    option = flag.option(field) if flag is not None else "--" + field.replace("_", "-")
+    return f"{option}: {error['msg'].lower()}, got {error.get('input')!r}"

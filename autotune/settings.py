@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
 from autotune.errors import SettingsError
-from autotune.flag import Flag, flag_of
+from autotune.flag import Flag, problem_line
 from autotune.script_config import ScriptConfig
 from autotune.training_goal import TrainingGoal
 from autotune.units import (
@@ -252,10 +252,4 @@ class RunSettings(BaseModel):
         try:
             return cls(**values)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            field = str(first["loc"][0]) if first["loc"] else "settings"
-            flag = flag_of(cls.model_fields[field]) if field in cls.model_fields else None
-            shown = flag.option(field) if flag else "--" + field.replace("_", "-")
-            raise SettingsError(
-                f"{shown}: {first['msg'].lower()}, got {first.get('input')!r}"
-            ) from None
+            raise SettingsError(problem_line(cls, exc)) from None

@@ -1,5 +1,4 @@
-"""One flag value each, parsed or checked: a study's name, the global batch, a size or
-'auto'; and pydantic's first complaint about the flags as one line naming the flag."""
+"""One flag value each, parsed or checked: a study's name."""
 
 from __future__ import annotations
 
@@ -17,13 +16,3 @@ def check_study_name(name: str, *, flag: str) -> str:
             "starting with a letter or digit (it names a folder under --trials-dir)"
         )
     return name
-
-
-def first_problem(exc: ValueError) -> str:
-    from pydantic import ValidationError
-
-    if not isinstance(exc, ValidationError):
-        return str(exc)
-    error = exc.errors()[0]
-    name = str(error["loc"][0]) if error["loc"] else "flags"
-    return f"--{name.replace('_', '-')}: {error['msg'].lower()}, got {error.get('input')!r}"

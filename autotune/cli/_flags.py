@@ -21,13 +21,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 
-from autotune.cli._flag_values import check_study_name, first_problem
+from autotune.cli._flag_values import check_study_name
 from autotune.cli._stored_flags import HOST_KEY, inherited
 from autotune.errors import SettingsError
-from autotune.flag import Flag, flag_of
+from autotune.flag import Flag, flag_of, problem_line
 from autotune.settings import MAX_BUDGET_S, RunSettings
 from autotune.units import AS_TYPED, PATH
 
@@ -83,7 +91,7 @@ class FlagField:
 
     @property
     def option(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return self.flag.option(self.name)
 
     def value(self, flag_value: Any) -> Any:
         """The setting's value of the flag's (the flag read in its unit, or negated)."""
@@ -198,8 +206,8 @@ class _RunFlagsBase(BaseModel):
         values = {**inherited(stored, given, kept=kept, file_flags=FILE_FLAGS), **given}
         try:
             flags = cls(**values)
-        except ValueError as exc:
-            raise SettingsError(first_problem(exc)) from None
+        except ValidationError as exc:
+            raise SettingsError(problem_line(cls, exc)) from None
         flags.check()
         return flags
 
@@ -262,8 +270,8 @@ class _RunFlagsBase(BaseModel):
         """The goal of the goal flags alone (``plan --study``), checked as ``run`` checks it."""
         try:
             flags = cls(**{k: v for k, v in values.items() if v is not None})
-        except ValueError as exc:
-            raise SettingsError(first_problem(exc)) from None
+        except ValidationError as exc:
+            raise SettingsError(problem_line(cls, exc)) from None
         return flags.goal()
 
     def goal(self) -> TrainingGoal:
