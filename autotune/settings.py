@@ -63,7 +63,7 @@ class RunSettings(BaseModel):
     unit, its default, its help (the description) and its flag (:class:`~autotune.flag.Flag`
     in its metadata; the command line is generated from these fields by
     :mod:`autotune.cli._flags`). ``None`` fields are resolved later against the hardware and
-    the workload (:func:`autotune.run.plan_run`)."""
+    the workload (:func:`autotune.run.resolve_run`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -6,7 +6,7 @@ statements; it has no rule for a function's or a module's length in lines, and n
 cycles through imports made inside functions, so these are checked here. Imports under
 ``if TYPE_CHECKING:`` are for the type checker only and are not counted.
 
-The package's modules are named by their dotted path (``autotune.run._plan``) and may import
+The package's modules are named by their dotted path (``autotune.run._resolved_run``) and may import
 each other relatively (``from . import x``). Most benchmarks are scripts run as
 ``python benchmarks/x.py``, whose folder is then first on ``sys.path``, so they import
 each other by file name (``import probe_jobs``) or, with the repository root on

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from autotune.events import Emit, Event
-    from autotune.run import Plan, RunSummary
+    from autotune.run import ResolvedRun, RunSummary
 
 app = typer.Typer(
     name="autotune",
@@ -64,7 +64,7 @@ def run(**given: Any) -> None:
 
     from autotune.cli._flags import RunFlags
     from autotune.cli._project import layer
-    from autotune.run import Tuner, plan_run
+    from autotune.run import Tuner, resolve_run
     from autotune.study import stored_run_flags
 
     started_s = time.monotonic()  # the budget counts the whole command (bar an op build)
@@ -73,7 +73,7 @@ def run(**given: Any) -> None:
     name = typed.study_name()
     stored = stored_run_flags(typed.storage, name)
     flags = RunFlags.resolve(given, stored)
-    plan = plan_run(flags.settings())
+    resolved = resolve_run(flags.settings())
     if stored:
         inherited = sorted(
             k
@@ -83,12 +83,12 @@ def run(**given: Any) -> None:
         console.print(f"continuing study {name!r} with its flags ({', '.join(inherited)})")
     if project:
         console.print(f"project file: {project} (flags given here win over it)")
-    _print_plan(plan)
+    _print_resolved_run(resolved)
     with _renderer(
         quiet=flags.quiet, continued=bool(stored), storage=flags.storage, name=name
     ) as emit:
         tuner = Tuner(
-            plan,
+            resolved,
             emit=emit,
             fault=flags.inject_fault,
             run_flags=flags.stored(),
@@ -98,7 +98,7 @@ def run(**given: Any) -> None:
         summary = tuner.run()
     for text in after_run(flags.storage, name, summary.export_dir):
         console.print(text)
-    _print_outcome(summary, plan)
+    _print_outcome(summary, resolved)
 
 
 def _exit_at_once() -> None:
@@ -213,18 +213,18 @@ def build_ops() -> None:
     )
 
 
-def _print_plan(plan: Plan) -> None:
+def _print_resolved_run(resolved: ResolvedRun) -> None:
     from autotune.backends import cpu_rank_libraries
 
-    libraries = cpu_rank_libraries(plan.space.backends)
-    console.print(plan.hardware.describe(plan.settings.gpus, libraries))
-    batch = plan.config.global_batch or f"auto (up to {plan.config.max_global_batch})"
+    libraries = cpu_rank_libraries(resolved.space.backends)
+    console.print(resolved.hardware.describe(resolved.settings.gpus, libraries))
+    batch = resolved.config.global_batch or f"auto (up to {resolved.config.max_global_batch})"
     console.print(
-        f"workload {plan.workload.describe()}; global batch {batch}, "
-        f"{plan.config.ranks_text} rank(s) per probe, memory limit "
-        f"{format_bytes(plan.config.vram_limit_bytes)} per rank"
+        f"workload {resolved.workload.describe()}; global batch {batch}, "
+        f"{resolved.config.ranks_text} rank(s) per probe, memory limit "
+        f"{format_bytes(resolved.config.vram_limit_bytes)} per rank"
     )
-    for note in plan.notes:
+    for note in resolved.notes:
         console.print(f"note: {note}")
 
 
@@ -236,12 +236,12 @@ def _print_event(event: Event) -> None:
         console.print(text)
 
 
-def _print_outcome(summary: RunSummary, plan: Plan) -> None:
+def _print_outcome(summary: RunSummary, resolved: ResolvedRun) -> None:
     """The run's last lines; exit 130 when interrupted, an error when nothing is exported."""
     from autotune.cli._render import stop_reason
     from autotune.run import continue_command
 
-    stop = stop_reason(summary.stop, continue_command(plan)) if summary.stop else "done"
+    stop = stop_reason(summary.stop, continue_command(resolved)) if summary.stop else "done"
     console.print(
         f"stopped: {stop}; {summary.probes} probe(s) in {summary.elapsed_s:.0f} s, "
         f"{summary.pruned + summary.screened} candidate(s) ruled out without a probe, "
@@ -250,7 +250,7 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
     if summary.interrupted:
         console.print(
             f"interrupted: {len(summary.interrupted)} running probe(s) stopped and recorded as "
-            f"interrupted (probed again on continue); continue with: {continue_command(plan)}"
+            f"interrupted (probed again on continue); continue with: {continue_command(resolved)}"
         )
     best, record = summary.best, summary.best_record
     if best is not None and record is not None and summary.export_dir:
@@ -265,7 +265,7 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
             f"{format_bytes(record.peak_bytes)} of {format_bytes(summary.vram_limit_bytes)} "
             "per rank"
         )
-        goal = plan.goal
+        goal = resolved.goal
         if goal.says_more_than_speed:
             outcome = goal.outcome(best.samples_per_s, best.gpus)
             console.print(
@@ -278,14 +278,14 @@ def _print_outcome(summary: RunSummary, plan: Plan) -> None:
     if summary.stop is not None and summary.stop.kind == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
     if best is None:
-        raise NoResultError(_why_nothing(summary, plan))
+        raise NoResultError(_why_nothing(summary, resolved))
 
 
-def _why_nothing(summary: RunSummary, plan: Plan) -> str:
+def _why_nothing(summary: RunSummary, resolved: ResolvedRun) -> str:
     """One line: why the run has nothing to export, and what to do."""
     from autotune.run import continue_command
 
-    more = f"{continue_command(plan)} --budget LONGER"
+    more = f"{continue_command(resolved)} --budget LONGER"
     if summary.probes == 0:
         return (
             f"nothing exported: no probe ran within the budget; give the study more time ({more})"
@@ -294,7 +294,7 @@ def _why_nothing(summary: RunSummary, plan: Plan) -> str:
         f"nothing exported: none of the {summary.probes} probe(s) measured a configuration "
         f"within the {format_bytes(summary.vram_limit_bytes)} limit per rank and --host-ram "
         f"per node (autotune status --study "
-        f"{plan.study_name} shows why each failed); fix the cause or give it more time ({more})"
+        f"{resolved.study_name} shows why each failed); fix the cause or give it more time ({more})"
     )
 
 

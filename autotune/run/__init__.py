@@ -3,7 +3,7 @@ driver's hold on its study, the search loop (ask, screen, dispatch, record), aut
 sampler and cost model, the budget clock and the confirmation rounds."""
 
 from autotune.run._driver_session import continue_command
-from autotune.run._plan import Plan, bind_space, check_nvme_path, plan_run
+from autotune.run._resolved_run import ResolvedRun, bind_space, check_nvme_path, resolve_run
 from autotune.run._tuner import RunSummary, Tuner
 from autotune.run.budget import ReservePolicy, SearchState, read_budget
 from autotune.run.cost_model import (
@@ -18,8 +18,8 @@ __all__ = [
     "CandidatePolicy",
     "CostModel",
     "History",
-    "Plan",
     "ReservePolicy",
+    "ResolvedRun",
     "RunSummary",
     "SearchState",
     "Tuner",
@@ -29,6 +29,6 @@ __all__ = [
     "compute_scale_from",
     "continue_command",
     "measure_cpu_matmul_flops",
-    "plan_run",
     "read_budget",
+    "resolve_run",
 ]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from autotune.execution import Executor, ProbeJob
     from autotune.protocol import ProbeResult, ScriptRun
-    from autotune.run._plan import Plan
+    from autotune.run._resolved_run import ResolvedRun
     from autotune.script_config import ScriptConfig
 
 
@@ -46,8 +46,8 @@ class InFlight:
 class Dispatcher:
     """The executor's slots, and the probes running on them."""
 
-    def __init__(self, plan: Plan, executor: Executor, *, fault: str = "none") -> None:
-        self.plan = plan
+    def __init__(self, resolved: ResolvedRun, executor: Executor, *, fault: str = "none") -> None:
+        self.resolved = resolved
         self.executor = executor
         self._fault = fault
         self._inflight: dict[int, InFlight] = {}
@@ -72,7 +72,7 @@ class Dispatcher:
     ) -> InFlight:
         """Start a probe of ``candidate`` in ``trials/<study>/<folder>``; a trial's record
         (``record`` with the config and folder) is written before the probe starts."""
-        trial_dir = self.plan.trials_dir / folder
+        trial_dir = self.resolved.trials_dir / folder
         job = self.job(candidate, trial_dir, stop_below_samples_per_s)
         record = record.model_copy(
             update={"ds_config": job.spec.ds_config, "trial_dir": str(trial_dir)}
@@ -114,33 +114,33 @@ class Dispatcher:
         from autotune.execution import ProbeJob
         from autotune.protocol import ProbeSpec
 
-        plan = self.plan
-        settings = plan.settings
-        nvme_dir = _probe_nvme_dir(plan, candidate, trial_dir)
-        ds_config = plan.ds_config(candidate, nvme_dir)
+        resolved = self.resolved
+        settings = resolved.settings
+        nvme_dir = _probe_nvme_dir(resolved, candidate, trial_dir)
+        ds_config = resolved.ds_config(candidate, nvme_dir)
         script, cwd = None, str(Path.cwd())
-        if plan.config.script is not None:
+        if resolved.config.script is not None:
             from autotune.backends import DEFAULT_BACKEND, get_backend
 
             ds_config = get_backend(DEFAULT_BACKEND).config_for_script(
-                ds_config, plan.config.script
+                ds_config, resolved.config.script
             )
-            script = _script_run(plan, plan.config.script, candidate, trial_dir, nvme_dir)
-            cwd = plan.config.script.cwd
+            script = _script_run(resolved, resolved.config.script, candidate, trial_dir, nvme_dir)
+            cwd = resolved.config.script.cwd
         spec = ProbeSpec(
-            workload=plan.workload_ref,
+            workload=resolved.workload_ref,
             candidate=candidate,
             ds_config=ds_config,
-            accelerator=plan.hardware.accelerator,
-            vram_limit_bytes=plan.config.vram_limit_bytes,
-            device_memory_bytes=plan.hardware.device_memory_bytes,
+            accelerator=resolved.hardware.accelerator,
+            vram_limit_bytes=resolved.config.vram_limit_bytes,
+            device_memory_bytes=resolved.hardware.device_memory_bytes,
             warmup_steps=settings.warmup_steps,
             max_warmup_steps=settings.warmup_steps + 4,
             timed_steps=settings.timed_steps,
             max_timed_steps=max(settings.max_timed_steps, settings.timed_steps),
             stop_below_samples_per_s=stop_below,
-            tokens_per_sample=plan.workload.tokens_per_sample,
-            float32_matmul_precision=plan.config.float32_matmul_precision,  # type: ignore[arg-type]
+            tokens_per_sample=resolved.workload.tokens_per_sample,
+            float32_matmul_precision=resolved.config.float32_matmul_precision,  # type: ignore[arg-type]
             fault=self._fault,  # type: ignore[arg-type]
             script=script,
         )
@@ -148,10 +148,10 @@ class Dispatcher:
             spec=spec,
             trial_dir=str(trial_dir),
             world_size=candidate.data_parallel_size,
-            timeout_s=plan.probe_timeout_s,
-            threads_per_rank=plan.config.threads_per_rank,
+            timeout_s=resolved.probe_timeout_s,
+            threads_per_rank=resolved.config.threads_per_rank,
             cwd=cwd,
-            python_path=workload_folders(plan.workload_ref),
+            python_path=workload_folders(resolved.workload_ref),
             scratch_dir=nvme_dir,  # removed after the probe: swap files fill a disk
         )
 
@@ -167,19 +167,21 @@ class Dispatcher:
         self.executor.close()
 
 
-def _probe_nvme_dir(plan: Plan, candidate: Candidate, trial_dir: Path) -> str | None:
+def _probe_nvme_dir(resolved: ResolvedRun, candidate: Candidate, trial_dir: Path) -> str | None:
     """The probe's own NVMe swap folder, if it offloads to NVMe: concurrent probes must not
     share DeepSpeed's swap folders."""
-    if plan.config.nvme_path and "nvme" in (
+    if resolved.config.nvme_path and "nvme" in (
         candidate.offload_optimizer,
         candidate.offload_param,
     ):
-        return str(Path(plan.config.nvme_path) / "autotune" / plan.study_name / trial_dir.name)
+        return str(
+            Path(resolved.config.nvme_path) / "autotune" / resolved.study_name / trial_dir.name
+        )
     return None
 
 
 def _script_run(
-    plan: Plan,
+    resolved: ResolvedRun,
     script: ScriptConfig,
     candidate: Candidate,
     trial_dir: Path,
@@ -194,10 +196,10 @@ def _script_run(
         argv=script.argv(
             candidate,
             str(trial_dir / "ds_config.json"),
-            cpu=plan.hardware.accelerator == "cpu",
+            cpu=resolved.hardware.accelerator == "cpu",
         ),
-        nvme_path=nvme_dir or plan.config.nvme_path,
-        torch_adam=plan.torch_adam,
+        nvme_path=nvme_dir or resolved.config.nvme_path,
+        torch_adam=resolved.torch_adam,
     )
 
 

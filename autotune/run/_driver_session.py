@@ -33,7 +33,7 @@ from autotune.study import STALE_S, DatabaseClock, DriverLock
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.run._plan import Plan
+    from autotune.run._resolved_run import ResolvedRun
 
 HEARTBEAT_S = 5
 MAX_RETRIES = 1  # an interrupted candidate is probed again once
@@ -66,7 +66,7 @@ class DriverSession:
 
     def __init__(
         self,
-        plan: Plan,
+        resolved: ResolvedRun,
         *,
         sampler: optuna.samplers.BaseSampler,
         run_flags: dict[str, Any],
@@ -74,7 +74,7 @@ class DriverSession:
         on_beat: Callable[[], None],
         on_second_interrupt: Callable[[], None] | None = None,
     ) -> None:
-        self.plan = plan
+        self.resolved = resolved
         self.stopping = False
         self.stop_requested = threading.Event()  # set with stopping, for waits to poll
         self._on_second_interrupt = on_second_interrupt
@@ -122,12 +122,12 @@ class DriverSession:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         # ask/tell with heartbeats: the driver records them itself (see module docstring)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-        url = self.plan.settings.storage_url
+        url = self.resolved.settings.storage_url
         self.storage = open_storage(
             url, heartbeat_s=HEARTBEAT_S, grace_s=STALE_S, on_stale=retry_callback()
         )
         self.study = optuna.create_study(
-            study_name=self.plan.study_name,
+            study_name=self.resolved.study_name,
             storage=self.storage,
             sampler=self._sampler,
             direction="maximize",
@@ -135,28 +135,28 @@ class DriverSession:
         )
         stored = study_config(self.study)
         if stored is None:
-            store_start(self.study, self.plan.config, self._run_flags)
-        elif stored != self.plan.config:
-            diffs = "; ".join(stored.differences(self.plan.config))
+            store_start(self.study, self.resolved.config, self._run_flags)
+        elif stored != self.resolved.config:
+            diffs = "; ".join(stored.differences(self.resolved.config))
             raise StorageError(
-                f"study {self.plan.study_name!r} was measured with other settings: {diffs}; "
+                f"study {self.resolved.study_name!r} was measured with other settings: {diffs}; "
                 "drop those flags to continue it with its own, or add --study NEW_NAME to "
                 "start a new study with them"
             )
-        training_goal.store(self.study, self.plan.goal)
-        store_dropped_backends(self.study, self.plan.space.dropped_backends)
+        training_goal.store(self.study, self.resolved.goal)
+        store_dropped_backends(self.study, self.resolved.space.dropped_backends)
         self._clock = DatabaseClock(url)
         self._lock = DriverLock(
             self.storage,
-            self.plan.study_name,
+            self.resolved.study_name,
             self._clock,
-            shared=self.plan.settings.shared,
+            shared=self.resolved.settings.shared,
             on_beat=self._on_beat,
             emit=self._emit,
         )
         self._lock.acquire()
         if self._lock.took_over:
-            self._emit(events.DriverTakenOver(self.plan.study_name, self._lock.took_over))
+            self._emit(events.DriverTakenOver(self.resolved.study_name, self._lock.took_over))
 
     def recover(self) -> list[int]:
         """Fail the trials a stopped driver left running and queue each once more (Optuna's
@@ -169,7 +169,7 @@ class DriverSession:
 
         before = {t.number for t in running()}
         optuna.storages.fail_stale_trials(self.study)  # stale by the database's clock
-        if self.plan.settings.shared:
+        if self.resolved.settings.shared:
             # other live drivers' trials are running too: only stale ones were theirs to lose
             return sorted(before - {t.number for t in running()})
         callback = retry_callback()
@@ -210,23 +210,23 @@ class DriverSession:
             yield
         except storage_errors() as exc:
             raise StorageError(
-                f"the storage {mask_url(self.plan.settings.storage_url)} failed "
+                f"the storage {mask_url(self.resolved.settings.storage_url)} failed "
                 f"({mask_url(first_line(exc))}); every trial recorded before is kept; fix it "
                 "(another process holding the "
-                f"database locked?), then continue with {continue_command(self.plan)}"
+                f"database locked?), then continue with {continue_command(self.resolved)}"
             ) from None
         except OSError as exc:
             raise StorageError(
                 f"cannot write the run's files ({first_line(exc)}); every trial recorded "
                 "before is kept; free space or fix the folder, then continue with "
-                f"{continue_command(self.plan)}"
+                f"{continue_command(self.resolved)}"
             ) from None
 
 
-def continue_command(plan: Plan) -> str:
+def continue_command(resolved: ResolvedRun) -> str:
     from autotune.settings import DEFAULT_STORAGE
 
-    command = f"autotune run --study {plan.study_name}"
-    if plan.settings.storage_url != DEFAULT_STORAGE:
-        command += f" --storage {mask_url(plan.settings.storage_url)}"
+    command = f"autotune run --study {resolved.study_name}"
+    if resolved.settings.storage_url != DEFAULT_STORAGE:
+        command += f" --storage {mask_url(resolved.settings.storage_url)}"
     return command

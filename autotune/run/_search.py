@@ -13,7 +13,7 @@ told to Optuna as soon as it arrives, so the sampler always sees the freshest da
   :data:`EARLY_STOP_MARGIN` (never under ``--sampler grid``).
 - The search stops when what is left of the budget, less the reserve of the confirmation
   round and of the loss check (``--verify``; :class:`~autotune.run.budget.ReservePolicy`),
-  no longer holds the next probe's estimate; on a budget short of the round's plan, also
+  no longer holds the next probe's estimate; on a budget short of the round's resolved, also
   once no open candidate is predicted near the best
   (:meth:`~autotune.run.budget.ReservePolicy.settled`): what is left goes to confirming
   what was found rather than to probes predicted to lose.
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from autotune.protocol import ProbeResult
     from autotune.run._dispatch import Dispatcher, InFlight
     from autotune.run._driver_session import DriverSession
-    from autotune.run._plan import Plan
+    from autotune.run._resolved_run import ResolvedRun
     from autotune.run.budget import BudgetClock, ReservePolicy
     from autotune.run.sampler import CandidatePolicy, Settling
 
@@ -70,7 +70,7 @@ class Search:
 
     def __init__(
         self,
-        plan: Plan,
+        resolved: ResolvedRun,
         session: DriverSession,
         dispatcher: Dispatcher,
         screen: MemoryScreen,
@@ -79,7 +79,7 @@ class Search:
         policy: CandidatePolicy | None,
         emit: events.Emit,
     ) -> None:
-        self.plan = plan
+        self.resolved = resolved
         self.study = session.study
         self.session = session
         self.dispatcher = dispatcher
@@ -89,17 +89,17 @@ class Search:
         self.policy = policy
         self.emit = emit
         self.counts = Counts()
-        self.candidates = {c.key: c for c in plan.space.candidates()}
+        self.candidates = {c.key: c for c in resolved.space.candidates()}
         self.evaluated: dict[str, TrialView] = {}  # evaluated candidates by key
         self._stages_probed: set[int] = set()
-        self.goal = plan.goal
+        self.goal = resolved.goal
         self._best_score = (0, 0.0)  # the best feasible trial's, by the goal
         self._in_a_row = 0
-        self._rng = random.Random(plan.settings.seed)
+        self._rng = random.Random(resolved.settings.seed)
         self.estimate_s = 0.0
         self.reserve_s = 0.0
         self.verify_s = 0.0  # the part of reserve_s held for the loss check
-        self.settled = False  # nothing promising left on a budget short of the round's plan
+        self.settled = False  # nothing promising left on a budget short of the round's resolved
         self.settling: Settling | None = None  # what the settled search compared
         self._checked_s = max(  # the study's loss checks so far (run --verify's reserve)
             (check.seconds for check in loss_checks.load_all(self.study).values()), default=0.0
@@ -143,7 +143,7 @@ class Search:
     def _step(self) -> None:
         self._steer()
         trial = self.study.ask()
-        candidate = self.plan.space.suggest(trial)
+        candidate = self.resolved.space.suggest(trial)
         running = {job.candidate.key: job.number for job in self.dispatcher.inflight}
         if candidate.key in self.evaluated:
             records.record_duplicate(self.study, trial, self.evaluated[candidate.key])
@@ -165,7 +165,7 @@ class Search:
         unseen = self._unseen()
         if unseen:
             pick = self.candidates[self._rng.choice(sorted(unseen))]
-            self.study.enqueue_trial(self.plan.space.params_of(pick))
+            self.study.enqueue_trial(self.resolved.space.params_of(pick))
         self._in_a_row = 0
 
     def _evaluate(self, trial: optuna.Trial, candidate: Candidate) -> None:
@@ -176,8 +176,8 @@ class Search:
         record = TrialRecord(
             candidate=candidate,
             candidate_key=candidate.key,
-            label=self.plan.label_of(candidate),
-            vram_limit_bytes=self.plan.config.vram_limit_bytes,
+            label=self.resolved.label_of(candidate),
+            vram_limit_bytes=self.resolved.config.vram_limit_bytes,
             host_ram_bytes=self.screen.limits.host_ram_bytes,
             retry_of=retried_trial(records.view_of(trial).frozen),
             **prediction,
@@ -194,10 +194,12 @@ class Search:
             self.evaluated[candidate.key] = records.view_of(trial)
             self.counts.pruned += 1
             self.emit(
-                events.CandidatePruned(trial.number, self.plan.label_of(candidate), verdict.reason)
+                events.CandidatePruned(
+                    trial.number, self.resolved.label_of(candidate), verdict.reason
+                )
             )
             return
-        if self.plan.settings.shared and not self._claim(trial, candidate, record):
+        if self.resolved.settings.shared and not self._claim(trial, candidate, record):
             return
         first_of_stage = candidate.zero_stage not in self._stages_probed
         self._stages_probed.add(candidate.zero_stage)
@@ -212,7 +214,7 @@ class Search:
         )
         self.session.record_heartbeats([trial])
         self.counts.probes += 1
-        self.emit(events.ProbeStarted(trial.number, self.plan.label_of(candidate)))
+        self.emit(events.ProbeStarted(trial.number, self.resolved.label_of(candidate)))
 
     def _claim(self, trial: optuna.Trial, candidate: Candidate, record: TrialRecord) -> bool:
         """With other drivers on the study: whether this trial may probe ``candidate``.
@@ -255,7 +257,7 @@ class Search:
     def _early_stop_threshold(self, gpus: int) -> float:
         """The samples/s below which a probe at ``gpus`` stops early: clearly short of the
         best so far, by the goal (samples/s per GPU under a cost objective)."""
-        settings = self.plan.settings
+        settings = self.resolved.settings
         if not settings.early_stop or settings.sampler == "grid":
             return 0.0
         return self.goal.rate_to_match(self._best_score, gpus) * (1.0 - EARLY_STOP_MARGIN)
@@ -280,9 +282,9 @@ class Search:
         self.emit(
             events.ProbeFinished(
                 job.trial.number,
-                self.plan.label_of(job.candidate),
+                self.resolved.label_of(job.candidate),
                 result,
-                self.plan.config.vram_limit_bytes,
+                self.resolved.config.vram_limit_bytes,
                 f"{job.record.trial_dir}/probe.log",
                 over_limits=over_limits,
             )
@@ -333,7 +335,7 @@ class Search:
         return [k for k in self.candidates if k not in self.evaluated and k not in running]
 
     def _stop_reason(self) -> events.SearchStopped | None:
-        settings = self.plan.settings
+        settings = self.resolved.settings
         if self.session.stopping:
             return events.SearchStopped("interrupted")
         if self.session.lost:
@@ -373,7 +375,9 @@ class Search:
         done = self.dispatcher.collect(POLL_S)
         for job, (phase, steps) in self.dispatcher.progress().items():
             self.emit(
-                events.ProbeProgress(job.number, self.plan.label_of(job.candidate), phase, steps)
+                events.ProbeProgress(
+                    job.number, self.resolved.label_of(job.candidate), phase, steps
+                )
             )
         return done
 

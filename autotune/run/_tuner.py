@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from autotune.execution import Executor
     from autotune.run._dispatch import InFlight
     from autotune.run._driver_session import DriverSession
-    from autotune.run._plan import Plan
+    from autotune.run._resolved_run import ResolvedRun
     from autotune.run._search import Search
     from autotune.run.sampler import CandidatePolicy
     from autotune.study import Best, Confirmation, TrialRecord, TrialView
@@ -104,17 +104,17 @@ class Tuner:
 
     def __init__(
         self,
-        plan: Plan,
+        resolved: ResolvedRun,
         *,
         emit: events.Emit = events.ignore,
-        executor_factory: Callable[[Plan], Executor] | None = None,
+        executor_factory: Callable[[ResolvedRun], Executor] | None = None,
         fault: str = "none",
         run_flags: dict[str, Any] | None = None,
         started_s: float | None = None,
         on_second_interrupt: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.plan = plan
+        self.resolved = resolved
         # a reading of ``clock`` (the budget's) when the command started; None: when
         # probing starts
         self._started_s = started_s
@@ -125,17 +125,17 @@ class Tuner:
         self._fault = fault
         # a second Ctrl-C (see DriverSession); None: it raises KeyboardInterrupt
         self._on_second_interrupt = on_second_interrupt
-        settings = plan.settings
+        settings = resolved.settings
         self.screen = MemoryScreen(
-            plan.workload,
+            resolved.workload,
             Limits(
-                accelerator=plan.hardware.accelerator,
-                vram_limit_bytes=plan.config.vram_limit_bytes,
+                accelerator=resolved.hardware.accelerator,
+                vram_limit_bytes=resolved.config.vram_limit_bytes,
                 margin=settings.memory_margin,
-                host_ram_bytes=settings.host_ram_bytes or plan.hardware.host_memory_bytes,
-                ranks_per_node=plan.hardware.ranks_on_node(settings.gpus),
+                host_ram_bytes=settings.host_ram_bytes or resolved.hardware.host_memory_bytes,
+                ranks_per_node=resolved.hardware.ranks_on_node(settings.gpus),
             ),
-            base_config=plan.config.base_config,
+            base_config=resolved.config.base_config,
             use_model=settings.prune,
         )
         checks = settings.checks_loss
@@ -150,12 +150,13 @@ class Tuner:
 
         sampler, policy = self.make_sampler()
         summary = RunSummary(
-            study_name=self.plan.study_name, vram_limit_bytes=self.plan.config.vram_limit_bytes
+            study_name=self.resolved.study_name,
+            vram_limit_bytes=self.resolved.config.vram_limit_bytes,
         )
         heartbeat = Heartbeat()
         with (
             DriverSession(
-                self.plan,
+                self.resolved,
                 sampler=sampler,
                 run_flags=self.run_flags,
                 emit=self.emit,
@@ -164,7 +165,7 @@ class Tuner:
             ) as session,
             session.storage_faults(),
         ):
-            settings = self.plan.settings
+            settings = self.resolved.settings
             stored = read_budget(session.study)
             clock = BudgetClock(
                 stored, settings.budget_s, shared=settings.shared, clock=self._clock
@@ -193,13 +194,13 @@ class Tuner:
         evaluated = {t.record.candidate_key for t in trials if t.is_evaluation}
         self.emit(
             events.RunStarted(
-                study_name=self.plan.study_name,
+                study_name=self.resolved.study_name,
                 evaluated_before=len(evaluated),
-                valid_candidates=self.plan.space.size(),
+                valid_candidates=self.resolved.space.size(),
                 budget_total_s=clock.total_s,
                 spent_before_s=clock.spent_before_s,
                 left_s=max(clock.run_budget_s, 0.0),
-                probe_timeout_s=self.plan.probe_timeout_s,
+                probe_timeout_s=self.resolved.probe_timeout_s,
             )
         )
         clock.store(session.study)
@@ -210,9 +211,11 @@ class Tuner:
             )
             return
         ops_build_s = self._prepare_ops()
-        dispatcher = Dispatcher(self.plan, self._executor_factory(self.plan), fault=self._fault)
+        dispatcher = Dispatcher(
+            self.resolved, self._executor_factory(self.resolved), fault=self._fault
+        )
         search = Search(
-            self.plan, session, dispatcher, self.screen, clock, self.reserve, policy, self.emit
+            self.resolved, session, dispatcher, self.screen, clock, self.reserve, policy, self.emit
         )
         heartbeat.trials_probing = search.trials_in_flight
         clock.start(None if self._started_s is None else self._started_s + ops_build_s)
@@ -232,7 +235,7 @@ class Tuner:
                 self.screen.learn(trial)
         if interrupted:
             self.emit(events.TrialsRecovered(interrupted, retries=len(interrupted)))
-        if self.plan.settings.retry_failed:
+        if self.resolved.settings.retry_failed:
             requeued = requeue_failed(session.study, trials)
             # after the replay above, which stopped the precisions their failures stop
             self.screen.forget_failures()
@@ -250,12 +253,12 @@ class Tuner:
         try:
             summary.stop = search.run()
             self.emit(summary.stop)
-            if summary.stop.kind != "interrupted" and self.plan.settings.confirm:
+            if summary.stop.kind != "interrupted" and self.resolved.settings.confirm:
                 summary.confirmation = ConfirmationRounds(
                     study=session.study,
                     dispatcher=dispatcher,
                     clock=search.clock,
-                    vram_limit_bytes=self.plan.config.vram_limit_bytes,
+                    vram_limit_bytes=self.resolved.config.vram_limit_bytes,
                     stopping=lambda: session.stopping,
                     wait_for=search.wait_for,
                     emit=self.emit,
@@ -273,7 +276,7 @@ class Tuner:
             summary.pruned = search.counts.pruned
             summary.duplicates = search.counts.duplicates
         self._record_interrupted(session, stopped, summary)
-        settings = self.plan.settings
+        settings = self.resolved.settings
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
         elif settings.checks_loss and summary.stop.kind != "lock_lost":
@@ -291,7 +294,7 @@ class Tuner:
         from autotune.study import confirmation as confirm
         from autotune.study import loss_checks as checks
 
-        study, strict = session.study, self.plan.settings.verify_strict
+        study, strict = session.study, self.resolved.settings.verify_strict
         check = None
         for _ in range(STRICT_CHECKS if strict else 1):
             trials = records.views(study)
@@ -341,7 +344,7 @@ class Tuner:
         if summary.best is None:
             return
         summary.best_record = trials[summary.best.trial].record
-        exported = export(study, self.plan.trials_dir / "best")
+        exported = export(study, self.resolved.trials_dir / "best")
         summary.export_dir = str(exported.folder)
         summary.exported_config = exported.config_file
 
@@ -350,7 +353,7 @@ class Tuner:
         Optuna's own samplers): the search's confirmation reserve waits for its coverage."""
         import optuna
 
-        settings = self.plan.settings
+        settings = self.resolved.settings
         seed = settings.seed
         if settings.sampler == "tpe":
             return optuna.samplers.TPESampler(seed=seed), None
@@ -362,26 +365,26 @@ class Tuner:
 
         mode = "grid" if settings.sampler == "grid" else "model"
         policy = CandidatePolicy(
-            list(self.plan.space.candidates()),
+            list(self.resolved.space.candidates()),
             cost=self._cost_model() if mode == "model" else None,
             may_fit=self.screen.may_fit if settings.prune else None,
             mode=mode,
-            goal=self.plan.goal,
+            goal=self.resolved.goal,
         )
-        return CandidateSampler(self.plan.space, policy, seed=seed), policy
+        return CandidateSampler(self.resolved.space, policy, seed=seed), policy
 
     def _cost_model(self) -> Any:
         from autotune.run.cost_model import machine_cost_model
 
-        plan = self.plan
-        hardware, threads = plan.hardware, plan.config.threads_per_rank
+        resolved = self.resolved
+        hardware, threads = resolved.hardware, resolved.config.threads_per_rank
         model, flops = machine_cost_model(
-            plan.workload,
+            resolved.workload,
             hardware.accelerator,
             threads=threads,
-            precisions=plan.space.precisions,
-            nodes=hardware.nodes_spanned(plan.config.gpus_per_trial),
-            tf32=plan.config.float32_matmul_precision == "high",
+            precisions=resolved.space.precisions,
+            nodes=hardware.nodes_spanned(resolved.config.gpus_per_trial),
+            tf32=resolved.config.float32_matmul_precision == "high",
         )
         if flops:
             self.emit(events.CostModelCalibrated(threads, flops))
@@ -392,17 +395,17 @@ class Tuner:
         proposed (so never become trials): count them, keep their keys in the study."""
         from autotune.study import store_screened
 
-        settings = self.plan.settings
+        settings = self.resolved.settings
         if not settings.prune or settings.sampler != "autotune":
             return 0
-        screened = self.screen.screened(list(self.plan.space.candidates()), evaluated)
+        screened = self.screen.screened(list(self.resolved.space.candidates()), evaluated)
         store_screened(study, screened)
         if screened:
             self.emit(
                 events.CandidatesScreened(
                     len(screened),
-                    self.plan.space.size() - len(evaluated),
-                    self.plan.config.vram_limit_bytes,
+                    self.resolved.space.size() - len(evaluated),
+                    self.resolved.config.vram_limit_bytes,
                 )
             )
         return len(screened)
@@ -415,9 +418,9 @@ class Tuner:
         every op was built already): the budget leaves them out."""
         from autotune.backends import get_backend
 
-        candidates = list(self.plan.space.candidates())
+        candidates = list(self.resolved.space.candidates())
         seconds = 0.0
-        for name in self.plan.space.backends:
+        for name in self.resolved.space.backends:
             own = [c for c in candidates if c.backend == name]
             if not own:
                 continue
@@ -425,26 +428,26 @@ class Tuner:
                 "none"
             }
             report = get_backend(name).ensure_ops(
-                self.plan.hardware, offload_targets=targets, emit=self.emit
+                self.resolved.hardware, offload_targets=targets, emit=self.emit
             )
             if report is None:
                 continue  # nothing to build
             if report.built:
                 self.emit(events.OpsBuilt(tuple(report.built), report.seconds))
                 seconds += report.seconds
-            self.plan.torch_adam = self.plan.torch_adam or report.torch_adam
+            self.resolved.torch_adam = self.resolved.torch_adam or report.torch_adam
         return seconds
 
 
-def default_executor(plan: Plan) -> Executor:
+def default_executor(resolved: ResolvedRun) -> Executor:
     from autotune.execution import make_executor
 
     return make_executor(
-        plan.settings.executor,
-        total_devices=plan.settings.gpus,
-        devices_per_probe=plan.config.gpus_per_trial,
-        cuda=plan.hardware.accelerator == "cuda",
-        cpu_count=plan.hardware.cpu_count,
-        warm=plan.settings.warm_workers,
-        ray_address=plan.settings.ray_address,
+        resolved.settings.executor,
+        total_devices=resolved.settings.gpus,
+        devices_per_probe=resolved.config.gpus_per_trial,
+        cuda=resolved.hardware.accelerator == "cuda",
+        cpu_count=resolved.hardware.cpu_count,
+        warm=resolved.settings.warm_workers,
+        ray_address=resolved.settings.ray_address,
     )

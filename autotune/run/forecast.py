@@ -1,4 +1,4 @@
-"""``autotune plan --study S --gpus N``: what a study's configurations would do on N GPUs,
+"""``autotune resolved --study S --gpus N``: what a study's configurations would do on N GPUs,
 from the study's cost model, without probing.
 
 The cost model (:mod:`autotune.run.cost_model`) is fitted on the study's measured probes,
@@ -208,7 +208,7 @@ def _study_workload(config: StudyConfig, trials: list[TrialView]) -> tuple[Any, 
 
         return get_workload(config.workload), None
     from autotune.memory import read_probe
-    from autotune.run._script_plan import ScriptWorkload
+    from autotune.run._script_inputs import ScriptWorkload
     from autotune.run.cost_model import WorkloadFacts
 
     reported = (read_probe(t.record.trial_dir)[0] for t in trials if t.record.trial_dir)

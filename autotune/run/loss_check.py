@@ -174,7 +174,7 @@ def _base_config(config: StudyConfig, chosen: TrialView) -> tuple[dict[str, Any]
 def _workload(config: StudyConfig, chosen: Candidate) -> Any:
     """The study's workload, or its script where a workload is expected."""
     if config.script is not None:
-        from autotune.run._script_plan import ScriptWorkload
+        from autotune.run._script_inputs import ScriptWorkload
 
         return ScriptWorkload(config.script, chosen.train_batch_size)
     from autotune.workloads import get_workload
@@ -327,12 +327,12 @@ def _script_run(
 
 def _timeout_s(config: StudyConfig, workload: Any, candidate: Candidate, steps: int) -> float:
     """A run's hard limit: a script's as its probes' (its start and steps are its own), a
-    workload's from its size (:func:`~autotune.run._plan.steps_timeout_s`)."""
+    workload's from its size (:func:`~autotune.run._resolved_run.steps_timeout_s`)."""
     if config.script is not None:
-        from autotune.run._script_plan import SCRIPT_PROBE_TIMEOUT_S
+        from autotune.run._script_inputs import SCRIPT_PROBE_TIMEOUT_S
 
         return SCRIPT_PROBE_TIMEOUT_S
-    from autotune.run._plan import steps_timeout_s
+    from autotune.run._resolved_run import steps_timeout_s
 
     return steps_timeout_s(
         workload,

@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from autotune.backends.deepspeed._op_locks import LOCK_SUFFIX, op_lock
-from autotune.backends.deepspeed.ops import ensure_deepspeed_ops
 from tests.support.ops import copy_built_ops
 
 OLD_S = 3600  # an hour: a lock whose holder lives stays, however old
@@ -147,14 +146,17 @@ def private_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder: up to date where it lies, so loading it compiles nothing."""
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     from autotune.backends.deepspeed.ops import torch_extensions_dir
-    from autotune.hardware import detect
 
-    default = torch_extensions_dir()
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", default)
-    ensure_deepspeed_ops(detect(), offload_targets=set())
+    default = Path(torch_extensions_dir())
+    # In a fresh process: DeepSpeed keeps each op it loaded for the process's life
+    # (OpBuilder._loaded_ops), so an op an earlier test loaded from another folder would not
+    # be built in the default one here.
+    builder = _start(NEXT_RUN, default)
+    out, _ = builder.communicate(timeout=1800)
+    assert builder.returncode == 0, out[-3000:]
     root = tmp_path / "ext"
     ops = ("deepspeed_shm_comm", "fused_adam")
-    assert sorted(copy_built_ops(default, str(root), only=ops)) == list(ops)
+    assert sorted(copy_built_ops(str(default), str(root), only=ops)) == list(ops)
     return root
 
 

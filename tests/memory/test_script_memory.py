@@ -71,7 +71,7 @@ def test_the_same_failure_across_stages_stops_a_precision() -> None:
 def test_a_minimal_workload_factory_is_enough(tmp_path: Path, monkeypatch) -> None:
     """No tokens_per_sample, no checkpointing, fp32 inputs: the example factory plans, its
     study is named after the workload, checkpointing leaves the space with a note."""
-    from autotune.run._plan import plan_run
+    from autotune.run._resolved_run import resolve_run
     from autotune.settings import RunSettings
     from autotune.workloads import get_workload, workload_study_name
 
@@ -79,10 +79,12 @@ def test_a_minimal_workload_factory_is_enough(tmp_path: Path, monkeypatch) -> No
     workload = get_workload(ref)
     assert workload.tokens_per_sample == 1 and workload_study_name(ref) == "mlp"
     monkeypatch.chdir(tmp_path)
-    plan = plan_run(RunSettings(workload=ref, world_sizes=(2,), trials_dir=tmp_path / "trials"))
-    assert plan.study_name == "mlp"
-    assert not any(c.activation_checkpointing for c in plan.space.candidates())
-    assert any("does not override enable_activation_checkpointing" in n for n in plan.notes)
+    resolved = resolve_run(
+        RunSettings(workload=ref, world_sizes=(2,), trials_dir=tmp_path / "trials")
+    )
+    assert resolved.study_name == "mlp"
+    assert not any(c.activation_checkpointing for c in resolved.space.candidates())
+    assert any("does not override enable_activation_checkpointing" in n for n in resolved.notes)
 
 
 def test_the_probe_casts_inputs_to_the_engines_dtype() -> None:

@@ -23,8 +23,8 @@ FLOOR_REASON = (
 )
 
 
-def _script_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from autotune.run import plan_run
+def _resolved_script_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from autotune.run import resolve_run
     from autotune.script_config import parse_script
     from autotune.settings import RunSettings
 
@@ -40,7 +40,7 @@ def _script_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         storage_url=f"sqlite:///{tmp_path}/autotune.db",
         trials_dir=tmp_path / "trials",
     )
-    return plan_run(settings, CPU)
+    return resolve_run(settings, CPU)
 
 
 def test_a_script_study_of_the_default_space_drops_fsdp2_and_the_study_keeps_why(
@@ -56,20 +56,20 @@ def test_a_script_study_of_the_default_space_drops_fsdp2_and_the_study_keeps_why
     from autotune.views import goal_lines, status_document
 
     assert load_space("default").backend == ["deepspeed", "fsdp2"]
-    plan = _script_plan(tmp_path, monkeypatch)
-    assert plan.space.backends == ("deepspeed",)
+    resolved = _resolved_script_run(tmp_path, monkeypatch)
+    assert resolved.space.backends == ("deepspeed",)
     dropped = DroppedBackend(backend="fsdp2", reason=SCRIPT_WITHOUT_FSDP2)
-    assert plan.space.dropped_backends == (dropped,)
-    assert dropped.line in plan.notes
+    assert resolved.space.dropped_backends == (dropped,)
+    assert dropped.line in resolved.notes
     with DriverSession(
-        plan,
+        resolved,
         sampler=optuna.samplers.RandomSampler(seed=0),
         run_flags={},
         emit=events.ignore,
         on_beat=lambda: None,
     ):
         pass  # opening the study stores what the run's space dropped
-    study = load_existing_study(plan.settings.storage_url, plan.study_name)
+    study = load_existing_study(resolved.settings.storage_url, resolved.study_name)
     assert dropped_backends(study) == [dropped]
     assert f"backend fsdp2 dropped: {SCRIPT_WITHOUT_FSDP2}" in goal_lines(study)
     assert status_document(study)["dropped_backends"] == [
@@ -105,7 +105,7 @@ def test_a_space_of_fsdp2_only_below_its_floor_is_refused_in_one_line(
 ) -> None:
     from autotune.cli._app import main
     from autotune.errors import SpaceError
-    from autotune.run import plan_run
+    from autotune.run import resolve_run
     from autotune.settings import RunSettings
 
     monkeypatch.chdir(tmp_path)
@@ -117,7 +117,7 @@ def test_a_space_of_fsdp2_only_below_its_floor_is_refused_in_one_line(
     )
     settings = RunSettings(workload="gpt-tiny", world_sizes=(2,), space="fsdp2.yaml")
     with pytest.raises(SpaceError) as refused:
-        plan_run(settings, CPU)  # what `autotune run` plans first
+        resolve_run(settings, CPU)  # what `autotune run` plans first
     assert str(refused.value) == refusal
     assert not list(tmp_path.glob("trials*")), "nothing is written for a refused space"
     code = main(["space", "--space", "fsdp2.yaml", "--gpus", "2"])

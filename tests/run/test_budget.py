@@ -66,7 +66,7 @@ def test_the_clock_runs_from_its_origin_never_from_the_future() -> None:
 def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, ops_build_s):
     """ScriptedExecutor stands in for the probes (they take no time here): what the study
     spent is the set-up before the tuner started, less the op build."""
-    from autotune.run._plan import plan_run
+    from autotune.run._resolved_run import resolve_run
     from autotune.run._tuner import Tuner
 
     settings = _settings(tmp_path, SPACE, budget_s=600, max_trials=2, confirm=False)
@@ -74,8 +74,8 @@ def test_a_runs_set_up_is_charged_and_an_op_build_is_not(tmp_path, monkeypatch, 
     set_up_s = 40.0  # the command started this long before the tuner
     now = FakeClock()
     tuner = Tuner(
-        plan_run(settings),
-        executor_factory=lambda plan: scripted,
+        resolve_run(settings),
+        executor_factory=lambda resolved: scripted,
         started_s=now() - set_up_s,
         clock=now,
     )
@@ -161,7 +161,7 @@ class TimedExecutor:
 def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
     """Probes of 1 s and a close of 2 s: probing stops early enough for the close and the
     export to fit in the 14 s budget, and the run stores the finish it measured."""
-    from autotune.run._plan import plan_run
+    from autotune.run._resolved_run import resolve_run
     from autotune.run._tuner import Tuner
 
     space = SPACE.replace("zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]").replace(
@@ -173,7 +173,10 @@ def test_the_run_ends_within_its_budget_finish_included(tmp_path) -> None:
     timed = TimedExecutor(probe_s=1.0, close_s=close_s, clock=now)
     started_s = now()
     tuner = Tuner(
-        plan_run(settings), executor_factory=lambda plan: timed, started_s=started_s, clock=now
+        resolve_run(settings),
+        executor_factory=lambda resolved: timed,
+        started_s=started_s,
+        clock=now,
     )
     tuner._prepare_ops = lambda: 0.0  # type: ignore[method-assign]  # ops: not this test's
     summary = tuner.run()

@@ -54,7 +54,7 @@ def test_on_a_cluster_a_searched_world_size_is_within_a_node_or_whole_nodes() ->
     import pytest
 
     from autotune.errors import SettingsError
-    from autotune.run._plan import _whole_node_world_sizes
+    from autotune.run._resolved_run import _whole_node_world_sizes
     from autotune.settings import RunSettings
 
     searched = RunSettings(workload="gpt-tiny", world_sizes=(1, 2, 3, 4, 6))

@@ -290,14 +290,14 @@ def test_sampler_drives_an_optuna_study_with_whole_candidates() -> None:
     ],
 )
 def test_sampler_flag_selects_the_sampler(name: str, kind: str, tmp_path) -> None:
-    from autotune.run._plan import plan_run
+    from autotune.run._resolved_run import resolve_run
     from autotune.run._tuner import Tuner
     from autotune.settings import RunSettings
 
     settings = RunSettings.build(
         workload="gpt-tiny", world_sizes=(2,), sampler=name, trials_dir=tmp_path / "trials"
     )
-    sampler, policy = Tuner(plan_run(settings)).make_sampler()
+    sampler, policy = Tuner(resolve_run(settings)).make_sampler()
     assert type(sampler).__name__ == kind
     assert (policy is None) == (kind != "CandidateSampler")
     if name == "grid":

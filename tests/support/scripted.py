@@ -10,7 +10,7 @@ import optuna
 def make_tuner(tmp_path, space_yaml: str | None = None, executor=None, **settings: object):
     """A Tuner on gpt-tiny with 2 ranks, its study in ``tmp_path``; ``space_yaml`` the text
     of its space file, ``executor`` the stand-in every probe goes to."""
-    from autotune.run._plan import plan_run
+    from autotune.run._resolved_run import resolve_run
     from autotune.run._tuner import Tuner
     from autotune.settings import RunSettings
 
@@ -25,8 +25,8 @@ def make_tuner(tmp_path, space_yaml: str | None = None, executor=None, **setting
         storage_url=f"sqlite:///{tmp_path}/t.db",
         **settings,
     )
-    factory = (lambda plan: executor) if executor is not None else None
-    return Tuner(plan_run(built), executor_factory=factory)
+    factory = (lambda resolved: executor) if executor is not None else None
+    return Tuner(resolve_run(built), executor_factory=factory)
 
 
 def load_study(tmp_path) -> optuna.Study:

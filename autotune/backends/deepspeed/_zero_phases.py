@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.backends._memory_terms import Breakdown
+from autotune.protocol import PERSISTENCE_THRESHOLD
 
 if TYPE_CHECKING:
     from autotune.backends._memory_terms import ActivationProfile, ModelFacts
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeedZeroConfig.reduce_bucket_size
 DEFAULT_ALLREDUCE_BUCKET = 500_000_000  # engine.allreduce_gradients, MEMORY_OPT_ALLREDUCE_SIZE
-DEFAULT_PERSISTENCE_THRESHOLD = 100_000  # stage3_param_persistence_threshold
+DEFAULT_PERSISTENCE_THRESHOLD = PERSISTENCE_THRESHOLD  # stage3_param_persistence_threshold
 DEFAULT_MAX_LIVE = 1_000_000_000  # stage3_max_live_parameters
 DEFAULT_PREFETCH_BUCKET = 50_000_000  # stage3_prefetch_bucket_size
 

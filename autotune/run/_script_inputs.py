@@ -69,7 +69,7 @@ class ScriptWorkload(Workload):
 
 @dataclass
 class ScriptInputs:
-    """What planning a script study adds to (or changes in) a workload's plan."""
+    """What planning a script study adds to (or changes in) a workload's resolved."""
 
     workload: ScriptWorkload
     base: dict[str, Any] | None

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Plan:
+class ResolvedRun:
     """What one ``autotune run`` will do."""
 
     settings: RunSettings
@@ -118,7 +118,7 @@ def check_nvme_path(path: Path | None) -> str | None:
     return str(path.resolve())
 
 
-def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
+def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> ResolvedRun:
     """Check and resolve everything a run needs before any process is started."""
     from autotune.space import load_space
     from autotune.study import check_reachable
@@ -165,7 +165,7 @@ def plan_run(settings: RunSettings, hardware: Hardware | None = None) -> Plan:
     study_name = settings.study_name or inputs.study_name
     if settings.script is None:
         _size_workload_probes(inputs, settings, hardware, bound, per_trial)
-    return Plan(
+    return ResolvedRun(
         settings=settings,
         hardware=hardware,
         workload=inputs.workload,
@@ -300,7 +300,7 @@ def _size_workload_probes(
 
 @dataclass
 class _Inputs:
-    """What a workload (or a script) brings to a plan."""
+    """What a workload (or a script) brings to a resolved."""
 
     workload: Workload
     ref: str
@@ -352,7 +352,7 @@ def _checkpoints(workload: Workload) -> bool:
 
 
 def _script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> _Inputs:
-    from autotune.run._script_plan import script_inputs
+    from autotune.run._script_inputs import script_inputs
 
     found = script_inputs(settings, space, ranks)
     return _Inputs(
