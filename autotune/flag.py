@@ -60,12 +60,36 @@ def flag_of(field: FieldInfo) -> Flag | None:
     return next((item for item in field.metadata if isinstance(item, Flag)), None)
 
 
+def setting_field(model: type[BaseModel], name: str) -> FieldInfo | None:
+    """The field that declares setting ``name`` in ``model`` or in one of its sections (a
+    field whose type is a model of its own); None if none does."""
+    from pydantic import BaseModel
+
+    if name in model.model_fields:
+        return model.model_fields[name]
+    for field in model.model_fields.values():
+        section = field.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            found = setting_field(section, name)
+            if found is not None:
+                return found
+    return None
+
+
 def problem_line(model: type[BaseModel], exc: ValidationError) -> str:
-    """pydantic's first complaint about ``model``'s values as one line naming the flag
-    (the field's :class:`Flag`, else the field's name as a flag)."""
+    """pydantic's first complaint about ``model``'s values as one line naming the flag of
+    the setting it is about (inside a section: the section's field), else the field's name
+    as a flag."""
     error = exc.errors()[0]
-    field = str(error["loc"][0]) if error["loc"] else "settings"
-    info = model.model_fields.get(field)
+    names = [str(part) for part in error["loc"] if isinstance(part, str)]
+    field_name = names[-1] if names else "settings"
+    info = None
+    for name in names:  # the deepest named field of the location that declares a setting
+        found = setting_field(model, name)
+        if found is not None:
+            info, field_name = found, name
+    if names and field_name != names[-1]:  # an input no field takes (an extra one)
+        info, field_name = None, names[-1]
     flag = flag_of(info) if info is not None else None
-    option = flag.option(field) if flag is not None else "--" + field.replace("_", "-")
+    option = flag.option(field_name) if flag is not None else "--" + field_name.replace("_", "-")
     return f"{option}: {error['msg'].lower()}, got {error.get('input')!r}"

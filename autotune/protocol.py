@@ -217,7 +217,10 @@ class ProbeSpec(BaseModel):
 
     workload: str = Field(description="Workload reference, as given to --workload.")
     candidate: Candidate = Field(description="The candidate being probed.")
-    ds_config: dict[str, Any] = Field(description="Full DeepSpeed config to initialise with.")
+    backend_config: dict[str, Any] = Field(
+        description="The backend's whole config to initialise with (DeepSpeed's JSON, FSDP2's "
+        "settings)."
+    )
     accelerator: Literal["cuda", "cpu"] = Field(description="Device kind of the ranks.")
     vram_limit_bytes: int = Field(description="Peak memory a rank may reach.")
     device_memory_bytes: int = Field(description="Physical memory of one device.")

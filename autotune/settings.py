@@ -58,37 +58,15 @@ DEFAULT_VERIFY_STEPS = 10
 MAX_BUDGET_S = 30 * 24 * 3600  # a month: past it, a typo (99999h), not a plan
 
 
-class RunSettings(BaseModel):
-    """What the user asked of one ``autotune run``, each setting declared once: its type and
-    unit, its default, its help (the description) and its flag (:class:`~autotune.flag.Flag`
-    in its metadata; the command line is generated from these fields by
-    :mod:`autotune.cli._flags`). ``None`` fields are resolved later against the hardware and
-    the workload (:func:`autotune.run.resolve_run`)."""
+class LimitSettings(BaseModel):
+    """The limits a study searches within: the devices, their memory, the host's memory, the
+    NVMe folder offload may use, and the batch they train."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # What is tuned: the workload or the user's script, the space and the base config.
-    workload: Annotated[str, Flag(names_file=True)] = Field(
-        description="Built-in workload (gpt-tiny, dit-s-8, llama3-8b, ...), "
-        "hf:path/config.json[?seq=N&batch=N] (a local Hugging Face config, random weights), or "
-        "path/to/file.py:function; a new study needs it or --script.",
-    )
-    script: ScriptConfig | None = Field(
-        default=None,
-        description="The user's training script is the probe (workload then names it); built "
-        "from --script, its arguments and --script-arg.",
-    )
-    space: Annotated[str, Flag(names_file=True)] = Field(
-        default="default", description="Search space: a YAML path or a built-in name."
-    )
-    base_config: Annotated[Path | None, Flag(unit=PATH, names_file=True)] = Field(
-        default=None,
-        description="Your DeepSpeed JSON (optimizer, scheduler ...); tuned keys override it.",
-    )
     nvme_path: Annotated[Path | None, Flag(unit=PATH, names_file=True)] = Field(
         default=None, description="Folder on an NVMe disk, for nvme offload candidates."
     )
-    # Limits: the devices, their memory, the host's memory, the batch.
     world_sizes: Annotated[
         tuple[PositiveInt, ...], Flag("gpus", WORLD_SIZES, shown_default="1")
     ] = Field(
@@ -131,7 +109,23 @@ class RunSettings(BaseModel):
     max_global_batch: Annotated[PositiveInt | None, Flag()] = Field(
         default=None, description="Largest global batch with --global-batch auto."
     )
-    # The search: its budget, its sampler, its end.
+
+    @property
+    def gpus(self) -> int:
+        """Devices (or CPU ranks) the study may use in total: the largest world size."""
+        return max(self.world_sizes)
+
+    @property
+    def searched_world_sizes(self) -> tuple[int, ...]:
+        """The world sizes searched (--gpus 1-8 or 2,4,8); empty: one world size."""
+        return self.world_sizes if len(self.world_sizes) > 1 else ()
+
+
+class SearchSettings(BaseModel):
+    """The search: its budget, its sampler, its end (the confirmation round, the loss check)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     budget_s: Annotated[PositiveFloat | None, Flag("budget", DURATION, per_run=True)] = Field(
         default=None,
         description="The study's total wall-clock budget: 90s, 30m, 2h, 1h30m. A new study "
@@ -163,7 +157,23 @@ class RunSettings(BaseModel):
         "the search: --verify alone, or --verify strict to set aside a best whose check "
         "differs and export the next best checked (up to two runners-up).",
     )
-    # A probe: its steps, its limit, its process group.
+
+    @property
+    def checks_loss(self) -> bool:
+        """The best's loss is checked before the export (--verify or --verify strict)."""
+        return self.verify != "off"
+
+    @property
+    def verify_strict(self) -> bool:
+        """A best whose loss check differs is set aside for the next best checked."""
+        return self.verify == "strict"
+
+
+class ProbeSettings(BaseModel):
+    """One probe: its steps, its time limit, its numerics, where its processes run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     warmup_steps: Annotated[PositiveInt, Flag()] = Field(
         default=2, description="Untimed optimizer steps per probe, at least."
     )
@@ -199,7 +209,13 @@ class RunSettings(BaseModel):
         description="Join an existing Ray cluster: auto, HOST:PORT of its head (GCS) or "
         "ray://HOST:PORT; probes may span its nodes (default: a private Ray on this machine).",
     )
-    # The study in storage.
+
+
+class StorageSettings(BaseModel):
+    """Where the study is kept: its name, its storage, its files, who else drives it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     study_name: Annotated[str | None, Flag("study", per_run=True)] = Field(
         default=None,
         description="Study name (default: the workload's name); an existing one continues "
@@ -218,6 +234,51 @@ class RunSettings(BaseModel):
         "reach, e.g. PostgreSQL): each takes its own proposals, none probes a candidate "
         "another has, and each runs for its own --budget.",
     )
+
+
+class RunSettings(BaseModel):
+    """What the user asked of one ``autotune run``, in sections (torchtitan's JobConfig is
+    the model): what is tuned at the top, then the limits, the search, a probe, the storage
+    and the training goal. Each setting is declared once: its type and unit, its default,
+    its help (the description) and its flag (:class:`~autotune.flag.Flag` in its metadata;
+    the command line is generated from these fields by :mod:`autotune.cli._flags`). A
+    setting's name is unique across the sections, so :meth:`build` takes them flat.
+    ``None`` fields are resolved later against the hardware and the workload
+    (:func:`autotune.run.resolve_run`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # What is tuned: the workload or the user's script, the space and the base config.
+    workload: Annotated[str, Flag(names_file=True)] = Field(
+        description="Built-in workload (gpt-tiny, dit-s-8, llama3-8b, ...), "
+        "hf:path/config.json[?seq=N&batch=N] (a local Hugging Face config, random weights), or "
+        "path/to/file.py:function; a new study needs it or --script.",
+    )
+    script: ScriptConfig | None = Field(
+        default=None,
+        description="The user's training script is the probe (workload then names it); built "
+        "from --script, its arguments and --script-arg.",
+    )
+    space: Annotated[str, Flag(names_file=True)] = Field(
+        default="default", description="Search space: a YAML path or a built-in name."
+    )
+    base_config: Annotated[Path | None, Flag(unit=PATH, names_file=True)] = Field(
+        default=None,
+        description="Your DeepSpeed JSON (optimizer, scheduler ...); tuned keys override it.",
+    )
+    # Sections, in the order --help shows their flags.
+    limits: LimitSettings = Field(
+        default_factory=LimitSettings, description="Devices, memory, NVMe folder, batch."
+    )
+    search: SearchSettings = Field(
+        default_factory=SearchSettings, description="Budget, sampler, the search's end."
+    )
+    probe: ProbeSettings = Field(
+        default_factory=ProbeSettings, description="Steps, time limit, numerics, executor."
+    )
+    storage: StorageSettings = Field(
+        default_factory=StorageSettings, description="Study name, storage URL, trials folder."
+    )
     # What ranks configurations: its fields carry their own flags (--objective, ...).
     goal: TrainingGoal = Field(
         default_factory=TrainingGoal,
@@ -225,31 +286,27 @@ class RunSettings(BaseModel):
         "and the run's size and price where given.",
     )
 
-    @property
-    def gpus(self) -> int:
-        """Devices (or CPU ranks) the study may use in total: the largest world size."""
-        return max(self.world_sizes)
-
-    @property
-    def searched_world_sizes(self) -> tuple[int, ...]:
-        """The world sizes searched (--gpus 1-8 or 2,4,8); empty: one world size."""
-        return self.world_sizes if len(self.world_sizes) > 1 else ()
-
-    @property
-    def checks_loss(self) -> bool:
-        """The best's loss is checked before the export (--verify or --verify strict)."""
-        return self.verify != "off"
-
-    @property
-    def verify_strict(self) -> bool:
-        """A best whose loss check differs is set aside for the next best checked."""
-        return self.verify == "strict"
-
     @classmethod
     def build(cls, **values: object) -> RunSettings:
-        """Construct from flags; a validation problem becomes one SettingsError line naming
-        the flag."""
+        """Construct from settings named flat (``world_sizes=(2,)``, each placed in its
+        section); a validation problem becomes one SettingsError line naming the flag."""
+        nested: dict[str, object] = {}
+        for name, value in values.items():
+            section = _SECTION_OF.get(name)
+            if section is None:
+                nested[name] = value
+            else:
+                nested.setdefault(section, {})[name] = value  # type: ignore[index]
         try:
-            return cls(**values)
+            return cls(**nested)
         except ValidationError as exc:
             raise SettingsError(problem_line(cls, exc)) from None
+
+
+# The sections of RunSettings whose settings build() takes flat: each setting's section.
+_SECTIONS = ("limits", "search", "probe", "storage")
+_SECTION_OF = {
+    name: section
+    for section in _SECTIONS
+    for name in RunSettings.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+}

@@ -33,7 +33,7 @@ def cpu_probe_jobs(
             spec=ProbeSpec(
                 workload=workload,
                 candidate=candidate,
-                ds_config=get_backend(candidate.backend).render_config(
+                backend_config=get_backend(candidate.backend).render_config(
                     candidate, nvme_path=nvme_path
                 ),
                 accelerator="cpu",

@@ -8,6 +8,7 @@ from autotune.backends._backend import (
     TrainingBackend,
     cpu_rank_libraries,
     get_backend,
+    prepare_rank_process,
     register_backend,
 )
 from autotune.backends._memory_terms import ActivationProfile, Breakdown, ModelFacts
@@ -39,6 +40,7 @@ __all__ = [
     "TrainingBackend",
     "cpu_rank_libraries",
     "get_backend",
+    "prepare_rank_process",
     "printable",
     "register_backend",
 ]

@@ -219,8 +219,7 @@ class TrainingBackend(Protocol):
     def setup_actions(self, candidate: Candidate, base: dict[str, Any]) -> list[str]: ...
 
 
-# The backend of what has no candidate to name one: a script's probes (a script that calls
-# deepspeed.initialize), the compiled ops built before a run.
+# The backend of a space that names none (its ``backend`` key left out).
 DEFAULT_BACKEND = "deepspeed"
 
 # Registered backends by name, each made on first use (its package is imported then).
@@ -244,6 +243,12 @@ def get_backend(name: str) -> TrainingBackend:
     if name not in _made:
         _made[name] = BACKENDS[name]()
     return _made[name]
+
+
+def prepare_rank_process() -> None:
+    """Each registered backend's set-up of a probe's rank process, before it trains."""
+    for name in BACKENDS:
+        get_backend(name).prepare_rank_process()
 
 
 def cpu_rank_libraries(names: Iterable[str]) -> list[str]:

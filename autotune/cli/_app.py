@@ -199,12 +199,11 @@ def build_ops() -> None:
 
     A probe builds what it needs on first use; this builds them all up front, for example
     once on each node of a cluster."""
-    from autotune.backends import DEFAULT_BACKEND, get_backend
-    from autotune.backends.deepspeed import torch_extensions_dir
+    from autotune.backends.deepspeed import ensure_deepspeed_ops, torch_extensions_dir
     from autotune.cli._render import line
     from autotune.hardware import detect
 
-    report = get_backend(DEFAULT_BACKEND).ensure_ops(
+    report = ensure_deepspeed_ops(
         detect(), offload_targets={"cpu", "nvme"}, emit=lambda event: console.print(line(event))
     )
     console.print(
@@ -217,7 +216,7 @@ def _print_resolved_run(resolved: ResolvedRun) -> None:
     from autotune.backends import cpu_rank_libraries
 
     libraries = cpu_rank_libraries(resolved.space.backends)
-    console.print(resolved.hardware.describe(resolved.settings.gpus, libraries))
+    console.print(resolved.hardware.describe(resolved.settings.limits.gpus, libraries))
     batch = resolved.config.global_batch or f"auto (up to {resolved.config.max_global_batch})"
     console.print(
         f"workload {resolved.workload.describe()}; global batch {batch}, "

@@ -212,33 +212,37 @@ class _RunFlagsBase(BaseModel):
         return flags
 
     def _read(self) -> dict[tuple[str, ...], Any]:
-        """Every setting flag read in its unit, once (a unit's error names the flag)."""
+        """Every setting flag read in its unit, once (a unit's error names the flag), by its
+        setting's path (``("limits", "world_sizes")``)."""
         if not self._parsed:
             self._parsed = {
                 spec.setting: spec.value(getattr(self, spec.name)) for spec in FLAGS if spec.setting
             }
         return self._parsed
 
+    def _setting(self, name: str) -> Any:
+        """The value a flag gives setting ``name`` (a name is unique across sections)."""
+        return next(value for path, value in self._read().items() if path[-1] == name)
+
     def world_sizes(self) -> tuple[int, ...]:
         """--gpus as world sizes: one, or the searched ones."""
-        return self._read()[("world_sizes",)]
+        return self._setting("world_sizes")
 
     def check(self) -> None:
         """What a field's type cannot say: units, and flags that must agree."""
-        parsed = self._read()
         searched = len(self.world_sizes()) > 1
-        if searched and parsed[("gpus_per_trial",)] is not None:
+        if searched and self._setting("gpus_per_trial") is not None:
             raise SettingsError(
-                f"--gpus {self.gpus} with --gpus-per-trial {parsed[('gpus_per_trial',)]}: a "
+                f"--gpus {self.gpus} with --gpus-per-trial {self._setting('gpus_per_trial')}: a "
                 "searched world size is each probe's own; leave --gpus-per-trial out"
             )
-        if (parsed[("budget_s",)] or 0) > MAX_BUDGET_S:
+        if (self._setting("budget_s") or 0) > MAX_BUDGET_S:
             raise SettingsError(
                 f"--budget {self.budget}: more than {MAX_BUDGET_S // 3600} hours "
                 f"({MAX_BUDGET_S // 86400} days); give a budget such as 2h or 30m"
             )
         self.goal()
-        if parsed[("max_timed_steps",)] < parsed[("timed_steps",)]:
+        if self._setting("max_timed_steps") < self._setting("timed_steps"):
             raise SettingsError(
                 f"--max-timed-steps {self.max_timed_steps} is below --timed-steps "
                 f"{self.timed_steps}; give --max-timed-steps {self.timed_steps} or more"
@@ -329,7 +333,7 @@ class _RunFlagsBase(BaseModel):
                 f"--study {self.study_name()}: no such study in {self.storage} to continue; "
                 "start it with --workload W or --script train.py (and the other flags)"
             )
-        values = {path[0]: value for path, value in self._read().items() if len(path) == 1}
+        values = {path[-1]: value for path, value in self._read().items() if path[0] != "goal"}
         values |= {
             "workload": workload,
             "script": script,

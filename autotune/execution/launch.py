@@ -121,7 +121,7 @@ def probe_env(job: ProbeJob, visible_devices: str | None) -> dict[str, str]:
         # only inference uses and which leaves a buffer per rank in /dev/shm when a probe is
         # killed; training collectives go through gloo either way.
         env.pop("LOCAL_SIZE", None)
-        env[PRELOAD_OPS_VARIABLE] = adam_builder(job.spec.ds_config) or ""
+        env[PRELOAD_OPS_VARIABLE] = adam_builder(job.spec.backend_config) or ""
     if visible_devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible_devices
     return env
@@ -369,7 +369,7 @@ def prepare_trial_dir(job: ProbeJob) -> Path:
         Path(job.scratch_dir).mkdir(parents=True, exist_ok=True)
     spec_path = trial_dir / "spec.json"
     spec_path.write_text(job.spec.model_dump_json(indent=1), encoding="utf-8")
-    (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.ds_config), encoding="utf-8")
+    (trial_dir / "ds_config.json").write_text(_json_dump(job.spec.backend_config), encoding="utf-8")
     return spec_path
 
 

@@ -102,18 +102,20 @@ def export(study: optuna.Study, out_dir: Path, *, trial_number: int | None = Non
     if config is None:
         raise ExportError(f"study {study.study_name!r} was not made by autotune run")
     trial, decided = choose_trial(study, trial_number)
-    ds_config = production_config(trial, config)
-    checked = ds_config
+    backend_config = production_config(trial, config)
+    checked = backend_config
     if config.script is not None:  # "auto" values are the Trainer's to fill
         from autotune.export._script_export import without_autos
 
-        checked = without_autos(ds_config)
+        checked = without_autos(backend_config)
     backend = get_backend(trial.candidate.backend)
     ranks = trial.candidate.data_parallel_size
     backend.validate_config(checked, ranks, config.accelerator)
     files = {
-        backend.config_file_name: json.dumps(ds_config, indent=2, sort_keys=True) + "\n",
-        **backend.export_files(ds_config, ranks, config.accelerator, _block_class(trial, config)),
+        backend.config_file_name: json.dumps(backend_config, indent=2, sort_keys=True) + "\n",
+        **backend.export_files(
+            backend_config, ranks, config.accelerator, _block_class(trial, config)
+        ),
         "launch.sh": render_launch(study.study_name, trial, config),
         "summary.md": render_summary(study, trial, config, decided),
     }

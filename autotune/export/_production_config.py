@@ -33,6 +33,6 @@ def production_config(trial: TrialView, config: StudyConfig) -> dict[str, Any]:
     )
     if config.script is not None:
         rendered = backend.config_for_script(rendered, config.script)
-    if backend.uses_fallback_optimizer(trial.record.ds_config or {}):
+    if backend.uses_fallback_optimizer(trial.record.backend_config or {}):
         rendered = backend.with_fallback_optimizer(rendered)
     return rendered

@@ -50,11 +50,11 @@ def render_script_launch(study_name: str, trial: TrialView, config: StudyConfig)
     """``launch.sh`` for a script study."""
     script = config.script
     assert script is not None
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
     from autotune.export._numerics import production_env
 
     cpu = config.accelerator == "cpu"
-    return get_backend(DEFAULT_BACKEND).script_launch_script(
+    return get_backend(trial.candidate.backend).script_launch_script(
         origin=_printable(f"study {study_name!r}, trial {trial.number} ({trial.label})"),
         script_name=_printable(script.name),
         script_path=script.path,

@@ -63,7 +63,9 @@ def record_losses(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     _check_loaded(source_sq_sum, loaded_sq_sum, candidate.precision)
     dropouts = switch_off_dropout(model)
     model.train()
-    engine = backend.initialize_engine(model, spec.ds_config, units=shard_units(workload, model))
+    engine = backend.initialize_engine(
+        model, spec.backend_config, units=shard_units(workload, model)
+    )
     batches = micro_batches(workload, candidate, int(os.environ.get("RANK", "0")), device)
     seed_everything(loss_run.seed)
     losses, norms, skipped = [], [], []

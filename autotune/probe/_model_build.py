@@ -34,7 +34,7 @@ def build_model(
     model would otherwise need ~28 GB per rank). Otherwise it is built on the device in the
     target dtype, as DeepSpeed would hold it after ``initialize``.
     """
-    sharded = backend.sharded_build(spec.candidate, spec.ds_config)
+    sharded = backend.sharded_build(spec.candidate, spec.backend_config)
     if sharded is not None:
         _import_model_code(workload, spec.workload)
         with sharded:

@@ -97,9 +97,10 @@ class ScriptProbe:
         if model is not None:
             self.report.model = ModelInfo.of(model)
             if self.loss_run is not None:
-                from autotune.backends import DEFAULT_BACKEND, get_backend
+                from autotune.backends import get_backend
 
-                self.loss_run.model_handed_over(model, get_backend(DEFAULT_BACKEND))
+                backend = get_backend(self.spec.candidate.backend)
+                self.loss_run.model_handed_over(model, backend)
         self._start_tracking(model)
         engine, *rest = original(**arguments)
         self.report.init_s = time.perf_counter() - self.started
@@ -127,9 +128,9 @@ class ScriptProbe:
     def config_for(self, base: dict[str, Any], model: Any) -> dict[str, Any]:
         """The candidate's tuned keys over the config the script passed."""
         largest = ModelInfo.of(model).largest_param if model is not None else None
-        from autotune.backends import DEFAULT_BACKEND, get_backend
+        from autotune.backends import get_backend
 
-        backend = get_backend(DEFAULT_BACKEND)
+        backend = get_backend(self.spec.candidate.backend)
         config = backend.render_config(
             self.spec.candidate, base, nvme_path=self.script.nvme_path, largest_param_numel=largest
         )

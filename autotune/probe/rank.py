@@ -114,7 +114,7 @@ def run_rank(
             workload.enable_activation_checkpointing(model)
         if spec.fault == "leak" and rank == world_size - 1:
             _keep_alive(model, spec, device)
-        engine = backend.initialize_engine(model, spec.ds_config, shard_units(workload, model))
+        engine = backend.initialize_engine(model, spec.backend_config, shard_units(workload, model))
         report.init_s = time.perf_counter() - started
         report.loss_scale_at_start = engine_state.loss_scale(engine)
         held_in = backend.parameter_precision(candidate)
@@ -249,11 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH);
     # a yaml.py or torch.py the user keeps there must not shadow the real packages
     sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import prepare_rank_process
 
-    # the backend's process set-up (DeepSpeed: op loads hold a kernel lock; a killed
+    # each backend's process set-up (DeepSpeed: op loads hold a kernel lock; a killed
     # loader's leftover lock is cleared)
-    get_backend(DEFAULT_BACKEND).prepare_rank_process()
+    prepare_rank_process()
     parser = argparse.ArgumentParser(prog="python -m autotune.probe.rank", description=__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--spec", type=Path, action="append", help="ProbeSpec JSON (repeatable).")

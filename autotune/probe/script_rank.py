@@ -212,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     # Python 3.10 puts the working folder first on the path for -m (3.11+: PYTHONSAFEPATH):
     # the script's folder goes there instead, as `python train.py` has it
     sys.path[:] = [entry for entry in sys.path if entry not in ("", os.getcwd())]
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import prepare_rank_process
 
-    get_backend(DEFAULT_BACKEND).prepare_rank_process()
+    prepare_rank_process()
     parser = argparse.ArgumentParser(
         prog="python -m autotune.probe.script_rank", description=__doc__
     )

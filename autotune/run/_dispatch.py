@@ -75,7 +75,7 @@ class Dispatcher:
         trial_dir = self.resolved.trials_dir / folder
         job = self.job(candidate, trial_dir, stop_below_samples_per_s)
         record = record.model_copy(
-            update={"ds_config": job.spec.ds_config, "trial_dir": str(trial_dir)}
+            update={"backend_config": job.spec.backend_config, "trial_dir": str(trial_dir)}
         )
         if trial is not None:
             records.write(trial, record)
@@ -117,27 +117,27 @@ class Dispatcher:
         resolved = self.resolved
         settings = resolved.settings
         nvme_dir = _probe_nvme_dir(resolved, candidate, trial_dir)
-        ds_config = resolved.ds_config(candidate, nvme_dir)
+        backend_config = resolved.backend_config(candidate, nvme_dir)
         script, cwd = None, str(Path.cwd())
         if resolved.config.script is not None:
-            from autotune.backends import DEFAULT_BACKEND, get_backend
+            from autotune.backends import get_backend
 
-            ds_config = get_backend(DEFAULT_BACKEND).config_for_script(
-                ds_config, resolved.config.script
+            backend_config = get_backend(candidate.backend).config_for_script(
+                backend_config, resolved.config.script
             )
             script = _script_run(resolved, resolved.config.script, candidate, trial_dir, nvme_dir)
             cwd = resolved.config.script.cwd
         spec = ProbeSpec(
             workload=resolved.workload_ref,
             candidate=candidate,
-            ds_config=ds_config,
+            backend_config=backend_config,
             accelerator=resolved.hardware.accelerator,
             vram_limit_bytes=resolved.config.vram_limit_bytes,
             device_memory_bytes=resolved.hardware.device_memory_bytes,
-            warmup_steps=settings.warmup_steps,
-            max_warmup_steps=settings.warmup_steps + 4,
-            timed_steps=settings.timed_steps,
-            max_timed_steps=max(settings.max_timed_steps, settings.timed_steps),
+            warmup_steps=settings.probe.warmup_steps,
+            max_warmup_steps=settings.probe.warmup_steps + 4,
+            timed_steps=settings.probe.timed_steps,
+            max_timed_steps=max(settings.probe.max_timed_steps, settings.probe.timed_steps),
             stop_below_samples_per_s=stop_below,
             tokens_per_sample=resolved.workload.tokens_per_sample,
             float32_matmul_precision=resolved.config.float32_matmul_precision,  # type: ignore[arg-type]

@@ -122,7 +122,7 @@ class DriverSession:
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         # ask/tell with heartbeats: the driver records them itself (see module docstring)
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-        url = self.resolved.settings.storage_url
+        url = self.resolved.settings.storage.storage_url
         self.storage = open_storage(
             url, heartbeat_s=HEARTBEAT_S, grace_s=STALE_S, on_stale=retry_callback()
         )
@@ -150,7 +150,7 @@ class DriverSession:
             self.storage,
             self.resolved.study_name,
             self._clock,
-            shared=self.resolved.settings.shared,
+            shared=self.resolved.settings.storage.shared,
             on_beat=self._on_beat,
             emit=self._emit,
         )
@@ -169,7 +169,7 @@ class DriverSession:
 
         before = {t.number for t in running()}
         optuna.storages.fail_stale_trials(self.study)  # stale by the database's clock
-        if self.resolved.settings.shared:
+        if self.resolved.settings.storage.shared:
             # other live drivers' trials are running too: only stale ones were theirs to lose
             return sorted(before - {t.number for t in running()})
         callback = retry_callback()
@@ -210,7 +210,7 @@ class DriverSession:
             yield
         except storage_errors() as exc:
             raise StorageError(
-                f"the storage {mask_url(self.resolved.settings.storage_url)} failed "
+                f"the storage {mask_url(self.resolved.settings.storage.storage_url)} failed "
                 f"({mask_url(first_line(exc))}); every trial recorded before is kept; fix it "
                 "(another process holding the "
                 f"database locked?), then continue with {continue_command(self.resolved)}"
@@ -227,6 +227,6 @@ def continue_command(resolved: ResolvedRun) -> str:
     from autotune.settings import DEFAULT_STORAGE
 
     command = f"autotune run --study {resolved.study_name}"
-    if resolved.settings.storage_url != DEFAULT_STORAGE:
-        command += f" --storage {mask_url(resolved.settings.storage_url)}"
+    if resolved.settings.storage.storage_url != DEFAULT_STORAGE:
+        command += f" --storage {mask_url(resolved.settings.storage.storage_url)}"
     return command

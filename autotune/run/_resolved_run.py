@@ -52,7 +52,7 @@ class ResolvedRun:
         tokens = max(int(getattr(self.workload, "tokens_per_sample", 1) or 1), 1)
         return self.settings.goal.model_copy(update={"tokens_per_sample": tokens})
 
-    def ds_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
+    def backend_config(self, candidate: Candidate, nvme_dir: str | None = None) -> dict[str, Any]:
         """The config a probe of ``candidate`` runs with (its own NVMe folder, if any)."""
         from autotune.backends import get_backend
 
@@ -83,12 +83,13 @@ def bind_space(
     each backend says whether this study can train with it here (its torch floor; a
     ``script`` study trains with the engine the script builds, DeepSpeed's), and one it
     cannot is dropped with its reason (``BoundSpace.dropped_backends``)."""
-    from autotune.backends import BACKENDS, DEFAULT_BACKEND, get_backend
+    from autotune.backends import BACKENDS, get_backend
 
-    backend = get_backend(DEFAULT_BACKEND)
-    nvme_unavailable = (
-        backend.nvme_offload_problem(hardware) if spec.uses("nvme") and nvme_path else None
-    )
+    backends = [get_backend(name) for name in spec.backend]
+    nvme_unavailable = None
+    if spec.uses("nvme") and nvme_path:  # unavailable when no backend of the space offers it
+        problems = [backend.nvme_offload_problem(hardware) for backend in backends]
+        nvme_unavailable = problems[0] if all(problems) else None
     unavailable = {
         name: problem
         for name in BACKENDS
@@ -101,7 +102,7 @@ def bind_space(
         max_global_batch=max_global_batch,
         nvme_path=nvme_path,
         nvme_unavailable=nvme_unavailable,
-        partial_offload_supported=backend.partial_offload_supported(),
+        partial_offload_supported=any(b.partial_offload_supported() for b in backends),
         world_sizes=world_sizes,
         unavailable_backends=unavailable,
     )
@@ -124,16 +125,12 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
     from autotune.study import check_reachable
 
     # every setting is checked before anything is written or measured
-    check_reachable(settings.storage_url)
-    check_writable(settings.trials_dir, flag="--trials-dir")
+    check_reachable(settings.storage.storage_url)
+    check_writable(settings.storage.trials_dir, flag="--trials-dir")
     space_spec = load_space(settings.space)
-    nvme_path = check_nvme_path(settings.nvme_path)
-    _check_batch_flags(settings)
+    nvme_path = check_nvme_path(settings.limits.nvme_path)
+    _check_flags_together(settings)
     hardware = _run_hardware(settings, hardware)
-    if settings.script is not None and settings.goal.train_tokens is not None:
-        from autotune.run.forecast import TOKENS_OF_A_SCRIPT
-
-        raise SettingsError(TOKENS_OF_A_SCRIPT)
     whole_nodes: list[str] = []
     settings = _whole_node_world_sizes(settings, hardware, whole_nodes)
     per_trial = _gpus_per_trial(settings)
@@ -148,9 +145,9 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
         hardware,
         ranks=per_trial,
         global_batch=inputs.global_batch,
-        max_global_batch=settings.max_global_batch,
+        max_global_batch=settings.limits.max_global_batch,
         nvme_path=nvme_path,
-        world_sizes=settings.searched_world_sizes,
+        world_sizes=settings.limits.searched_world_sizes,
         script=settings.script is not None,
     )
     notes = [*whole_nodes, *inputs.notes, *bound.notes]
@@ -158,11 +155,12 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
         _check_base(inputs.base, bound, str(settings.base_config), nvme_path)
     if inputs.global_batch is None:
         notes.append(
-            f"--global-batch auto: the global batch varies up to {settings.max_global_batch}; "
-            "the chosen one may need a rescaled learning rate (summary.md says)"
+            "--global-batch auto: the global batch varies up to "
+            f"{settings.limits.max_global_batch}; the chosen one may need a rescaled learning "
+            "rate (summary.md says)"
         )
     config = _study_config(settings, inputs, hardware, per_trial, vram_limit_bytes, nvme_path)
-    study_name = settings.study_name or inputs.study_name
+    study_name = settings.storage.study_name or inputs.study_name
     if settings.script is None:
         _size_workload_probes(inputs, settings, hardware, bound, per_trial)
     return ResolvedRun(
@@ -173,23 +171,32 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
         space=bound,
         study_name=study_name,
         config=config,
-        trials_dir=settings.trials_dir.resolve() / study_name,
+        trials_dir=settings.storage.trials_dir.resolve() / study_name,
         probe_timeout_s=inputs.probe_timeout_s,
         notes=notes,
         largest_param_numel=inputs.largest_param_numel,
     )
 
 
-def _check_batch_flags(settings: RunSettings) -> None:
-    if settings.global_batch == "auto" and settings.max_global_batch is None:
+def _check_flags_together(settings: RunSettings) -> None:
+    """Flags that need another flag, or exclude one."""
+    if settings.script is not None and settings.goal.train_tokens is not None:
+        from autotune.run.forecast import TOKENS_OF_A_SCRIPT
+
+        raise SettingsError(TOKENS_OF_A_SCRIPT)
+    if settings.limits.global_batch == "auto" and settings.limits.max_global_batch is None:
         raise SettingsError(
             "--global-batch auto needs --max-global-batch N, the largest global batch "
             "your training may use"
         )
     flag = (
-        "--verify strict" if settings.verify_strict else "--verify" if settings.checks_loss else ""
+        "--verify strict"
+        if settings.search.verify_strict
+        else "--verify"
+        if settings.search.checks_loss
+        else ""
     )
-    if flag and settings.ray_address is not None:
+    if flag and settings.probe.ray_address is not None:
         raise SettingsError(
             f"{flag}: the loss check runs on this machine, not on the Ray cluster; leave "
             f"{flag} out and run autotune verify on a node with the devices"
@@ -200,15 +207,15 @@ def _run_hardware(settings: RunSettings, hardware: Hardware | None) -> Hardware:
     """The hardware a probe runs on: given, a Ray cluster node's, or this machine's."""
     from autotune.hardware import detect
 
-    if hardware is None and settings.ray_address is not None:
+    if hardware is None and settings.probe.ray_address is not None:
         from autotune.execution import cluster_hardware
 
         # a node's, not this machine's; a script's ranks need it and the working folder there
         paths = (settings.script.path, os.getcwd()) if settings.script else ()
-        hardware = cluster_hardware(settings.ray_address, paths)
+        hardware = cluster_hardware(settings.probe.ray_address, paths)
     hardware = hardware or detect()
-    if settings.ray_address is None:  # a cluster's devices are checked as it is joined
-        hardware.check_ranks(settings.gpus)
+    if settings.probe.ray_address is None:  # a cluster's devices are checked as it is joined
+        hardware.check_ranks(settings.limits.gpus)
     return hardware
 
 
@@ -220,10 +227,10 @@ def _whole_node_world_sizes(
     size that leaves a node part-used measures a layout production would not choose). A
     size dropped is a note; ``settings`` with the kept sizes."""
     per_node = hardware.devices_per_node
-    if not settings.searched_world_sizes or per_node is None:
+    if not settings.limits.searched_world_sizes or per_node is None:
         return settings
-    kept = tuple(n for n in settings.world_sizes if n <= per_node or n % per_node == 0)
-    dropped = [n for n in settings.world_sizes if n not in kept]
+    kept = tuple(n for n in settings.limits.world_sizes if n <= per_node or n % per_node == 0)
+    dropped = [n for n in settings.limits.world_sizes if n not in kept]
     if dropped:
         notes.append(
             f"{', '.join(map(str, dropped))} rank(s) dropped from the world sizes: beyond one "
@@ -231,24 +238,27 @@ def _whole_node_world_sizes(
         )
     if not kept:
         raise SettingsError(
-            f"--gpus {','.join(map(str, settings.world_sizes))}: no world size fits the "
+            f"--gpus {','.join(map(str, settings.limits.world_sizes))}: no world size fits the "
             f"cluster's nodes of {per_node} device(s) (within one node, or whole nodes)"
         )
-    return settings.model_copy(update={"world_sizes": kept})
+    limits = settings.limits.model_copy(update={"world_sizes": kept})
+    return settings.model_copy(update={"limits": limits})
 
 
 def _gpus_per_trial(settings: RunSettings) -> int:
-    per_trial = settings.gpus_per_trial or settings.gpus
-    if per_trial > settings.gpus:
+    per_trial = settings.limits.gpus_per_trial or settings.limits.gpus
+    if per_trial > settings.limits.gpus:
         raise SettingsError(
-            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.gpus}; a probe cannot use "
-            "more devices than the study has"
+            f"--gpus-per-trial {per_trial} exceeds --gpus {settings.limits.gpus}; a probe "
+            "cannot use more devices than the study has"
         )
     return per_trial
 
 
 def _vram_limit_bytes(settings: RunSettings, hardware: Hardware) -> int:
-    vram_limit_bytes = settings.vram_limit_bytes or hardware.default_vram_limit_bytes(settings.gpus)
+    vram_limit_bytes = settings.limits.vram_limit_bytes or hardware.default_vram_limit_bytes(
+        settings.limits.gpus
+    )
     if hardware.accelerator == "cuda" and vram_limit_bytes > hardware.device_memory_bytes:
         raise SettingsError(
             f"--vram {format_bytes(vram_limit_bytes)} exceeds the "
@@ -271,14 +281,14 @@ def _study_config(
         space=inputs.space.stored(),
         accelerator=hardware.accelerator,
         gpus_per_trial=per_trial,
-        world_sizes=list(settings.searched_world_sizes),
+        world_sizes=list(settings.limits.searched_world_sizes),
         global_batch=inputs.global_batch,
-        max_global_batch=settings.max_global_batch if inputs.global_batch is None else None,
+        max_global_batch=settings.limits.max_global_batch if inputs.global_batch is None else None,
         vram_limit_bytes=vram_limit_bytes,
         base_config=inputs.base,
         nvme_path=nvme_path,
-        threads_per_rank=hardware.threads_per_rank(settings.gpus),
-        float32_matmul_precision="high" if settings.tf32 else "highest",
+        threads_per_rank=hardware.threads_per_rank(settings.limits.gpus),
+        float32_matmul_precision="high" if settings.probe.tf32 else "highest",
         script=settings.script,
     )
 
@@ -288,11 +298,11 @@ def _size_workload_probes(
 ) -> None:
     """Build a workload's model once (its largest parameter) and set its probes' timeout."""
     inputs.largest_param_numel = check_model_builds(inputs.workload, settings.workload)
-    inputs.probe_timeout_s = settings.probe_timeout_s or derived_probe_timeout_s(
+    inputs.probe_timeout_s = settings.probe.probe_timeout_s or derived_probe_timeout_s(
         inputs.workload,
         hardware,
-        inputs.global_batch or settings.max_global_batch or 1,
-        min(settings.searched_world_sizes or (per_trial,)),  # the most work per rank
+        inputs.global_batch or settings.limits.max_global_batch or 1,
+        min(settings.limits.searched_world_sizes or (per_trial,)),  # the most work per rank
         settings,
         fp16="fp16" in bound.precisions,
     )
@@ -320,9 +330,9 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
     workload = get_workload(settings.workload)
     base = load_base_config(settings.base_config) if settings.base_config else None
     global_batch = None
-    if settings.global_batch != "auto":
+    if settings.limits.global_batch != "auto":
         global_batch = base_global_batch(
-            base or {}, settings.global_batch, str(settings.base_config)
+            base or {}, settings.limits.global_batch, str(settings.base_config)
         )
         global_batch = global_batch or workload.default_global_batch
     notes: list[str] = []
@@ -437,7 +447,7 @@ def derived_probe_timeout_s(
 ) -> float:
     """The default ``--probe-timeout``: start-up plus every probe step at a pessimistic
     rate (:func:`steps_timeout_s`)."""
-    steps = settings.warmup_steps + settings.timed_steps
+    steps = settings.probe.warmup_steps + settings.probe.timed_steps
     if fp16:  # steps the loss scaler skips are run again, in warm-up and in timing
         from autotune.timing import MAX_SKIPPED_STEPS
 

@@ -105,12 +105,12 @@ def script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> Script
             "from the space (name one with --script-arg activation_checkpointing=--flag)"
         )
     return ScriptInputs(
-        workload=ScriptWorkload(script, global_batch or settings.max_global_batch or 1),
+        workload=ScriptWorkload(script, global_batch or settings.limits.max_global_batch or 1),
         base=base,
         global_batch=global_batch,
         space=space,
         notes=notes,
-        probe_timeout_s=settings.probe_timeout_s or SCRIPT_PROBE_TIMEOUT_S,
+        probe_timeout_s=settings.probe.probe_timeout_s or SCRIPT_PROBE_TIMEOUT_S,
     )
 
 
@@ -139,7 +139,7 @@ def _global_batch(
     else what the script runs now; a note where the flag replaces the config's value."""
     pinned = base.get("train_batch_size")
     pinned = pinned if isinstance(pinned, int) and pinned > 0 else None
-    given = settings.global_batch
+    given = settings.limits.global_batch
     if given is not None and pinned is not None and given != pinned:
         notes.append(
             f"--global-batch {given} replaces the train_batch_size {pinned} of "

@@ -95,7 +95,7 @@ class Search:
         self.goal = resolved.goal
         self._best_score = (0, 0.0)  # the best feasible trial's, by the goal
         self._in_a_row = 0
-        self._rng = random.Random(resolved.settings.seed)
+        self._rng = random.Random(resolved.settings.search.seed)
         self.estimate_s = 0.0
         self.reserve_s = 0.0
         self.verify_s = 0.0  # the part of reserve_s held for the loss check
@@ -199,7 +199,7 @@ class Search:
                 )
             )
             return
-        if self.resolved.settings.shared and not self._claim(trial, candidate, record):
+        if self.resolved.settings.storage.shared and not self._claim(trial, candidate, record):
             return
         first_of_stage = candidate.zero_stage not in self._stages_probed
         self._stages_probed.add(candidate.zero_stage)
@@ -258,7 +258,7 @@ class Search:
         """The samples/s below which a probe at ``gpus`` stops early: clearly short of the
         best so far, by the goal (samples/s per GPU under a cost objective)."""
         settings = self.resolved.settings
-        if not settings.early_stop or settings.sampler == "grid":
+        if not settings.probe.early_stop or settings.search.sampler == "grid":
             return 0.0
         return self.goal.rate_to_match(self._best_score, gpus) * (1.0 - EARLY_STOP_MARGIN)
 
@@ -340,8 +340,11 @@ class Search:
             return events.SearchStopped("interrupted")
         if self.session.lost:
             return events.SearchStopped("lock_lost", holder=self.session.lost)
-        if settings.max_trials is not None and self.counts.probes >= settings.max_trials:
-            return events.SearchStopped("max_trials", max_trials=settings.max_trials)
+        if (
+            settings.search.max_trials is not None
+            and self.counts.probes >= settings.search.max_trials
+        ):
+            return events.SearchStopped("max_trials", max_trials=settings.search.max_trials)
         left_s = self.clock.probing_left_s
         if left_s - self.reserve_s <= 0 or left_s - self.reserve_s < self.estimate_s:
             return events.SearchStopped(

@@ -131,16 +131,17 @@ class Tuner:
             Limits(
                 accelerator=resolved.hardware.accelerator,
                 vram_limit_bytes=resolved.config.vram_limit_bytes,
-                margin=settings.memory_margin,
-                host_ram_bytes=settings.host_ram_bytes or resolved.hardware.host_memory_bytes,
-                ranks_per_node=resolved.hardware.ranks_on_node(settings.gpus),
+                margin=settings.limits.memory_margin,
+                host_ram_bytes=settings.limits.host_ram_bytes
+                or resolved.hardware.host_memory_bytes,
+                ranks_per_node=resolved.hardware.ranks_on_node(settings.limits.gpus),
             ),
             base_config=resolved.config.base_config,
-            use_model=settings.prune,
+            use_model=settings.limits.prune,
         )
-        checks = settings.checks_loss
+        checks = settings.search.checks_loss
         self.reserve = ReservePolicy(
-            enabled=settings.confirm,
+            enabled=settings.search.confirm,
             verify_steps=DEFAULT_VERIFY_STEPS if checks else 0,
             verify_launches=VERIFY_RUNS if settings.script is not None else 1,
         )
@@ -168,7 +169,7 @@ class Tuner:
             settings = self.resolved.settings
             stored = read_budget(session.study)
             clock = BudgetClock(
-                stored, settings.budget_s, shared=settings.shared, clock=self._clock
+                stored, settings.search.budget_s, shared=settings.storage.shared, clock=self._clock
             )
             heartbeat.session, heartbeat.clock = session, clock
             self._set_up(session, clock, policy, summary, heartbeat)
@@ -235,7 +236,7 @@ class Tuner:
                 self.screen.learn(trial)
         if interrupted:
             self.emit(events.TrialsRecovered(interrupted, retries=len(interrupted)))
-        if self.resolved.settings.retry_failed:
+        if self.resolved.settings.search.retry_failed:
             requeued = requeue_failed(session.study, trials)
             # after the replay above, which stopped the precisions their failures stop
             self.screen.forget_failures()
@@ -253,7 +254,7 @@ class Tuner:
         try:
             summary.stop = search.run()
             self.emit(summary.stop)
-            if summary.stop.kind != "interrupted" and self.resolved.settings.confirm:
+            if summary.stop.kind != "interrupted" and self.resolved.settings.search.confirm:
                 summary.confirmation = ConfirmationRounds(
                     study=session.study,
                     dispatcher=dispatcher,
@@ -279,7 +280,7 @@ class Tuner:
         settings = self.resolved.settings
         if session.stopping:
             summary.stop = events.SearchStopped("interrupted")
-        elif settings.checks_loss and summary.stop.kind != "lock_lost":
+        elif settings.search.checks_loss and summary.stop.kind != "lock_lost":
             summary.loss_check = self._verify(session)
             search.clock.probing_done()  # the check was held back from the search, not the finish
 
@@ -294,7 +295,7 @@ class Tuner:
         from autotune.study import confirmation as confirm
         from autotune.study import loss_checks as checks
 
-        study, strict = session.study, self.resolved.settings.verify_strict
+        study, strict = session.study, self.resolved.settings.search.verify_strict
         check = None
         for _ in range(STRICT_CHECKS if strict else 1):
             trials = records.views(study)
@@ -354,20 +355,20 @@ class Tuner:
         import optuna
 
         settings = self.resolved.settings
-        seed = settings.seed
-        if settings.sampler == "tpe":
+        seed = settings.search.seed
+        if settings.search.sampler == "tpe":
             return optuna.samplers.TPESampler(seed=seed), None
-        if settings.sampler == "gp":
+        if settings.search.sampler == "gp":
             return optuna.samplers.GPSampler(seed=seed), None
-        if settings.sampler == "random":
+        if settings.search.sampler == "random":
             return optuna.samplers.RandomSampler(seed=seed), None
         from autotune.run.sampler import CandidatePolicy, CandidateSampler
 
-        mode = "grid" if settings.sampler == "grid" else "model"
+        mode = "grid" if settings.search.sampler == "grid" else "model"
         policy = CandidatePolicy(
             list(self.resolved.space.candidates()),
             cost=self._cost_model() if mode == "model" else None,
-            may_fit=self.screen.may_fit if settings.prune else None,
+            may_fit=self.screen.may_fit if settings.limits.prune else None,
             mode=mode,
             goal=self.resolved.goal,
         )
@@ -396,7 +397,7 @@ class Tuner:
         from autotune.study import store_screened
 
         settings = self.resolved.settings
-        if not settings.prune or settings.sampler != "autotune":
+        if not settings.limits.prune or settings.search.sampler != "autotune":
             return 0
         screened = self.screen.screened(list(self.resolved.space.candidates()), evaluated)
         store_screened(study, screened)
@@ -443,11 +444,11 @@ def default_executor(resolved: ResolvedRun) -> Executor:
     from autotune.execution import make_executor
 
     return make_executor(
-        resolved.settings.executor,
-        total_devices=resolved.settings.gpus,
+        resolved.settings.probe.executor,
+        total_devices=resolved.settings.limits.gpus,
         devices_per_probe=resolved.config.gpus_per_trial,
         cuda=resolved.hardware.accelerator == "cuda",
         cpu_count=resolved.hardware.cpu_count,
-        warm=resolved.settings.warm_workers,
-        ray_address=resolved.settings.ray_address,
+        warm=resolved.settings.probe.warm_workers,
+        ray_address=resolved.settings.probe.ray_address,
     )

@@ -268,25 +268,27 @@ def _jobs(
     from autotune.run._dispatch import workload_folders
 
     fallback = get_backend(chosen.candidate.backend).uses_fallback_optimizer(
-        chosen.record.ds_config or {}
+        chosen.record.backend_config or {}
     )
     jobs = []
     for role in roles:
         candidate = chosen.candidate if role == "winner" else reference.candidate
         backend = get_backend(candidate.backend)
         trial_dir = folder / role.replace(" ", "-")
-        ds_config = backend.render_config(candidate, config.base_config, nvme_path=config.nvme_path)
+        backend_config = backend.render_config(
+            candidate, config.base_config, nvme_path=config.nvme_path
+        )
         if fallback:
-            ds_config = backend.with_fallback_optimizer(ds_config)
+            backend_config = backend.with_fallback_optimizer(backend_config)
         script, cwd = None, str(Path.cwd())
         if config.script is not None:
-            ds_config = backend.config_for_script(ds_config, config.script)
+            backend_config = backend.config_for_script(backend_config, config.script)
             script = _script_run(config, candidate, trial_dir, fallback)
             cwd = config.script.cwd
         spec = ProbeSpec(
             workload=config.workload,
             candidate=candidate,
-            ds_config=ds_config,
+            backend_config=backend_config,
             accelerator=config.accelerator,  # type: ignore[arg-type]
             vram_limit_bytes=config.vram_limit_bytes,
             device_memory_bytes=hardware.device_memory_bytes,
@@ -346,7 +348,7 @@ def _timeout_s(config: StudyConfig, workload: Any, candidate: Candidate, steps: 
 
 def _ensure_ops(hardware: Hardware, jobs: list[ProbeJob], emit: events.Emit) -> None:
     """The backend's ops the runs step with, built before they start (cached after)."""
-    from autotune.backends import DEFAULT_BACKEND, get_backend
+    from autotune.backends import get_backend
 
     targets = {
         device
@@ -354,7 +356,8 @@ def _ensure_ops(hardware: Hardware, jobs: list[ProbeJob], emit: events.Emit) -> 
         for device in (job.spec.candidate.offload_optimizer, job.spec.candidate.offload_param)
         if device != "none"
     }
-    get_backend(DEFAULT_BACKEND).ensure_ops(hardware, offload_targets=targets, emit=emit)
+    for name in dict.fromkeys(job.spec.candidate.backend for job in jobs):
+        get_backend(name).ensure_ops(hardware, offload_targets=targets, emit=emit)
 
 
 def _run(role: str, job: ProbeJob, result: ProbeResult) -> checks.LossCheckRun:

@@ -35,9 +35,10 @@ if TYPE_CHECKING:
     from autotune.training_goal import TrainingGoal
 
 
+# 5: the probe's config stored as backend_config (ds_config before: read as the same field);
 # 4: measured host memory judged (host_peak_method, node_per_rank, host_ram_bytes); 3: readable
 # memory fields (memory, peak_pct_of_limit). Records of 2 and 3 read the same (defaults).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA_ATTR = "autotune_schema"
 
 TrialStatus = Literal[
@@ -58,7 +59,9 @@ class TrialRecord(Throughput, DevicePeaks, HostPeaks, Versions, LogTail):
     label: str = Field(default="", description="Short label, e.g. 'z2 bf16 mb8x2 opt:cpu'.")
     status: TrialStatus = Field(default="running", description="How the evaluation ended.")
     error: str = Field(default="", description="Why it failed or was judged infeasible.")
-    ds_config: dict[str, Any] | None = Field(default=None, description="Config of the probe.")
+    backend_config: dict[str, Any] | None = Field(
+        default=None, description="The backend's config the probe ran with."
+    )
     trial_dir: str = Field(default="", description="Folder of the probe's spec, reports, log.")
     peak_bytes: int = Field(default=0, description="Worst rank's peak (allocated or reserved).")
     overhead_bytes: int = Field(
@@ -157,9 +160,15 @@ def readable(record: TrialRecord) -> TrialRecord:
     return record.model_copy(update={"memory": "; ".join(parts), "peak_pct_of_limit": pct})
 
 
+# Keys records of earlier schema versions stored a field under: the field's name now.
+_RENAMED = {"ds_config": "backend_config"}  # before version 5
+
+
 def read(attrs: dict[str, Any]) -> TrialRecord:
-    """The record in a trial's user attrs (keys it does not know are ignored)."""
-    return TrialRecord.model_validate({k: v for k, v in attrs.items() if k in _FIELDS})
+    """The record in a trial's user attrs (keys it does not know are ignored; a key an
+    earlier version stored a field under reads as that field)."""
+    values = {_RENAMED.get(k, k): v for k, v in attrs.items() if _RENAMED.get(k, k) in _FIELDS}
+    return TrialRecord.model_validate(values)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune.errors import StorageError
-from autotune.flag import flag_of
+from autotune.flag import flag_of, setting_field
 from autotune.script_config import ScriptConfig
 from autotune.settings import RunSettings, mask_url
 
@@ -54,7 +54,8 @@ class SetBy:
     def text(self) -> str:
         if self.setting is None:
             return self.words
-        flag = flag_of(RunSettings.model_fields[self.setting])
+        field = setting_field(RunSettings, self.setting)
+        flag = flag_of(field) if field is not None else None
         option = flag.option(self.setting) if flag else self.setting
         return f"{option} ({self.words})" if self.words else option
 

@@ -77,8 +77,8 @@ def trial_note(
         )
     if record.trial_dir:
         lines.append(f"- Probe folder: `{record.trial_dir}`")
-    if record.ds_config:
-        config = json.dumps(record.ds_config, indent=2, sort_keys=True)
+    if record.backend_config:
+        config = json.dumps(record.backend_config, indent=2, sort_keys=True)
         from autotune.backends import get_backend
 
         library = get_backend(trial.candidate.backend).display_name

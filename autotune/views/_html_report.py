@@ -190,12 +190,11 @@ def render(data: ReportData) -> str:
             "the model under-predicted.</p>",
         ]
     sections += [_importance_section(data), "<h2>Outcomes</h2>", _outcomes(data)]
-    if data.ds_config is not None:
-        config_text = escape(json.dumps(data.ds_config, indent=2, sort_keys=True))
-        from autotune.backends import DEFAULT_BACKEND, get_backend
+    if data.backend_config is not None and data.chosen is not None:
+        config_text = escape(json.dumps(data.backend_config, indent=2, sort_keys=True))
+        from autotune.backends import get_backend
 
-        backend = data.chosen.candidate.backend if data.chosen is not None else DEFAULT_BACKEND
-        name = get_backend(backend).config_file_name
+        name = get_backend(data.chosen.candidate.backend).config_file_name
         sections += [f"<h2>Exported {name}</h2>", f'<pre id="ds-config">{config_text}</pre>']
     sections += ["<h2>Every trial</h2>", _trials_table(data)]
     body = "\n".join(section for section in sections if section)

@@ -64,7 +64,7 @@ class ReportData:
     screened: int
     distance: str
     actions: list[str]
-    ds_config: dict[str, Any] | None
+    backend_config: dict[str, Any] | None
     loss_check: LossCheck | None = None  # the chosen trial's loss check
     # the objective, the best's time and cost to train, the fastest at each world size
     goal_lines: list[str] = field(default_factory=list)
@@ -148,7 +148,7 @@ def collect(study: optuna.Study) -> ReportData:
             standings(trials, verdict, decided, checks.set_aside(study), goal), verdict, goal
         ),
         actions=user_actions(chosen, config) if chosen is not None and config else [],
-        ds_config=production_config(chosen, config) if chosen is not None and config else None,
+        backend_config=production_config(chosen, config) if chosen is not None and config else None,
         loss_check=checks.load(study, chosen.number) if chosen is not None else None,
         goal_lines=goal_lines(study),
     )

@@ -103,7 +103,7 @@ def probe(args: argparse.Namespace) -> int:
         for job, result, (_, entry) in zip(jobs, results, chosen, strict=True)
     ]
     Path(args.out).write_text(json.dumps(rows, indent=1))
-    write_export(args, exported_job(jobs).spec.ds_config, backend, block_class)
+    write_export(args, exported_job(jobs).spec.backend_config, backend, block_class)
     print(f"{sum(r['status'] == 'ok' for r in rows)} of {len(rows)} FSDP2 candidates measured")
     return 0
 
@@ -127,7 +127,7 @@ def fsdp2_row(job: Any, result: Any, entry: dict, units: int) -> dict[str, Any]:
     from autotune.execution import read_reports
 
     candidate = job.spec.candidate
-    config = job.spec.ds_config
+    config = job.spec.backend_config
     reports = read_reports(job)
     return {
         "label": candidate.label,

@@ -233,7 +233,7 @@ def probe_spec(args: argparse.Namespace, candidate: Any, config: dict, steps: tu
     return ProbeSpec(
         workload=args.workload,
         candidate=candidate,
-        ds_config=config,
+        backend_config=config,
         accelerator=args.accelerator,
         vram_limit_bytes=args.vram,
         device_memory_bytes=args.device_memory,
@@ -349,9 +349,9 @@ def memory_row(job: Any, result: Any, entry: dict, accelerator: str) -> dict:
     candidate = job.spec.candidate
     reports = read_reports(job)
     report = reports[0] if reports else None
-    zero = job.spec.ds_config.get("zero_optimization", {})
+    zero = job.spec.backend_config.get("zero_optimization", {})
     offload = zero.get("offload_optimizer") or zero.get("offload_param") or {}
-    fp16 = job.spec.ds_config.get("fp16", {})
+    fp16 = job.spec.backend_config.get("fp16", {})
     return {
         "label": candidate.label,
         "design": entry["design"],

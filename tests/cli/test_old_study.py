@@ -61,3 +61,19 @@ def test_an_old_study_continues_with_its_stored_flags(tmp_path: Path) -> None:
     assert "4 candidate(s) evaluated before" in done.stdout, done.stdout
     assert "best: trial 1 z0 fp32 mb2x2" in done.stdout, done.stdout
     _same_files(tmp_path / "trials" / "fixture" / "best")
+
+
+def test_an_old_studys_records_read_their_probe_config(tmp_path: Path) -> None:
+    """Records before schema version 5 stored the probe's config as ``ds_config``: it reads
+    as ``backend_config``, and a record written now stores it under the new key alone."""
+    import optuna
+
+    from autotune.study import records
+
+    study = optuna.load_study(study_name="fixture", storage=_copy_of_the_study(tmp_path))
+    trial = study.trials[1]
+    assert "ds_config" in trial.user_attrs and "backend_config" not in trial.user_attrs
+    record = records.read(trial.user_attrs)
+    assert record.backend_config == trial.user_attrs["ds_config"]
+    assert record.backend_config["train_batch_size"] == 4
+    assert "ds_config" not in record.model_dump()

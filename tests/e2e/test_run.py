@@ -95,7 +95,7 @@ def test_study_records_every_probe(study_dir: Path) -> None:
         attrs = trial.user_attrs
         assert attrs["status"] in ("ok", "oom", "error", "timeout")
         assert set(attrs["candidate"]) >= {"precision", "zero_stage", "micro_batch_size"}
-        assert attrs["ds_config"]["train_batch_size"] == 16
+        assert attrs["backend_config"]["train_batch_size"] == 16
         assert attrs["probe_wall_s"] > 0
         assert Path(attrs["trial_dir"], "probe.log").is_file()
         if attrs["status"] == "ok":
@@ -158,7 +158,7 @@ def test_exported_config_is_the_winners_with_the_production_keys(study_dir: Path
     assert decided is not None
     best = load(study_dir).trials[decided.trial]
     assert best.user_attrs.get("feasible")
-    assert config == best.user_attrs["ds_config"]
+    assert config == best.user_attrs["backend_config"]
     for key in ("optimizer", "scheduler", "gradient_clipping", "steps_per_print"):
         assert config[key] == PRODUCTION[key]
     assert (best_dir / "launch.sh").is_file()

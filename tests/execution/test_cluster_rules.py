@@ -19,7 +19,7 @@ from tests.support.cli import run_cli
 @pytest.mark.parametrize("address", ["auto", "10.0.0.5:6379", "head-1:6379", "ray://head:10001"])
 def test_ray_address_forms_are_taken(address: str) -> None:
     flags = RunFlags.resolve({"workload": "gpt-tiny", "ray_address": address}, {})
-    assert flags.settings().ray_address == address
+    assert flags.settings().probe.ray_address == address
 
 
 @pytest.mark.parametrize("address", ["head", "head:0", "head:99999", "http://head:6379", "a b:1"])

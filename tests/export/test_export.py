@@ -1,4 +1,4 @@
-"""Export: trial choice, ds_config over the base config, launch.sh, summary.md.
+"""Export: trial choice, backend_config over the base config, launch.sh, summary.md.
 
 The study here is built from trial records (optuna.trial.create_trial) rather than probes,
 so that every kind of outcome is present; the end-to-end test exports a real study.

@@ -125,7 +125,7 @@ def _loss_run_job(root: Path, name: str, candidate: Candidate) -> ProbeJob:
     spec = ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
-        ds_config=get_backend(candidate.backend).render_config(candidate),
+        backend_config=get_backend(candidate.backend).render_config(candidate),
         accelerator="cpu",
         vram_limit_bytes=8 * 2**30,
         device_memory_bytes=24 * 2**30,

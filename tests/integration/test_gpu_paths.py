@@ -84,7 +84,7 @@ def cuda_job(
         spec=ProbeSpec(
             workload="gpt2",
             candidate=candidate,
-            ds_config=config,
+            backend_config=config,
             accelerator="cuda",
             vram_limit_bytes=limit,
             device_memory_bytes=torch.cuda.get_device_properties(0).total_memory,

@@ -48,7 +48,7 @@ def nvme_job(
     spec = ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
-        ds_config=config,
+        backend_config=config,
         accelerator="cpu",
         vram_limit_bytes=20 * 2**30,
         device_memory_bytes=24 * 2**30,
@@ -92,7 +92,9 @@ def test_nvme_offload_trains_and_each_swap_folder_is_removed(tmp_path: Path) -> 
         nvme_job(tmp_path, "optimizer", candidate("none"), scratch, scratch=True),
         nvme_job(tmp_path, "both", candidate("nvme"), kept, scratch=False),
     ]
-    assert jobs[1].spec.ds_config["zero_optimization"]["offload_param"]["buffer_size"] == 262_144
+    assert (
+        jobs[1].spec.backend_config["zero_optimization"]["offload_param"]["buffer_size"] == 262_144
+    )
     results = launch_probes(jobs)
     assert [(r.status, r.error) for r in results] == [("ok", "")] * 2
     assert not scratch.exists()  # the probe's swap folder went with it

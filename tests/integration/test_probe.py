@@ -450,9 +450,9 @@ def test_deepspeed_cannot_reset_the_peak_counters_during_a_candidate(
     workload = tmp_path / "counting_workload.py"
     workload.write_text(RESET_COUNTING_WORKLOAD.format(folder=str(counts)), encoding="utf-8")
     job = make_job(tmp_path, candidate=candidate)
-    config = {**job.spec.ds_config, **({"data_types": data_types} if data_types else {})}
+    config = {**job.spec.backend_config, **({"data_types": data_types} if data_types else {})}
     spec = job.spec.model_copy(
-        update={"workload": f"{workload}:gpt_tiny", "ds_config": config, "timed_steps": 2}
+        update={"workload": f"{workload}:gpt_tiny", "backend_config": config, "timed_steps": 2}
     )
     result = launch_probe(job.model_copy(update={"spec": spec}))
     assert result.status == "ok", result.error + result.log_tail

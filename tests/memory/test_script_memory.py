@@ -80,7 +80,7 @@ def test_a_minimal_workload_factory_is_enough(tmp_path: Path, monkeypatch) -> No
     assert workload.tokens_per_sample == 1 and workload_study_name(ref) == "mlp"
     monkeypatch.chdir(tmp_path)
     resolved = resolve_run(
-        RunSettings(workload=ref, world_sizes=(2,), trials_dir=tmp_path / "trials")
+        RunSettings.build(workload=ref, world_sizes=(2,), trials_dir=tmp_path / "trials")
     )
     assert resolved.study_name == "mlp"
     assert not any(c.activation_checkpointing for c in resolved.space.candidates())

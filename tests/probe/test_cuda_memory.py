@@ -47,7 +47,7 @@ def cuda_spec(tmp_path: Path, script: Path) -> Path:
             gradient_accumulation_steps=1,
             data_parallel_size=1,
         ),
-        ds_config={},
+        backend_config={},
         accelerator="cuda",
         vram_limit_bytes=LIMIT,
         device_memory_bytes=TOTAL,

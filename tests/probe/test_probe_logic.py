@@ -241,7 +241,7 @@ def _spec() -> ProbeSpec:
     return ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
-        ds_config=DEEPSPEED.render_config(candidate),
+        backend_config=DEEPSPEED.render_config(candidate),
         accelerator="cpu",
         vram_limit_bytes=GiB,
         device_memory_bytes=GiB,

@@ -32,7 +32,7 @@ def _resolved_script_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     script = parse_script(
         "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=EXAMPLE
     )
-    settings = RunSettings(
+    settings = RunSettings.build(
         workload=f"script:{script.path}",
         script=script,
         world_sizes=(2,),
@@ -69,7 +69,7 @@ def test_a_script_study_of_the_default_space_drops_fsdp2_and_the_study_keeps_why
         on_beat=lambda: None,
     ):
         pass  # opening the study stores what the run's space dropped
-    study = load_existing_study(resolved.settings.storage_url, resolved.study_name)
+    study = load_existing_study(resolved.settings.storage.storage_url, resolved.study_name)
     assert dropped_backends(study) == [dropped]
     assert f"backend fsdp2 dropped: {SCRIPT_WITHOUT_FSDP2}" in goal_lines(study)
     assert status_document(study)["dropped_backends"] == [
@@ -115,7 +115,7 @@ def test_a_space_of_fsdp2_only_below_its_floor_is_refused_in_one_line(
         "space lists backend [fsdp2] only, and this study cannot train with fsdp2: "
         f"{FLOOR_REASON}; add deepspeed to 'backend'"
     )
-    settings = RunSettings(workload="gpt-tiny", world_sizes=(2,), space="fsdp2.yaml")
+    settings = RunSettings.build(workload="gpt-tiny", world_sizes=(2,), space="fsdp2.yaml")
     with pytest.raises(SpaceError) as refused:
         resolve_run(settings, CPU)  # what `autotune run` plans first
     assert str(refused.value) == refusal

@@ -57,19 +57,19 @@ def test_on_a_cluster_a_searched_world_size_is_within_a_node_or_whole_nodes() ->
     from autotune.run._resolved_run import _whole_node_world_sizes
     from autotune.settings import RunSettings
 
-    searched = RunSettings(workload="gpt-tiny", world_sizes=(1, 2, 3, 4, 6))
+    searched = RunSettings.build(workload="gpt-tiny", world_sizes=(1, 2, 3, 4, 6))
     notes: list[str] = []
     kept = _whole_node_world_sizes(searched, _hardware(devices_per_node=2), notes)
-    assert (kept.world_sizes, kept.gpus) == ((1, 2, 4, 6), 6)
+    assert (kept.limits.world_sizes, kept.limits.gpus) == ((1, 2, 4, 6), 6)
     assert notes == [
         "3 rank(s) dropped from the world sizes: beyond one node (2 device(s)) a world size "
         "takes whole nodes"
     ]
     one_machine = _whole_node_world_sizes(searched, _hardware(), [])
-    assert one_machine.world_sizes == (1, 2, 3, 4, 6)  # no nodes to fill
-    lonely = RunSettings(workload="gpt-tiny", world_sizes=(3, 5))
+    assert one_machine.limits.world_sizes == (1, 2, 3, 4, 6)  # no nodes to fill
+    lonely = RunSettings.build(workload="gpt-tiny", world_sizes=(3, 5))
+    apart = RunSettings.build(workload="gpt-tiny", world_sizes=(5, 6))
     kept_one = _whole_node_world_sizes(lonely, _hardware(devices_per_node=4), [])
-    assert (kept_one.world_sizes, kept_one.searched_world_sizes) == ((3,), ())
+    assert (kept_one.limits.world_sizes, kept_one.limits.searched_world_sizes) == ((3,), ())
     with pytest.raises(SettingsError, match="no world size fits the cluster's nodes of 4"):
-        _whole_node_world_sizes(lonely.model_copy(update={"world_sizes": (5, 6)}),
-                                _hardware(devices_per_node=4), [])  # fmt: skip
+        _whole_node_world_sizes(apart, _hardware(devices_per_node=4), [])

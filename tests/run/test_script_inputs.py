@@ -23,7 +23,7 @@ def _resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **flags: object):
     script = parse_script(
         "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=EXAMPLE
     )
-    settings = RunSettings(
+    settings = RunSettings.build(
         workload=f"script:{script.path}",
         script=script,
         world_sizes=(2,),

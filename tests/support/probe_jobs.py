@@ -30,7 +30,7 @@ def make_job(
     spec = ProbeSpec(
         workload="gpt-tiny",
         candidate=candidate,
-        ds_config=get_backend(candidate.backend).render_config(candidate),
+        backend_config=get_backend(candidate.backend).render_config(candidate),
         accelerator="cpu",
         vram_limit_bytes=limit_bytes,
         device_memory_bytes=24 * 2**30,

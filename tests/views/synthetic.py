@@ -97,7 +97,7 @@ def make_study(folder: Path) -> str:
             candidate_key=candidate.key,
             label=candidate.label,
             vram_limit_bytes=LIMIT,
-            ds_config=DEEPSPEED.render_config(candidate, None),
+            backend_config=DEEPSPEED.render_config(candidate, None),
             trial_dir=f"trials/{NAME}/trial-{trial.number:04d}",
             predicted_peak_bytes=(peak + 1) * MIB if peak else 900 * MIB,
         )
