@@ -3,8 +3,14 @@ its engine on the rank, its memory terms, its export files), behind one interfac
 (:class:`TrainingBackend`) and a registry of them by name (:func:`get_backend`)."""
 
 from autotune.backends._backend import (
+    BACKEND_ROLES,
     BACKENDS,
     DEFAULT_BACKEND,
+    BackendConfig,
+    BackendEngine,
+    BackendExportText,
+    BackendMemory,
+    BackendSupport,
     TrainingBackend,
     cpu_rank_libraries,
     get_backend,
@@ -33,8 +39,14 @@ register_backend("fsdp2", _fsdp2)
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_ROLES",
     "DEFAULT_BACKEND",
     "ActivationProfile",
+    "BackendConfig",
+    "BackendEngine",
+    "BackendExportText",
+    "BackendMemory",
+    "BackendSupport",
     "Breakdown",
     "ModelFacts",
     "TrainingBackend",

@@ -22,42 +22,122 @@ if TYPE_CHECKING:
     from autotune.script_config import ScriptConfig
 
 
-class TrainingBackend(Protocol):
-    """What a training backend must provide. Each member is the backend's own and the only
-    place its library's details are spelled; the rest of autotune calls these.
+class BackendConfig(Protocol):
+    """The library's config (a backend's config module and its validation).
 
-    - ``name``: the name the registry knows it by ("deepspeed"); ``display_name`` the
-      library's name in text ("DeepSpeed"); ``cpu_ranks_library`` what trains on CPU ranks
-      ("DeepSpeed's CPU accelerator") and ``cpu_ranks_runtime`` what the export says runs
-      them ("gloo" for FSDP2); ``engine_entry`` the call that hands the model to the
-      library, in text ("`deepspeed.initialize`").
-    - ``shards_by_block``: the library wraps the model's transformer blocks one by one
-      (FSDP2's units), so the export names the block class.
+    - ``name``: the name the registry knows the backend by ("deepspeed").
     - ``config_file_name``: the file the export writes the rendered config to, and the name
       a probe's trial folder keeps it under ("ds_config.json").
     - ``render_config(candidate, base, nvme_path=, largest_param_numel=)``: the candidate as
       the library's config, laid over the user's ``base`` config (None: the backend's
       default); the same dict for the probe, the memory model and the export.
       ``largest_param_numel`` sizes buffers that must hold one parameter's partition.
+    - ``validate_config(config, world_size, accelerator)``: check the exported config with
+      the library's own parser for ``world_size`` ranks; raise ExportError if it refuses.
+    - ``with_fallback_optimizer(config)``: ``config`` stepping with the optimizer the backend
+      falls back to where its own did not build (``ensure_ops``' report says when);
+      ``uses_fallback_optimizer(config)`` tells whether a probed config did.
+    - ``config_for_script(config, script)``: the rendered config as the user's own script
+      is given it (probes and the export), for that script's kind.
+    """
+
+    name: str
+    config_file_name: str
+
+    def render_config(
+        self,
+        candidate: Candidate,
+        base: dict[str, Any] | None = None,
+        *,
+        nvme_path: str | None = None,
+        largest_param_numel: int | None = None,
+    ) -> dict[str, Any]: ...
+
+    def validate_config(
+        self, config: dict[str, Any], world_size: int, accelerator: str = "cpu"
+    ) -> None: ...
+
+    def with_fallback_optimizer(self, config: dict[str, Any]) -> dict[str, Any]: ...
+
+    def uses_fallback_optimizer(self, config: dict[str, Any]) -> bool: ...
+
+    def config_for_script(self, config: dict[str, Any], script: ScriptConfig) -> dict[str, Any]: ...
+
+
+class BackendSupport(Protocol):
+    """What this machine and this study allow of the library (its ops, its torch floor).
+
+    - ``torch_floor``: the oldest torch release (major, minor) the backend trains with;
+      ``unavailable(script=)``: why a study cannot train with the backend here, in one line
+      with the fix (the installed torch below ``torch_floor``; a ``script`` study, where
+      the backend cannot probe the user's script), or None. A run drops such a backend
+      from the space, and the study keeps the reason.
     - ``ensure_ops(hardware, offload_targets, emit=)``: build (once, cached) the compiled ops
       the candidates with these offload targets need, before any probe starts; returns the
       backend's report of what it built.
-    - ``sharded_build(candidate, config)``: on a probe's rank, a context under which the
-      workload's model is built without a whole copy for this candidate (DeepSpeed's
-      ZeRO-3: partitioned under ``zero.Init``; FSDP2: its parameters on the meta device,
-      given memory shard by shard in ``initialize_engine``), or None to build it whole.
+    - ``nvme_offload_problem(hardware)``: why NVMe offload cannot be served on this
+      hardware (one line), or None; ``partial_offload_supported()``: whether the library
+      can offload a share of the optimizer states (``offload_optimizer_ratio`` < 1).
+    """
+
+    torch_floor: tuple[int, int]
+
+    def unavailable(self, *, script: bool) -> str | None: ...
+
+    def ensure_ops(
+        self,
+        hardware: Hardware,
+        offload_targets: Iterable[str] | None = None,
+        emit: events.Emit = events.ignore,
+    ) -> Any: ...
+
+    def nvme_offload_problem(self, hardware: Hardware) -> str | None: ...
+
+    def partial_offload_supported(self) -> bool: ...
+
+
+class BackendEngine(Protocol):
+    """The library on a probe's rank (a backend's engine module).
+
     - ``prepare_rank_process()``: once in a probe's rank process, before any candidate: what
       the library needs of the process (for DeepSpeed, op loads under kernel locks with the
       environment's build tools). ``start_process_group()``: on the rank, join the ranks'
       process group the library's own way, with the communication backend of
       ``_process_group.process_group_backend`` (a warm rank's group serves both backends).
+    - ``sharded_build(candidate, config)``: a context under which the workload's model is
+      built without a whole copy for this candidate (DeepSpeed's ZeRO-3: partitioned under
+      ``zero.Init``; FSDP2: its parameters on the meta device, given memory shard by shard
+      in ``initialize_engine``), or None to build it whole.
     - ``parameter_precision(candidate)``: the precision the model's parameters are built
       and held in on the rank (DeepSpeed: the candidate's; FSDP2: fp32, computing in the
       candidate's); its batches are made in it too.
-    - ``initialize_engine(model, config, units)``: on a probe's rank, the training engine
-      over ``model`` for ``config``: it has ``forward``/``backward``/``step`` as the probe
-      times; ``units`` are the modules a sharding backend wraps one by one (the workload's
-      ``shard_units``).
+    - ``initialize_engine(model, config, units)``: the training engine over ``model`` for
+      ``config``: it has ``forward``/``backward``/``step`` as the probe times; ``units`` are
+      the modules a sharding backend wraps one by one (the workload's ``shard_units``).
+    - ``whole_parameters(model)``: a context in which the engine's parameters are whole (to
+      load seeded weights).
+    """
+
+    def prepare_rank_process(self) -> None: ...
+
+    def start_process_group(self) -> None: ...
+
+    def sharded_build(
+        self, candidate: Candidate, config: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[Any] | None: ...
+
+    def parameter_precision(self, candidate: Candidate) -> str: ...
+
+    def initialize_engine(
+        self, model: Any, config: dict[str, Any], units: list[Any] | None = None
+    ) -> Any: ...
+
+    def whole_parameters(self, model: Any) -> contextlib.AbstractContextManager[Any]: ...
+
+
+class BackendMemory(Protocol):
+    """The library's memory terms (a backend's memory modules), which the memory model sums.
+
     - ``calibration_group(candidate)``: the candidates whose measured peaks calibrate one
       memory correction together (a ZeRO stage; FSDP2's sharding);
       ``holds_reduce_bucket(candidate)``: the library holds a gradient reduce bucket beside
@@ -71,78 +151,7 @@ class TrainingBackend(Protocol):
       are below its peak (``host``: the steady bytes of ``model_states``); {} where the
       host holds its peak throughout. A CPU rank keeps device and host in one RAM, so its
       peak is the most the two hold in one phase.
-    - ``validate_config(config, world_size, accelerator)``: check the exported config with
-      the library's own parser for ``world_size`` ranks; raise ExportError if it refuses.
-    - ``with_fallback_optimizer(config)``: ``config`` stepping with the optimizer the backend
-      falls back to where its own did not build (``ensure_ops``' report says when);
-      ``uses_fallback_optimizer(config)`` tells whether a probed config did.
-    - ``torch_floor``: the oldest torch release (major, minor) the backend trains with;
-      ``unavailable(script=)``: why a study cannot train with the backend here, in one line
-      with the fix (the installed torch below ``torch_floor``; a ``script`` study, where
-      the backend cannot probe the user's script), or None. The plan drops such a backend
-      from the space, and the study keeps the reason.
-    - ``nvme_offload_problem(hardware)``: why NVMe offload cannot be served on this
-      hardware (one line), or None; ``partial_offload_supported()``: whether the library
-      can offload a share of the optimizer states (``offload_optimizer_ratio`` < 1).
-    - ``config_for_script(config, script)``: the rendered config as the user's own script
-      is given it (probes and the export), for that script's kind.
-    - ``launch_script(origin, ranks, accelerator, threads_per_rank, env, config)``: the
-      export's ``launch.sh`` that starts the user's script (its first argument) with the
-      exported ``config`` and exports ``env`` (what production must set to compute as the
-      probes did);
-      ``script_launch_script(...)`` the one for a study of the user's own script, run with
-      its tuned arguments; ``config_usage_lines(ranks, script_name)`` the summary's lines on
-      how to use the config and ``launch.sh``. ``origin`` and ``script_name`` arrive
-      printable, the arguments quoted for bash.
-    - ``export_files(config, ranks, accelerator, block_class)``: the files the export writes
-      beside the config (name to text; FSDP2's accelerate config), ``block_class`` naming
-      the class of the model's transformer blocks; ``code_lines(config)`` the lines of
-      code summary.md shows for a plain-torch script (none for DeepSpeed).
-      ``precision_actions(candidate)``: what the user's code must do about the candidate's
-      precision under this library; ``setup_actions(candidate, base)``: what else it must do
-      to train as the probes did (``base``: the user's base config).
     """
-
-    name: str
-    display_name: str
-    cpu_ranks_library: str
-    cpu_ranks_runtime: str
-    engine_entry: str
-    shards_by_block: bool
-    config_file_name: str
-    torch_floor: tuple[int, int]
-
-    def render_config(
-        self,
-        candidate: Candidate,
-        base: dict[str, Any] | None = None,
-        *,
-        nvme_path: str | None = None,
-        largest_param_numel: int | None = None,
-    ) -> dict[str, Any]: ...
-
-    def ensure_ops(
-        self,
-        hardware: Hardware,
-        offload_targets: Iterable[str] | None = None,
-        emit: events.Emit = events.ignore,
-    ) -> Any: ...
-
-    def sharded_build(
-        self, candidate: Candidate, config: dict[str, Any]
-    ) -> contextlib.AbstractContextManager[Any] | None: ...
-
-    def prepare_rank_process(self) -> None: ...
-
-    def start_process_group(self) -> None: ...
-
-    def parameter_precision(self, candidate: Candidate) -> str: ...
-
-    def initialize_engine(
-        self, model: Any, config: dict[str, Any], units: list[Any] | None = None
-    ) -> Any: ...
-
-    def whole_parameters(self, model: Any) -> contextlib.AbstractContextManager[Any]: ...
 
     def calibration_group(self, candidate: Candidate) -> str: ...
 
@@ -165,21 +174,37 @@ class TrainingBackend(Protocol):
         self, candidate: Candidate, facts: ModelFacts, host: Breakdown
     ) -> dict[str, Breakdown]: ...
 
-    def validate_config(
-        self, config: dict[str, Any], world_size: int, accelerator: str = "cpu"
-    ) -> None: ...
 
-    def with_fallback_optimizer(self, config: dict[str, Any]) -> dict[str, Any]: ...
+class BackendExportText(Protocol):
+    """What the export and the status say of the library (a backend's export-text module).
 
-    def uses_fallback_optimizer(self, config: dict[str, Any]) -> bool: ...
+    - ``display_name``: the library's name in text ("DeepSpeed"); ``cpu_ranks_library``
+      what trains on CPU ranks ("DeepSpeed's CPU accelerator") and ``cpu_ranks_runtime``
+      what the export says runs them ("gloo" for FSDP2); ``engine_entry`` the call that
+      hands the model to the library, in text ("`deepspeed.initialize`");
+      ``shards_by_block``: the library wraps the model's transformer blocks one by one
+      (FSDP2's units), so the export names the block class.
+    - ``launch_script(origin, ranks, accelerator, threads_per_rank, env, config)``: the
+      export's ``launch.sh`` that starts the user's script (its first argument) with the
+      exported ``config`` and exports ``env`` (what production must set to compute as the
+      probes did); ``script_launch_script(...)`` the one for a study of the user's own
+      script, run with its tuned arguments; ``config_usage_lines(ranks, script_name)`` the
+      summary's lines on how to use the config and ``launch.sh``. ``origin`` and
+      ``script_name`` arrive printable, the arguments quoted for bash.
+    - ``export_files(config, ranks, accelerator, block_class)``: the files the export writes
+      beside the config (name to text; FSDP2's accelerate config), ``block_class`` naming
+      the class of the model's transformer blocks; ``code_lines(config)`` the lines of
+      code summary.md shows for a plain-torch script (none for DeepSpeed).
+    - ``precision_actions(candidate)``: what the user's code must do about the candidate's
+      precision under this library; ``setup_actions(candidate, base)``: what else it must do
+      to train as the probes did (``base``: the user's base config).
+    """
 
-    def unavailable(self, *, script: bool) -> str | None: ...
-
-    def nvme_offload_problem(self, hardware: Hardware) -> str | None: ...
-
-    def partial_offload_supported(self) -> bool: ...
-
-    def config_for_script(self, config: dict[str, Any], script: ScriptConfig) -> dict[str, Any]: ...
+    display_name: str
+    cpu_ranks_library: str
+    cpu_ranks_runtime: str
+    engine_entry: str
+    shards_by_block: bool
 
     def launch_script(
         self,
@@ -217,6 +242,25 @@ class TrainingBackend(Protocol):
     def precision_actions(self, candidate: Candidate) -> list[str]: ...
 
     def setup_actions(self, candidate: Candidate, base: dict[str, Any]) -> list[str]: ...
+
+
+class TrainingBackend(
+    BackendConfig, BackendSupport, BackendEngine, BackendMemory, BackendExportText, Protocol
+):
+    """What a training backend must provide: its roles (:data:`BACKEND_ROLES`), each
+    answered by the backend's own modules, the only place its library's details are
+    spelled; the rest of autotune calls these. Code that needs one role may take it alone
+    (the memory model takes a :class:`BackendMemory`)."""
+
+
+# The roles a backend plays, each a protocol of its own; every member is in one of them.
+BACKEND_ROLES: tuple[type, ...] = (
+    BackendConfig,
+    BackendSupport,
+    BackendEngine,
+    BackendMemory,
+    BackendExportText,
+)
 
 
 # The backend of a space that names none (its ``backend`` key left out).

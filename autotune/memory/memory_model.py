@@ -4,7 +4,7 @@
 host, broken into parameters, gradients, optimizer states, activations, communication
 buckets and workspace, and says which phase of a step peaks.
 
-The training backend states its own terms (:class:`autotune.backends.TrainingBackend`):
+The training backend states its own terms (its role :class:`autotune.backends.BackendMemory`):
 the steady model states a rank holds after the first optimizer step and what the backend
 allocates on top of them, phase by phase of a step. For DeepSpeed's ZeRO these are
 :mod:`autotune.backends.deepspeed._model_states` and
@@ -37,7 +37,7 @@ from autotune.hardware import Accelerator
 from autotune.workloads.blocks import block_params, shard_units
 
 if TYPE_CHECKING:
-    from autotune.backends import TrainingBackend
+    from autotune.backends import BackendMemory
     from autotune.workloads import Workload
 
 MiB = 2**20
@@ -146,7 +146,7 @@ class MemoryModel:
         accelerator: Accelerator = "cpu",
         base_config: dict[str, Any] | None = None,
         calibration: Calibration | None = None,
-        backend: TrainingBackend | None = None,
+        backend: BackendMemory | None = None,
     ) -> None:
         self.workload = workload
         self.accelerator = accelerator
@@ -167,7 +167,7 @@ class MemoryModel:
         )
         return model_facts(self.workload, threshold)
 
-    def backend_of(self, candidate: Candidate) -> TrainingBackend:
+    def backend_of(self, candidate: Candidate) -> BackendMemory:
         """The backend that states ``candidate``'s memory terms."""
         return self.backend or get_backend(candidate.backend)
 

@@ -11,7 +11,14 @@ from typing import Protocol
 
 import pytest
 
-from autotune.backends import BACKENDS, Breakdown, ModelFacts, TrainingBackend, get_backend
+from autotune.backends import (
+    BACKEND_ROLES,
+    BACKENDS,
+    Breakdown,
+    ModelFacts,
+    TrainingBackend,
+    get_backend,
+)
 from autotune.backends import register_backend as register
 from autotune.backends.deepspeed import DeepSpeedBackend
 from autotune.candidate import Candidate, FsdpKnobs
@@ -54,9 +61,27 @@ def _candidate(backend: TrainingBackend) -> Candidate:
 
 
 def _members(protocol: type[Protocol]) -> set[str]:  # type: ignore[valid-type]
-    declared = set(getattr(protocol, "__annotations__", {}))
+    """The members ``protocol`` declares itself (not its bases')."""
+    declared = set(vars(protocol).get("__annotations__", {}))
     methods = {n for n, v in vars(protocol).items() if callable(v) and not n.startswith("_")}
     return declared | methods
+
+
+def _all_members() -> set[str]:
+    return set().union(*(_members(role) for role in BACKEND_ROLES))
+
+
+def test_every_member_is_in_one_role_and_the_backend_is_its_roles() -> None:
+    """The roles split the interface: no member in two roles, and TrainingBackend declares
+    none of its own beyond them."""
+    seen: dict[str, str] = {}
+    for role in BACKEND_ROLES:
+        for member in _members(role):
+            assert member not in seen, f"{member} in {seen.get(member)} and {role.__name__}"
+            seen[member] = role.__name__
+    assert _members(TrainingBackend) == set()
+    assert set(BACKEND_ROLES) <= set(TrainingBackend.__mro__)
+    assert len(seen) >= 30
 
 
 def test_every_registered_backend_is_checked() -> None:
@@ -64,7 +89,7 @@ def test_every_registered_backend_is_checked() -> None:
 
 
 def test_a_backend_has_every_member_of_the_protocol(backend: TrainingBackend) -> None:
-    missing = sorted(m for m in _members(TrainingBackend) if not hasattr(backend, m))
+    missing = sorted(m for m in _all_members() if not hasattr(backend, m))
     assert missing == []
 
 
