@@ -12,9 +12,8 @@ import pytest
 
 from autotune.backends import _torch_floor
 from tests.support.hardware import CPU
-from tests.support.paths import ROOT
+from tests.support.scripted import example_script_run
 
-EXAMPLE = ROOT / "examples" / "vision_deepspeed"
 OLD_TORCH = "2.7.1+cu126"  # fully_shard public (2.6), reshard_after_forward=None not (2.8)
 FLOOR_REASON = (
     "it needs torch 2.8 or later (fully_shard with reshard_after_forward=None for the root "
@@ -24,23 +23,9 @@ FLOOR_REASON = (
 
 
 def _resolved_script_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from autotune.run import resolve_run
-    from autotune.script_config import parse_script
-    from autotune.settings import RunSettings
-
-    monkeypatch.chdir(EXAMPLE)
-    script = parse_script(
-        "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=EXAMPLE
+    return example_script_run(
+        tmp_path, monkeypatch, CPU, space="default", storage_url=f"sqlite:///{tmp_path}/autotune.db"
     )
-    settings = RunSettings.build(
-        workload=f"script:{script.path}",
-        script=script,
-        world_sizes=(2,),
-        space="default",
-        storage_url=f"sqlite:///{tmp_path}/autotune.db",
-        trials_dir=tmp_path / "trials",
-    )
-    return resolve_run(settings, CPU)
 
 
 def test_a_script_study_of_the_default_space_drops_fsdp2_and_the_study_keeps_why(

@@ -7,31 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.scripted import example_script_run
 
-EXAMPLE = ROOT / "examples" / "vision_deepspeed"
 SPACE = "precision: [fp32]\nzero_stage: [0]\nmicro_batch_size: [2, 4, 8, 16]\n"
 
 
 def _resolved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **flags: object):
-    from autotune.run._resolved_run import resolve_run
-    from autotune.script_config import parse_script
-    from autotune.settings import RunSettings
-
-    monkeypatch.chdir(EXAMPLE)
     (tmp_path / "space.yaml").write_text(SPACE)
-    script = parse_script(
-        "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=EXAMPLE
-    )
-    settings = RunSettings.build(
-        workload=f"script:{script.path}",
-        script=script,
-        world_sizes=(2,),
-        space=str(tmp_path / "space.yaml"),
-        trials_dir=tmp_path / "trials",
-        **flags,
-    )
-    return resolve_run(settings)
+    return example_script_run(tmp_path, monkeypatch, space=str(tmp_path / "space.yaml"), **flags)
 
 
 def test_global_batch_auto_searches_the_batch_of_a_script(tmp_path, monkeypatch) -> None:

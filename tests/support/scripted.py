@@ -80,3 +80,26 @@ class ScriptedExecutor:
     def cancel_all(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+def example_script_run(tmp_path, monkeypatch, hardware=None, **settings: object):
+    """A run of ``examples/vision_deepspeed``'s unedited script on 2 ranks, resolved (its
+    trials folder in ``tmp_path``); ``settings`` by their flat names."""
+    from autotune.run import resolve_run
+    from autotune.script_config import parse_script
+    from autotune.settings import RunSettings
+    from tests.support.paths import ROOT
+
+    example = ROOT / "examples" / "vision_deepspeed"
+    monkeypatch.chdir(example)
+    script = parse_script(
+        "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=example
+    )
+    built = RunSettings.build(
+        workload=f"script:{script.path}",
+        script=script,
+        world_sizes=(2,),
+        trials_dir=tmp_path / "trials",
+        **settings,
+    )
+    return resolve_run(built, hardware)
