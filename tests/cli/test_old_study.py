@@ -11,6 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.support.cli import run_cli
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "study_c33bdea"
@@ -44,6 +46,7 @@ def test_an_old_study_exports_the_same_best(tmp_path: Path) -> None:
     _same_files(out)
 
 
+@pytest.mark.slow  # its run builds DeepSpeed's ops where none are built yet (the suite's set-up)
 def test_an_old_study_continues_with_its_stored_flags(tmp_path: Path) -> None:
     """The continue takes the stored flags back (the workload, the world size, the sampler,
     the executor, no confirmation round), finds every candidate probed and exports the best

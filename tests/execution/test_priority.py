@@ -33,7 +33,7 @@ def _probe_prelude(
         preexec_fn=start_as_a_ray_worker,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=600,  # a nice-15 process waits behind everything else on a busy machine
     )
 
 
