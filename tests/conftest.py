@@ -49,13 +49,12 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; none on this machine"))
 
 
-# DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build and
-# only two tests load (many compile units, minutes of CPU even with its precompiled torch
-# header; benchmarks/RESULTS.md), is built into the default cache in the background from
-# the moment the newcomer's ops are in, beside that run's study (whose budget is wall-clock:
-# what the build takes from it costs no time) and the other worker's tests, none of which
-# waits for it. At the lowest CPU priority it got almost nothing beside two busy workers,
-# and the first test that loaded the op waited minutes for it. The tests that load it
+# DeepSpeed's async I/O op (NVMe offload), the one op README's command 1 does not build and only two
+# tests load (many compile units, minutes of CPU; benchmarks/RESULTS.md), is built into the default
+# cache in the background from the moment the newcomer's ops are in, beside that run's study (whose
+# budget is wall-clock: what the build takes from it costs no time) and the other worker's tests,
+# none of which waits for it. At the lowest CPU priority it got almost nothing beside two busy
+# workers, and the first test that loaded the op waited minutes for it. The tests that load it
 # (marked ``nvme_op``) run late and wait for it through the op's lock; where no newcomer's
 # run started it they build it themselves.
 _BACKGROUND_BUILD = """

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from autotune import events
-from autotune.backends.deepspeed import _op_pch as op_pch
 from autotune.backends.deepspeed._cpu_info import remember_cpu_info
 from autotune.backends.deepspeed._op_locks import op_lock
 from autotune.cache_dir import cache_root
@@ -115,11 +114,9 @@ def guard_op_loads() -> str:
     (:func:`op_lock`), with the environment's build tools; returns the op folder.
 
     DeepSpeed loads ops deep inside ``deepspeed.initialize`` (optimizers, communication), so
-    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``, and so does the
-    compiler it builds with (:mod:`autotune.backends.deepspeed._op_pch`: a precompiled torch
-    header, objects
-    shared between ops). The CPU facts each load asks for are asked once per boot
-    (:mod:`autotune.backends.deepspeed._cpu_info`)."""
+    the lock goes around its one JIT entry point, ``OpBuilder.jit_load``; torch builds each
+    op as it would without autotune, debug information aside. The CPU facts each load asks
+    for are asked once per boot (:mod:`autotune.backends.deepspeed._cpu_info`)."""
     root = build_environment()
     remember_cpu_info()
     from deepspeed.ops.op_builder.builder import OpBuilder
@@ -129,9 +126,7 @@ def guard_op_loads() -> str:
         return root
 
     def jit_load(self: Any, verbose: bool = True) -> Any:
-        folder = torch_extensions_dir()
-        wrappers = os.path.join(cache_root(), "op-compiler")
-        with op_lock(folder, self.name), op_pch.compiling(self, folder, wrappers):
+        with op_lock(torch_extensions_dir(), self.name):
             _without_debug_info(self)
             return original(self, verbose)
 
