@@ -45,8 +45,9 @@ engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters
 steps = 3 if args.mode == "short" else 1000
 try:
     for micro_step in range(steps * engine.gradient_accumulation_steps()):
-        if args.mode == "crash" and micro_step == 4:
-            raise ValueError("boom: a bad sample at micro-step 4")
+        # before the probe's fewest steps (2 warm-up, 2 timed), so it always reaches the crash
+        if args.mode == "crash" and micro_step == 2:
+            raise ValueError("boom: a bad sample at micro-step 2")
         x = torch.randn(engine.train_micro_batch_size_per_gpu(), 32)
         loss = engine(x).pow(2).mean()
         engine.backward(loss)
