@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 Precision = Literal["fp32", "bf16", "fp16"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -151,8 +159,14 @@ class Candidate(BaseModel):
         description="Micro-batches accumulated per optimizer step."
     )
     data_parallel_size: PositiveInt = Field(description="Ranks the batch is split over.")
-    activation_checkpointing: bool = Field(
-        default=False, description="Recompute each transformer block's activations in backward."
+    checkpoint_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of the model's blocks whose activations are recomputed in "
+        "backward, the first ones in forward order (0: none, 1: every block). Stored as "
+        "``activation_checkpointing`` (false or true) where it is 0 or 1, the spelling of "
+        "the all-or-nothing switch that studies stored before the fraction existed.",
     )
     zero_knobs: ZeroKnobs = Field(
         default_factory=ZeroKnobs, description="Fine ZeRO knobs this candidate sets."
@@ -163,6 +177,34 @@ class Candidate(BaseModel):
     fsdp: FsdpKnobs | None = Field(
         default=None, description="How fully_shard is called (the fsdp2 backend only)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _checkpointing_switch(cls, values: Any) -> Any:
+        """``activation_checkpointing: true`` (the switch) is ``checkpoint_fraction: 1``."""
+        if isinstance(values, dict) and "activation_checkpointing" in values:
+            values = dict(values)
+            switch = values.pop("activation_checkpointing")
+            if "checkpoint_fraction" in values:
+                raise ValueError("give activation_checkpointing or checkpoint_fraction, not both")
+            values["checkpoint_fraction"] = 1.0 if switch else 0.0
+        return values
+
+    @model_serializer(mode="wrap")
+    def _stored(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """All or none of the blocks recomputed is stored as the switch
+        ``activation_checkpointing``, in the field's place: records, keys and tables of
+        studies that never search a fraction read as they did before it existed."""
+        values = handler(self)
+        fraction = values.get("checkpoint_fraction")
+        if fraction not in (0.0, 1.0):
+            return values
+        return {
+            ("activation_checkpointing" if name == "checkpoint_fraction" else name): (
+                bool(value) if name == "checkpoint_fraction" else value
+            )
+            for name, value in values.items()
+        }
 
     @model_validator(mode="after")
     def _backend_fields(self) -> Candidate:
@@ -193,24 +235,39 @@ class Candidate(BaseModel):
         return self.micro_batch_size * self.gradient_accumulation_steps * self.data_parallel_size
 
     @property
+    def activation_checkpointing(self) -> bool:
+        """Some block's activations are recomputed in backward."""
+        return self.checkpoint_fraction > 0
+
+    @property
+    def checkpoint_label(self) -> str:
+        """``ckpt`` (every block recomputed), ``ckpt:0.5`` (half of them), or "" (none)."""
+        if not self.activation_checkpointing:
+            return ""
+        return "ckpt" if self.checkpoint_fraction == 1 else f"ckpt:{self.checkpoint_fraction:.2g}"
+
+    @property
     def fsdp_cpu_offload(self) -> bool:
         """An fsdp2 candidate's ``CPUOffloadPolicy``: parameters, gradients and the
         optimizer step on the host."""
         return self.fsdp is not None and self.offload_param == "cpu"
 
     @property
-    def moving_parts(self) -> tuple[int, ...]:
+    def moving_parts(self) -> tuple[float, ...]:
         """Where the candidate stands in the simplicity order, lower simpler, compared in
         this order (docs/architecture.md, "The simplicity order"): how far it offloads
         (none, cpu, nvme; the farther of optimizer and parameters), whether parameters are
-        offloaded too, activation checkpointing, the ZeRO stage, the accumulation steps,
+        offloaded too, the share of blocks recomputed, the ZeRO stage, the accumulation steps,
         the fine ZeRO knobs it sets. Each adds host memory, traffic or code paths that can
         fail in production."""
         reach = {"none": 0, "cpu": 1, "nvme": 2}
         return (
             max(reach[self.offload_optimizer], reach[self.offload_param]),
             reach[self.offload_param],
-            int(self.activation_checkpointing),
+            # all or none stays an int: the order stored studies' rounds recorded
+            int(self.checkpoint_fraction)
+            if self.checkpoint_fraction in (0, 1)
+            else self.checkpoint_fraction,
             self.zero_stage,
             self.gradient_accumulation_steps,
             len(self.zero_knobs.items()),
@@ -251,7 +308,7 @@ class Candidate(BaseModel):
         split = f"mb{self.micro_batch_size}x{self.gradient_accumulation_steps}"
         if self.fsdp is not None:
             offload = ["cpu"] if self.offload_param == "cpu" else []
-            ckpt = ["ckpt"] if self.activation_checkpointing else []
+            ckpt = [self.checkpoint_label] if self.activation_checkpointing else []
             return " ".join(["fsdp2", self.precision, split, self.fsdp.label(), *offload, *ckpt])
         parts = [f"z{self.zero_stage}", self.precision, split]
         if self.offload_optimizer != "none":
@@ -260,12 +317,12 @@ class Candidate(BaseModel):
         if self.offload_param != "none":
             parts.append(f"param:{self.offload_param}")
         if self.activation_checkpointing:
-            parts.append("ckpt")
+            parts.append(self.checkpoint_label)
         knobs = self.zero_knobs.label()
         return " ".join([*parts, knobs] if knobs else parts)
 
 
-def simpler_because(simpler: tuple[int, ...], other: tuple[int, ...]) -> str:
+def simpler_because(simpler: tuple[float, ...], other: tuple[float, ...]) -> str:
     """Why a candidate with ``simpler`` moving parts (:attr:`Candidate.moving_parts`) is
     simpler than one with ``other``, from the first place where they differ; "" when it is
     not simpler."""
@@ -277,7 +334,7 @@ def simpler_because(simpler: tuple[int, ...], other: tuple[int, ...]) -> str:
     return (
         "no offload" if mine == 0 else "offloads to CPU, not NVMe",
         "parameters stay on the device",
-        "no activation checkpointing",
+        "no activation checkpointing" if mine == 0 else "fewer blocks recomputed",
         f"ZeRO-{mine}, not ZeRO-{theirs}",
         f"{mine} accumulation step{'s' * (mine != 1)}, not {theirs}",
         "fewer fine ZeRO knobs",

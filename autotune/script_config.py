@@ -35,6 +35,7 @@ DIMENSIONS = {
     "micro_batch_size": True,
     "gradient_accumulation_steps": True,
     "activation_checkpointing": False,
+    "checkpoint_fraction": True,
     "bf16": False,
     "fp16": False,
 }
@@ -72,7 +73,8 @@ class ScriptConfig(BaseModel):
     flags: dict[str, str] = Field(
         default_factory=dict,
         description="Dimension -> the script's flag that carries it (micro_batch_size, "
-        "gradient_accumulation_steps, activation_checkpointing, bf16, fp16).",
+        "gradient_accumulation_steps, activation_checkpointing, checkpoint_fraction, bf16, "
+        "fp16).",
     )
     config_flag: str | None = Field(
         default=None, description="The flag naming its DeepSpeed config file, if any."
@@ -96,6 +98,7 @@ class ScriptConfig(BaseModel):
             "micro_batch_size": str(candidate.micro_batch_size),
             "gradient_accumulation_steps": str(candidate.gradient_accumulation_steps),
             "activation_checkpointing": candidate.activation_checkpointing,
+            "checkpoint_fraction": f"{candidate.checkpoint_fraction:g}",
             "bf16": candidate.precision == "bf16",
             "fp16": candidate.precision == "fp16",
         }

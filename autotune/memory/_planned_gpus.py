@@ -65,6 +65,7 @@ def plan_candidates(
     from autotune.memory.memory_model import MemoryModel, largest_layer_params, model_facts
     from autotune.space import load_space
     from autotune.workloads import get_workload
+    from autotune.workloads.blocks import partial_checkpointing_blocks
 
     started = time.monotonic()
     workload = get_workload(workload_ref)
@@ -72,7 +73,8 @@ def plan_candidates(
     host_ram = host_ram_bytes or int(psutil.virtual_memory().total)
     target = _planned_hardware(gpus, vram_bytes, host_ram)
     batch = global_batch or workload.default_global_batch
-    bound = spec.bind(target, data_parallel_size=gpus, global_batch=batch)
+    blocks = partial_checkpointing_blocks(workload) if spec.checkpoint_fraction else None
+    bound = spec.bind(target, data_parallel_size=gpus, global_batch=batch, checkpoint_blocks=blocks)
     threshold = vram_bytes * (1.0 - margin)
     model = MemoryModel(workload, accelerator=target.accelerator)
     rows = _planned_rows(bound, model, threshold, gpus, host_ram)

@@ -47,6 +47,7 @@ TRACING_MODULES = (
     "autotune.memory.memory_model",
     "autotune.backends._memory_terms",
     "autotune.workloads.base",
+    "autotune.workloads.blocks",
 )
 # Each file (by path) read once per process; what this process stores is added to its copy.
 _read: dict[str, dict[str, Any]] = {}
@@ -94,11 +95,19 @@ def _path(key: str) -> Path:
 
 
 def entry_name(
-    micro_batch_size: int, dtype_name: str, checkpointing: bool, kind: str, target: str
+    micro_batch_size: int,
+    dtype_name: str,
+    checkpointing: bool | tuple[int, int],
+    kind: str,
+    target: str,
 ) -> str:
     """The name an activation profile is kept under in its model's file: a trace of CUDA's
-    kernels (``target`` ``cuda``) is another entry than one of the CPU's."""
-    mode = "ckpt" if checkpointing else "full"
+    kernels (``target`` ``cuda``) is another entry than one of the CPU's. ``checkpointing``:
+    every block recomputed or none, or (recomputed, of blocks)."""
+    if isinstance(checkpointing, tuple):
+        mode = f"ckpt{checkpointing[0]}of{checkpointing[1]}"
+    else:
+        mode = "ckpt" if checkpointing else "full"
     return f"mb{micro_batch_size}-{dtype_name}-{mode}-{kind}-{target}"
 
 

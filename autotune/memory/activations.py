@@ -24,12 +24,22 @@ stacks are traced and the line extrapolated, so a 70B model costs small traces. 
 linear in the micro-batch (where the backward peak falls moves with it, with checkpointing
 most of all), so each micro-batch is traced. Fake models are built once per stack depth,
 dtype and checkpointing, and reused across micro-batches.
+
+A model whose first k of n blocks are recomputed (a ``checkpoint_fraction`` between 0 and 1)
+holds two kinds of block, each traced as it runs: recomputed blocks keep their input, kept
+blocks all their activations, and backward recomputes one block at a time after the kept
+ones are freed. Its peak is the largest of a few events (backward's start, a block's
+recomputation, the loss), each linear in the count of each kind, so it is linear along a
+line of fixed proportion once one event leads: the smallest stack of that proportion (k/g
+recomputed of n/g, g their greatest common divisor) and twice it are traced, and the line
+through them read at n; where twice that stack is the whole model, the whole is traced.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,6 +52,10 @@ if TYPE_CHECKING:
 TRACE_LAYERS = (1, 2)
 Kind = Literal["kept", "accumulate", "dropped"]
 Target = Literal["cpu", "cuda"]
+# Which blocks a traced model recomputes: every one (True), none (False), or the first k of
+# its n (``(k, n)``, :func:`autotune.workloads.blocks.checkpoint_leading_blocks`). A tuple,
+# not an int: caches would take 1 for True.
+Recomputed = bool | tuple[int, int]
 
 
 def _dtype_name(precision: str) -> str:
@@ -52,7 +66,7 @@ class _FakeModel:
     """A workload's model on fake tensors, whose gradient hooks count the gradients held."""
 
     def __init__(
-        self, workload: Workload, dtype_name: str, checkpointing: bool, target: Target
+        self, workload: Workload, dtype_name: str, checkpointing: Recomputed, target: Target
     ) -> None:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -73,8 +87,10 @@ class _FakeModel:
                 self.model = workload.build_model()
             finally:
                 torch.set_default_dtype(previous)
-            if checkpointing:
+            if checkpointing is True:
                 workload.enable_activation_checkpointing(self.model)
+            elif checkpointing is not False:
+                workload.enable_activation_checkpointing(self.model, blocks=checkpointing[0])
             self.model.train()
         self.parameters = list(self.model.parameters())
         for parameter in self.parameters:
@@ -257,7 +273,7 @@ def _unpacked_sequences() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=16)
 def _fake_model(
-    workload: Workload, dtype_name: str, checkpointing: bool, target: Target
+    workload: Workload, dtype_name: str, checkpointing: Recomputed, target: Target
 ) -> _FakeModel:
     return _FakeModel(workload, dtype_name, checkpointing, target)
 
@@ -275,7 +291,7 @@ def trace_once(
     workload: Workload,
     micro_batch_size: int,
     precision: str,
-    checkpointing: bool,
+    checkpointing: Recomputed,
     kind: Kind = "kept",
     target: Target = "cpu",
 ) -> ActivationProfile:
@@ -289,14 +305,66 @@ def profile(
     workload: Workload,
     micro_batch_size: int,
     precision: str,
-    checkpointing: bool,
+    checkpoint_fraction: float,
     kind: Kind = "kept",
     target: Target = "cpu",
 ) -> ActivationProfile:
-    """The activation profile of ``kind`` at a micro-batch on ``target``'s kernels,
-    extrapolated over blocks."""
+    """The activation profile of ``kind`` at a micro-batch on ``target``'s kernels with
+    ``checkpoint_fraction`` of the blocks recomputed, extrapolated over blocks."""
     # fp16 and bf16 trace alike: one cache entry for both
-    return _profile(workload, micro_batch_size, _dtype_name(precision), checkpointing, kind, target)
+    dtype_name = _dtype_name(precision)
+    if checkpoint_fraction in (0, 1):
+        checkpointing = checkpoint_fraction == 1
+        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target)
+    return _partial_profile(
+        workload, micro_batch_size, dtype_name, checkpoint_fraction, kind, target
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _partial_profile(
+    workload: Workload,
+    micro_batch_size: int,
+    dtype_name: str,
+    checkpoint_fraction: float,
+    kind: Kind,
+    target: Target,
+) -> ActivationProfile:
+    """The profile with the first k of n blocks recomputed; where k rounds to none or all
+    of them, that profile."""
+    from autotune.memory import _trace_cache as trace_cache
+    from autotune.workloads.blocks import checkpointed_block_count, partial_checkpointing_blocks
+
+    layers, with_layers = _depth(workload)
+    blocks = layers if layers is not None else partial_checkpointing_blocks(workload) or 0
+    recomputed = checkpointed_block_count(checkpoint_fraction, blocks)
+    if recomputed in (0, blocks):
+        checkpointing = recomputed == blocks
+        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target)
+    name = trace_cache.entry_name(micro_batch_size, dtype_name, (recomputed, blocks), kind, target)
+    args = (micro_batch_size, dtype_name)
+
+    def traced() -> ActivationProfile:
+        share = math.gcd(recomputed, blocks)
+        unit, unit_recomputed = blocks // share, recomputed // share
+        if layers is None or 2 * unit >= blocks:  # the whole model: no shorter stack
+            return trace_once(workload, *args, (recomputed, blocks), kind, target)
+        one = trace_once(with_layers(unit), *args, (unit_recomputed, unit), kind, target)
+        two = trace_once(
+            with_layers(2 * unit), *args, (2 * unit_recomputed, 2 * unit), kind, target
+        )
+        return _along(one, two, blocks / unit)
+
+    return trace_cache.kept_or_made(workload, name, ActivationProfile, traced)
+
+
+def _along(one: ActivationProfile, two: ActivationProfile, times: float) -> ActivationProfile:
+    """Each field on the line through the stacks of one and two units, at ``times`` units."""
+    values = {}
+    for field in ActivationProfile.model_fields:
+        low, high = getattr(one, field), getattr(two, field)
+        values[field] = max(0.0, low + (high - low) * (times - 1))
+    return ActivationProfile(**values)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -205,7 +205,7 @@ class MemoryModel:
             self.workload,
             candidate.micro_batch_size,
             candidate.precision,
-            candidate.activation_checkpointing,
+            candidate.checkpoint_fraction,
             kind,  # type: ignore[arg-type]
             self.accelerator,
         )

@@ -49,7 +49,7 @@ def _overhead_key(candidate: Candidate) -> str:
         update={
             "micro_batch_size": 1,
             "gradient_accumulation_steps": min(candidate.gradient_accumulation_steps, 2),
-            "activation_checkpointing": False,
+            "checkpoint_fraction": 0.0,
         }
     ).key
 
@@ -118,7 +118,7 @@ class ScriptMemoryModel:
         if status != "ok":
             return
         if activations > 0:
-            key = (candidate.precision, candidate.activation_checkpointing)
+            key = (candidate.precision, candidate.checkpoint_fraction)
             seen = (candidate.micro_batch_size, float(activations), candidate.zero_stage)
             self.forwards.setdefault(key, []).append(seen)
         if peak_bytes > 0:
@@ -135,7 +135,7 @@ class ScriptMemoryModel:
         forwards of its precision and checkpointing held (ZeRO-3's, which also hold
         gathered parameters, only when there is nothing else), or the other precision's
         scaled by width."""
-        ckpt, mb = candidate.activation_checkpointing, candidate.micro_batch_size
+        ckpt, mb = candidate.checkpoint_fraction, candidate.micro_batch_size
         for precision in (candidate.precision, "fp32", "bf16", "fp16"):
             points = self.forwards.get((precision, ckpt), [])
             points = [p for p in points if p[2] != 3] or points

@@ -58,14 +58,14 @@ def choose_reference(
         )
     per_rank = winner.train_batch_size // winner.data_parallel_size
     for micro in sorted(_divisors(per_rank), reverse=True):
-        for checkpointing in dict.fromkeys([False, winner.activation_checkpointing]):
+        for fraction in dict.fromkeys([0.0, winner.checkpoint_fraction]):
             candidate = Candidate(
                 precision="fp32",
                 zero_stage=0,
                 micro_batch_size=micro,
                 gradient_accumulation_steps=per_rank // micro,
                 data_parallel_size=winner.data_parallel_size,
-                activation_checkpointing=checkpointing,
+                checkpoint_fraction=fraction,
             )
             if fits(candidate):
                 return Reference(

@@ -78,12 +78,15 @@ def bind_space(
     nvme_path: str | None,
     world_sizes: tuple[int, ...] = (),
     script: bool = False,
+    workload: Workload | None = None,
 ) -> BoundSpace:
     """Bind a space, asking the backend what it supports only where the space needs it;
     each backend says whether this study can train with it here (its torch floor; a
     ``script`` study trains with the engine the script builds, DeepSpeed's), and one it
-    cannot is dropped with its reason (``BoundSpace.dropped_backends``)."""
+    cannot is dropped with its reason (``BoundSpace.dropped_backends``). A space that lists
+    checkpoint fractions counts them in ``workload``'s blocks."""
     from autotune.backends import BACKENDS, get_backend
+    from autotune.workloads.blocks import partial_checkpointing_blocks
 
     backends = [get_backend(name) for name in spec.backend]
     nvme_unavailable = None
@@ -105,6 +108,11 @@ def bind_space(
         partial_offload_supported=any(b.partial_offload_supported() for b in backends),
         world_sizes=world_sizes,
         unavailable_backends=unavailable,
+        checkpoint_blocks=(
+            partial_checkpointing_blocks(workload)
+            if spec.checkpoint_fraction is not None and workload is not None
+            else None
+        ),
     )
 
 
@@ -149,6 +157,7 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
         nvme_path=nvme_path,
         world_sizes=settings.limits.searched_world_sizes,
         script=settings.script is not None,
+        workload=inputs.workload,
     )
     notes = [*whole_nodes, *inputs.notes, *bound.notes]
     if inputs.base is not None and settings.script is None:
@@ -336,12 +345,7 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
         )
         global_batch = global_batch or workload.default_global_batch
     notes: list[str] = []
-    if True in space.activation_checkpointing and not _checkpoints(workload):
-        space = space.model_copy(update={"activation_checkpointing": [False]})
-        notes.append(
-            f"workload {workload.name!r} does not override enable_activation_checkpointing: "
-            "checkpointing dropped from the space"
-        )
+    space = _checkpointing_the_workload_does(space, workload, notes)
     return _Inputs(
         workload=workload,
         ref=absolute_workload_ref(settings.workload),
@@ -351,6 +355,32 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
         space=space,
         notes=notes,
     )
+
+
+def _checkpointing_the_workload_does(
+    space: SpaceSpec, workload: Workload, notes: list[str]
+) -> SpaceSpec:
+    """``space`` less the checkpointing ``workload`` cannot do, each drop a note: any (it
+    does not override ``enable_activation_checkpointing``), or a share of its blocks
+    between none and all (its override takes no ``blocks``)."""
+    from autotune.workloads.blocks import partial_checkpointing_blocks
+
+    fractions = space.checkpointing_fractions
+    if any(fractions) and not _checkpoints(workload):
+        notes.append(
+            f"workload {workload.name!r} does not override enable_activation_checkpointing: "
+            "checkpointing dropped from the space"
+        )
+        return space.with_checkpointing([0.0])
+    partial = [f for f in fractions if 0 < f < 1]
+    if partial and partial_checkpointing_blocks(workload) is None:
+        notes.append(
+            f"checkpoint_fraction {', '.join(f'{f:g}' for f in partial)} dropped: workload "
+            f"{workload.name!r} recomputes all of its blocks or none (its "
+            "enable_activation_checkpointing takes no blocks)"
+        )
+        return space.with_checkpointing([f for f in fractions if f in (0, 1)] or [0.0])
+    return space
 
 
 def _checkpoints(workload: Workload) -> bool:

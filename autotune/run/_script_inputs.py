@@ -98,12 +98,7 @@ def script_inputs(settings: RunSettings, space: SpaceSpec, ranks: int) -> Script
                 "(its other keys are kept as they are)"
             )
     global_batch = _global_batch(settings, script, base or {}, ranks, notes)
-    if "activation_checkpointing" not in script.flags and True in space.activation_checkpointing:
-        space = space.model_copy(update={"activation_checkpointing": [False]})
-        notes.append(
-            f"{script.name} has no flag for activation checkpointing: checkpointing dropped "
-            "from the space (name one with --script-arg activation_checkpointing=--flag)"
-        )
+    space = _checkpointing_the_script_takes(space, script, notes)
     return ScriptInputs(
         workload=ScriptWorkload(script, global_batch or settings.limits.max_global_batch or 1),
         base=base,
@@ -173,3 +168,30 @@ def _int(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return number if number > 0 else None
+
+
+def _checkpointing_the_script_takes(
+    space: SpaceSpec, script: ScriptConfig, notes: list[str]
+) -> SpaceSpec:
+    """``space`` less the checkpointing ``script`` has no flag for, each drop a note: a
+    share of its blocks needs ``--script-arg checkpoint_fraction=--flag`` (the script counts
+    and wraps its blocks), all of them ``activation_checkpointing=--flag`` (or the share's
+    flag)."""
+    fractions = space.checkpointing_fractions
+    if "checkpoint_fraction" in script.flags:
+        return space
+    kept = [f for f in fractions if f in (0, 1)]
+    partial = [f for f in fractions if 0 < f < 1]
+    if partial:
+        notes.append(
+            f"{script.name} has no flag for a share of its blocks to recompute: "
+            f"checkpoint_fraction {', '.join(f'{f:g}' for f in partial)} dropped from the space "
+            "(name one with --script-arg checkpoint_fraction=--flag)"
+        )
+    if 1 in kept and "activation_checkpointing" not in script.flags:
+        kept.remove(1)
+        notes.append(
+            f"{script.name} has no flag for activation checkpointing: checkpointing dropped "
+            "from the space (name one with --script-arg activation_checkpointing=--flag)"
+        )
+    return space.with_checkpointing(kept or [0.0]) if kept != fractions else space

@@ -186,12 +186,13 @@ def _compute_s(
     tf32: bool,
 ) -> float:
     """Forward and backward seconds per optimizer step: ~6 FLOPs per parameter and token,
-    8 with activation checkpointing (the forward runs twice)."""
+    8 with every block's activations recomputed (the forward runs twice), in proportion
+    between (the blocks hold nearly all the parameters)."""
     rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
     if tf32 and accelerator == "cuda" and candidate.precision == "fp32":
         rate = _TF32_FLOPS
     rate *= (compute_scale or {}).get(candidate.precision, 1.0)
-    flops_per_token = 8.0 if candidate.activation_checkpointing else 6.0
+    flops_per_token = 6.0 + 2.0 * candidate.checkpoint_fraction
     mb, gas = candidate.micro_batch_size, candidate.gradient_accumulation_steps
     return flops_per_token * float(facts.compute_params) * facts.tokens_per_sample * mb * gas / rate
 

@@ -56,7 +56,7 @@ NOVELTY_ATTRIBUTES = (
     "zero_stage",
     "offload_optimizer",
     "offload_param",
-    "activation_checkpointing",
+    "checkpoint_fraction",
     "micro_batch_size",
 )
 

@@ -192,3 +192,24 @@ def keep_stages(
             + "; ".join(sorted(filter(None, problems)))
         )
     return kept
+
+
+def checkpoint_fractions_of(
+    fractions: list[float], blocks: int, notes: list[str]
+) -> tuple[float, ...]:
+    """Each listed share of ``blocks`` as the whole number of blocks it recomputes (k /
+    ``blocks``), in ascending order; shares that round to the same count are one, with a
+    note."""
+    from autotune.workloads.blocks import checkpointed_block_count
+
+    by_count: dict[int, list[float]] = {}
+    for fraction in fractions:
+        by_count.setdefault(checkpointed_block_count(fraction, blocks), []).append(fraction)
+    for count, same in sorted(by_count.items()):
+        if len(same) > 1:
+            listed = ", ".join(f"{f:g}" for f in same)
+            notes.append(
+                f"checkpoint_fraction {listed} recompute the same {count} of {blocks} blocks: "
+                "one candidate"
+            )
+    return tuple(count / blocks for count in sorted(by_count))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from autotune.candidate import (
     ZERO_KNOB_STAGES,
@@ -30,6 +30,7 @@ from autotune.space._dropped_backend import DroppedBackend
 from autotune.space._files import builtin_space_names as builtin_space_names  # re-exported
 from autotune.space._fsdp_choices import FsdpChoices, bind_fsdp, decide_fsdp, decide_sync
 from autotune.space._rules import (
+    checkpoint_fractions_of,
     combination_problem,
     keep_backends,
     keep_micro_batches,
@@ -77,7 +78,15 @@ class SpaceSpec(BaseModel):
         description="Accumulation steps to try with --global-batch auto (else derived).",
     )
     activation_checkpointing: list[bool] = Field(
-        default=[False], description="Activation checkpointing off and/or on."
+        default=[False],
+        description="Activation checkpointing off and/or on: every block recomputed or none "
+        "(checkpoint_fraction 0 and 1).",
+    )
+    checkpoint_fraction: list[float] | None = Field(
+        default=None,
+        description="Shares of the model's blocks whose activations are recomputed in "
+        "backward (0 none, 1 all), rounded to whole blocks; shares that round to the same "
+        "count are one candidate. In place of activation_checkpointing.",
     )
     zero_knobs: ZeroKnobChoices = Field(
         default_factory=ZeroKnobChoices,
@@ -108,6 +117,43 @@ class SpaceSpec(BaseModel):
     def _lists(cls, values: list[Any]) -> list[Any]:
         return non_empty_unique(values) or []
 
+    @field_validator("checkpoint_fraction")
+    @classmethod
+    def _fractions(cls, values: list[float] | None) -> list[float] | None:
+        if values is None:
+            return None
+        bad = [v for v in values if not 0 <= v <= 1]
+        if bad:
+            raise ValueError(f"fractions must lie in [0, 1], got {bad}")
+        return non_empty_unique(values)
+
+    @model_validator(mode="after")
+    def _one_checkpointing_spelling(self) -> SpaceSpec:
+        if self.checkpoint_fraction is not None and "activation_checkpointing" in (
+            self.model_fields_set
+        ):
+            raise ValueError(
+                "give checkpoint_fraction or activation_checkpointing, not both "
+                "(activation_checkpointing [false, true] is checkpoint_fraction [0, 1])"
+            )
+        return self
+
+    @property
+    def checkpointing_fractions(self) -> list[float]:
+        """The shares of blocks recomputed this space lists, in either spelling."""
+        if self.checkpoint_fraction is not None:
+            return list(self.checkpoint_fraction)
+        return [1.0 if on else 0.0 for on in self.activation_checkpointing]
+
+    def with_checkpointing(self, fractions: Sequence[float]) -> SpaceSpec:
+        """This space recomputing ``fractions`` of the blocks instead (all or none of them
+        spelt as activation_checkpointing, as a space that never listed a fraction)."""
+        if all(f in (0, 1) for f in fractions) and self.checkpoint_fraction is None:
+            update: dict[str, Any] = {"activation_checkpointing": [f == 1 for f in fractions]}
+        else:
+            update = {"checkpoint_fraction": list(fractions)}
+        return self.model_copy(update=update)
+
     @field_validator("offload_optimizer_ratio")
     @classmethod
     def _ratios(cls, values: list[float]) -> list[float]:
@@ -123,6 +169,8 @@ class SpaceSpec(BaseModel):
         values = self.model_dump(mode="json")
         if self.backend == ["deepspeed"]:
             del values["backend"], values["fsdp"]
+        if self.checkpoint_fraction is None:
+            del values["checkpoint_fraction"]
         return values
 
     def uses(self, device: str) -> bool:
@@ -140,6 +188,7 @@ class SpaceSpec(BaseModel):
         partial_offload_supported: bool = True,
         world_sizes: tuple[int, ...] = (),
         unavailable_backends: Mapping[str, str] | None = None,
+        checkpoint_blocks: int | None = None,
     ) -> BoundSpace:
         """Keep what this machine, batch and disk allow; raise SpaceError if nothing is left.
 
@@ -149,7 +198,9 @@ class SpaceSpec(BaseModel):
         size with the micro-batches its share of the global batch allows; a size that
         allows none is dropped with a note. ``unavailable_backends``: a backend's name to
         why this study cannot train with it; a listed one is dropped with that reason (the
-        bound space's ``dropped_backends``).
+        bound space's ``dropped_backends``). ``checkpoint_blocks``: the blocks the
+        workload recomputes one at a time, which a ``checkpoint_fraction`` counts its share
+        of (needed where the space lists one).
         """
         notes: list[str] = []
         precisions = keep_precisions(list(self.precision), hardware, notes)
@@ -161,12 +212,7 @@ class SpaceSpec(BaseModel):
             nvme_unavailable,
             notes,
         )
-        ratios = list(self.offload_optimizer_ratio)
-        if not partial_offload_supported and any(r < 1 for r in ratios):
-            notes.append(
-                "offload_optimizer_ratio < 1 dropped: this DeepSpeed has no partial offload"
-            )
-            ratios = [1.0]
+        ratios = self._bind_ratios(partial_offload_supported, notes)
         by_world = self._micro_batches_by_world(
             world_sizes or (data_parallel_size,), global_batch, max_global_batch, notes
         )
@@ -186,8 +232,28 @@ class SpaceSpec(BaseModel):
             global_batch=global_batch,
             max_global_batch=max_global_batch,
             nvme_path=nvme_path,
+            checkpoint_fractions=self._bind_fractions(checkpoint_blocks, notes),
             notes=tuple(notes),
         )
+
+    def _bind_ratios(self, partial_offload_supported: bool, notes: list[str]) -> list[float]:
+        ratios = list(self.offload_optimizer_ratio)
+        if not partial_offload_supported and any(r < 1 for r in ratios):
+            notes.append(
+                "offload_optimizer_ratio < 1 dropped: this DeepSpeed has no partial offload"
+            )
+            ratios = [1.0]
+        return ratios
+
+    def _bind_fractions(self, blocks: int | None, notes: list[str]) -> tuple[float, ...]:
+        """The listed checkpoint fractions as whole blocks (k / ``blocks``), or as listed
+        where ``blocks`` is None (a script, which counts its own); empty where the space
+        lists none (it searches ``activation_checkpointing``)."""
+        if self.checkpoint_fraction is None:
+            return ()
+        if blocks is None:
+            return tuple(sorted(self.checkpoint_fraction))
+        return checkpoint_fractions_of(self.checkpoint_fraction, blocks, notes)
 
     def _bind_backends(
         self,
@@ -280,6 +346,11 @@ class BoundSpace(BaseModel):
     global_batch: PositiveInt | None = Field(description="Samples per step; None: auto.")
     max_global_batch: PositiveInt | None = Field(default=None, description="Cap in auto mode.")
     nvme_path: str | None = Field(default=None, description="Folder for NVMe offload.")
+    checkpoint_fractions: tuple[float, ...] = Field(
+        default=(),
+        description="Shares of blocks recomputed, each a whole number of blocks; empty: "
+        "the space's activation_checkpointing switch.",
+    )
     notes: tuple[str, ...] = Field(default=(), description="What binding dropped, and why.")
 
     @property
@@ -351,11 +422,7 @@ class BoundSpace(BaseModel):
         if stage == 3:
             offload_param = choose("offload_param", self.offload_param, "offload_param")
         ranks, micro_batch, accumulation = self._decide_split(choose)
-        checkpointing = choose(
-            "activation_checkpointing",
-            self.spec.activation_checkpointing,
-            "activation_checkpointing",
-        )
+        fraction = self._decide_checkpointing(choose)
         knobs = {
             name: choose(f"zero.{name}", choices, f"zero_knobs.{name}")
             for name, choices in self.spec.zero_knobs.items()
@@ -370,7 +437,7 @@ class BoundSpace(BaseModel):
             micro_batch_size=micro_batch,
             gradient_accumulation_steps=accumulation,
             data_parallel_size=ranks,
-            activation_checkpointing=checkpointing,
+            checkpoint_fraction=fraction,
             zero_knobs=ZeroKnobs(**knobs),
         )
 
@@ -383,11 +450,7 @@ class BoundSpace(BaseModel):
         cpu_offload, knobs = decide_fsdp(choose, self.fsdp)
         ranks, micro_batch, accumulation = self._decide_split(choose)
         knobs = decide_sync(choose, self.fsdp, knobs, accumulation)
-        checkpointing = choose(
-            "activation_checkpointing",
-            self.spec.activation_checkpointing,
-            "activation_checkpointing",
-        )
+        fraction = self._decide_checkpointing(choose)
         offload = "cpu" if cpu_offload else "none"
         return Candidate(
             backend="fsdp2",
@@ -398,9 +461,23 @@ class BoundSpace(BaseModel):
             micro_batch_size=micro_batch,
             gradient_accumulation_steps=accumulation,
             data_parallel_size=ranks,
-            activation_checkpointing=checkpointing,
+            checkpoint_fraction=fraction,
             fsdp=knobs,
         )
+
+    def _decide_checkpointing(self, choose: Chooser) -> float:
+        """The share of blocks recomputed: a fraction where the space lists them, else
+        the all-or-nothing switch (as studies stored before the fraction ask it)."""
+        if self.checkpoint_fractions:
+            return float(
+                choose("checkpoint_fraction", self.checkpoint_fractions, "checkpoint_fraction")
+            )
+        on = choose(
+            "activation_checkpointing",
+            self.spec.activation_checkpointing,
+            "activation_checkpointing",
+        )
+        return 1.0 if on else 0.0
 
     def suggest(self, trial: optuna.Trial) -> Candidate:
         """Ask Optuna for each decision that has more than one valid value."""

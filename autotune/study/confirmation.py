@@ -93,7 +93,7 @@ class Contender(BaseModel):
         default_factory=list,
         description="Each re-probe's own spread over its timed steps, (max - min) / median.",
     )
-    moving_parts: list[int] = Field(
+    moving_parts: list[int | float] = Field(
         default_factory=list,
         description="Its place in the simplicity order (Candidate.moving_parts; lower is "
         "simpler); empty in rounds stored before the order, which never rank by it.",

@@ -225,6 +225,7 @@ def space_facts(
         global_batch=batch,  # type: ignore[arg-type]
         max_global_batch=max_global_batch,
         nvme_path=check_nvme_path(nvme_path),
+        workload=get_workload(workload) if spec.checkpoint_fraction is not None else None,
     )
     candidates = list(bound.candidates())
     return SpaceFacts(

@@ -62,10 +62,23 @@ class Workload(ABC):
 
         return block_units(model)
 
-    def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
-        """Recompute every transformer block's activations during backward. A workload
-        that does not override this is probed without checkpointing (dropped from the
-        space, with a note)."""
+    def checkpoint_blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The blocks activation checkpointing recomputes one at a time, in forward order:
+        by default the transformer blocks (:func:`autotune.workloads.blocks.block_units`).
+        ``checkpoint_fraction`` counts its share of these."""
+        from autotune.workloads.blocks import block_units
+
+        return block_units(model)
+
+    def enable_activation_checkpointing(
+        self, model: torch.nn.Module, blocks: int | None = None
+    ) -> None:
+        """Recompute activations during backward: of every block (``blocks`` None), or of
+        the first ``blocks`` of :meth:`checkpoint_blocks`
+        (:func:`autotune.workloads.blocks.checkpoint_leading_blocks` does it for any model).
+        A workload that does not override this is probed without checkpointing (dropped
+        from the space, with a note); one whose override takes no ``blocks`` is probed with
+        all or none (a ``checkpoint_fraction`` between is dropped, with a note)."""
         raise NotImplementedError(f"workload {self.name!r} does not support checkpointing")
 
     def active_params(self, model: torch.nn.Module) -> int:

@@ -187,10 +187,21 @@ class DiTWorkload(Workload):
         embeddings = [b.norm1.emb for b in blocks if getattr(b.norm1, "emb", None) is not None]
         return [*embeddings, *blocks]
 
-    def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
+    def enable_activation_checkpointing(
+        self, model: torch.nn.Module, blocks: int | None = None
+    ) -> None:
         # diffusers' own switch: every transformer block recomputed in backward, through
-        # torch.utils.checkpoint without reentrancy (works with ZeRO-3's parameter hooks).
-        model.enable_gradient_checkpointing()
+        # torch.utils.checkpoint without reentrancy (works with ZeRO-3's parameter hooks);
+        # it has none per block, so some blocks are wrapped one by one.
+        if blocks is None:
+            model.enable_gradient_checkpointing()
+            return
+        from autotune.workloads.blocks import checkpoint_leading_blocks
+
+        checkpoint_leading_blocks(self.checkpoint_blocks(model), blocks)
+
+    def checkpoint_blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        return list(model.transformer_blocks)
 
     def active_params(self, model: torch.nn.Module) -> int:
         """Parameters applied to every token: all but the per-sample conditioning (each

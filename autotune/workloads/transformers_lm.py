@@ -116,7 +116,9 @@ class CausalLMWorkload(Workload):
         ).to(device)
         return {"input_ids": input_ids, "labels": input_ids}
 
-    def enable_activation_checkpointing(self, model: torch.nn.Module) -> None:
+    def enable_activation_checkpointing(
+        self, model: torch.nn.Module, blocks: int | None = None
+    ) -> None:
         # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and frozen inputs.
         # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
         kwargs = {"use_reentrant": False}
@@ -125,6 +127,11 @@ class CausalLMWorkload(Workload):
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
+        if blocks is not None:
+            # each layer's own switch (transformers' GradientCheckpointingLayer): the
+            # first ``blocks`` keep it, the rest run as without checkpointing
+            for layer in self.checkpoint_blocks(model)[blocks:]:
+                layer.gradient_checkpointing = False
 
     def active_params(self, model: torch.nn.Module) -> int:
         """Parameters one token computes with: all of a dense model; of an MoE, the experts

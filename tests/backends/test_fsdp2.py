@@ -387,3 +387,20 @@ def test_the_printed_fully_shard_code_runs_on_cpu_ranks(offload: str) -> None:
         timeout=120,
     )
     assert ran.returncode == 0 and "trained" in ran.stdout, ran.stderr[-2000:]
+
+
+def test_a_share_of_the_blocks_is_the_scripts_to_wrap_and_accelerate_recomputes_none() -> None:
+    """accelerate recomputes every block or none: a share's config says so, and the code
+    lines wrap the first blocks' forward, as the probes did."""
+    candidate = _fsdp2(checkpoint_fraction=0.5)
+    config = FSDP2.render_config(candidate)
+    assert config["activation_checkpointing"] is True and config["checkpoint_fraction"] == 0.5
+    assert "checkpoint_fraction" not in FSDP2.render_config(_fsdp2(activation_checkpointing=True))
+    code = "\n".join(FSDP2.code_lines(config))
+    assert "for block in blocks[: round(0.5 * len(blocks))]:" in code
+    assert "gradient_checkpointing_enable" not in code
+    compile(code.replace("torch.optim", "optim"), "<summary>", "exec")
+    from autotune.backends.fsdp2._export_text import accelerate_config
+
+    text = accelerate_config(config, 2, "cuda", "GPT2Block")
+    assert "fsdp_activation_checkpointing: false" in text

@@ -288,3 +288,54 @@ def test_the_simplicity_order_ranks_offload_then_checkpointing_stage_and_accumul
         "offloads to CPU, not NVMe",
     ]
     assert simpler_because(parts[1], parts[0]) == "" and simpler_because(parts[0], parts[0]) == ""
+
+
+def _fraction(fraction: float) -> Candidate:
+    return Candidate(
+        precision="fp32",
+        zero_stage=0,
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        data_parallel_size=2,
+        checkpoint_fraction=fraction,
+    )
+
+
+def test_all_or_none_of_the_blocks_is_stored_as_the_switch() -> None:
+    """Records, keys and tables of studies stored before the fraction read and key alike:
+    0 and 1 are written as ``activation_checkpointing``, in the field's place."""
+    for fraction, switch in ((0.0, False), (1.0, True)):
+        candidate = _fraction(fraction)
+        dumped = candidate.model_dump(mode="json")
+        assert dumped["activation_checkpointing"] is switch and "checkpoint_fraction" not in dumped
+        names = list(dumped)
+        assert names.index("activation_checkpointing") == names.index("data_parallel_size") + 1
+        old = {**dumped}
+        assert Candidate.model_validate(old) == candidate
+        assert candidate.activation_checkpointing is switch
+    half = _fraction(0.5)
+    assert half.model_dump(mode="json")["checkpoint_fraction"] == 0.5
+    assert "activation_checkpointing" not in half.model_dump()
+    assert Candidate.model_validate_json(half.model_dump_json()) == half
+    assert len({half.key, _fraction(1.0).key, _fraction(0.0).key}) == 3
+
+
+def test_a_share_of_the_blocks_labels_and_orders_between_none_and_all() -> None:
+    none, quarter, half, every = (_fraction(f) for f in (0.0, 0.25, 0.5, 1.0))
+    assert [c.label for c in (none, quarter, half, every)] == [
+        "z0 fp32 mb2x1",
+        "z0 fp32 mb2x1 ckpt:0.25",
+        "z0 fp32 mb2x1 ckpt:0.5",
+        "z0 fp32 mb2x1 ckpt",
+    ]
+    assert none.moving_parts < quarter.moving_parts < half.moving_parts < every.moving_parts
+    assert simpler_because(quarter.moving_parts, every.moving_parts) == "fewer blocks recomputed"
+    assert simpler_because(none.moving_parts, half.moving_parts) == "no activation checkpointing"
+    assert every.moving_parts[2] == 1 and isinstance(every.moving_parts[2], int)
+
+
+def test_one_spelling_of_checkpointing_at_a_time() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        Candidate.model_validate({**_fraction(0.5).model_dump(), "activation_checkpointing": True})
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        _fraction(1.5)

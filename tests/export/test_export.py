@@ -293,3 +293,27 @@ def test_an_fsdp2_winner_says_what_the_script_does_itself(study, tmp_path: Path)
     assert "GradientAccumulationPlugin(num_steps=4, sync_each_batch=True)" in summary
     # the base config's scheduler is DeepSpeed's: FSDP2's config does not carry it
     assert "not its DeepSpeed-only keys (`scheduler`): set those in your script" in summary
+
+
+def test_a_share_of_the_blocks_recomputed_says_which_blocks_to_wrap(tmp_path: Path) -> None:
+    """The export counts the share in the study's workload's blocks and gives the lines of
+    each way to recompute them (transformers' per-layer switch, or a block's forward)."""
+    study = optuna.create_study(direction="maximize", study_name="partial")
+    config = StudyConfig(
+        workload="gpt2",
+        space={},
+        accelerator="cuda",
+        gpus_per_trial=2,
+        global_batch=16,
+        vram_limit_bytes=8 * 2**30,
+        threads_per_rank=4,
+    )
+    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
+    study.add_trial(_trial(_candidate(2, 4, checkpoint_fraction=0.25), "ok", 30.0))
+    export(study, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "# autotune: z2 bf16 mb4x2 ckpt:0.25" in summary
+    assert "| activation checkpointing | first 0.25 of the blocks |" in summary
+    assert "the first 3 of the model's 12 transformer blocks" in summary
+    assert "`layer.gradient_checkpointing = False` on `layers[3:]`" in summary
+    assert "checkpoint_leading_blocks" in summary

@@ -95,10 +95,11 @@ def test_fsdp2_alone_with_fp16_only_is_refused() -> None:
 
 
 def test_a_deepspeed_only_space_is_stored_as_before_fsdp2() -> None:
-    """Studies stored before FSDP2 hold spaces without its keys: a run that continues one
-    with a DeepSpeed-only space compares equal, one that adds fsdp2 does not."""
+    """Studies stored before FSDP2 (and before the checkpoint fraction) hold spaces without
+    its keys: a run that continues one with a DeepSpeed-only space compares equal, one that
+    adds fsdp2 does not."""
     before = parse_space("micro_batch_size: [4]\n").model_dump(mode="json")
-    del before["backend"], before["fsdp"]
+    del before["backend"], before["fsdp"], before["checkpoint_fraction"]
     assert parse_space("micro_batch_size: [4]\n").stored() == before
     both = parse_space("backend: [deepspeed, fsdp2]\nmicro_batch_size: [4]\n").stored()
     assert both["backend"] == ["deepspeed", "fsdp2"] and "fsdp" in both

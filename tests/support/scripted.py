@@ -82,9 +82,12 @@ class ScriptedExecutor:
     def close(self) -> None: ...
 
 
-def example_script_run(tmp_path, monkeypatch, hardware=None, **settings: object):
+def example_script_run(
+    tmp_path, monkeypatch, hardware=None, mappings: tuple[str, ...] = (), **settings: object
+):
     """A run of ``examples/vision_deepspeed``'s unedited script on 2 ranks, resolved (its
-    trials folder in ``tmp_path``); ``settings`` by their flat names."""
+    trials folder in ``tmp_path``); ``mappings`` its ``--script-arg`` values, ``settings``
+    by their flat names."""
     from autotune.run import resolve_run
     from autotune.script_config import parse_script
     from autotune.settings import RunSettings
@@ -93,7 +96,10 @@ def example_script_run(tmp_path, monkeypatch, hardware=None, **settings: object)
     example = ROOT / "examples" / "vision_deepspeed"
     monkeypatch.chdir(example)
     script = parse_script(
-        "train.py", ["--deepspeed", "--deepspeed_config", "ds_config.json"], [], cwd=example
+        "train.py",
+        ["--deepspeed", "--deepspeed_config", "ds_config.json"],
+        list(mappings),
+        cwd=example,
     )
     built = RunSettings.build(
         workload=f"script:{script.path}",

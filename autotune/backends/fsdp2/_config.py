@@ -55,7 +55,14 @@ class Fsdp2Config(BaseModel):
         description="Reduce-scatter gradients after every micro-batch and accumulate their "
         "shards; false: accumulate unsharded gradients, reduce on the last micro-batch.",
     )
-    activation_checkpointing: bool = Field(description="Recompute each block in backward.")
+    activation_checkpointing: bool = Field(description="Recompute blocks in backward.")
+    checkpoint_fraction: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="The share of the blocks recomputed, the first ones; absent: every "
+        "block (activation_checkpointing true) or none.",
+    )
     fully_shard: FullyShard
     optimizer: dict[str, Any] = Field(
         description="The optimizer, as a DeepSpeed config states it: type and params."
@@ -85,6 +92,9 @@ def render_fsdp2_config(
         gradient_accumulation_steps=candidate.gradient_accumulation_steps,
         sync_each_micro_batch=candidate.fsdp.sync_each_micro_batch,
         activation_checkpointing=candidate.activation_checkpointing,
+        checkpoint_fraction=(
+            candidate.checkpoint_fraction if 0 < candidate.checkpoint_fraction < 1 else None
+        ),
         fully_shard=FullyShard(
             reshard_after_forward=candidate.fsdp.reshard_after_forward,
             param_dtype=candidate.precision,
@@ -95,7 +105,10 @@ def render_fsdp2_config(
         optimizer=optimizer,
         gradient_clipping=float((base or {}).get("gradient_clipping") or 0.0),
     )
-    return config.model_dump(mode="json")
+    # all or none of the blocks: the config as written before a share could be tuned
+    return config.model_dump(
+        mode="json", exclude={"checkpoint_fraction"} if config.checkpoint_fraction is None else None
+    )
 
 
 def validate_fsdp2_config(

@@ -37,7 +37,9 @@ def accelerate_config(
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": shard.reshard_after_forward,
         "fsdp_offload_params": shard.cpu_offload,
-        "fsdp_activation_checkpointing": parsed.activation_checkpointing,
+        # accelerate recomputes every block or none: a share is the script's (code_lines)
+        "fsdp_activation_checkpointing": parsed.checkpoint_fraction is None
+        and parsed.activation_checkpointing,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": False,
     }
@@ -190,6 +192,7 @@ def code_lines(config: dict[str, Any]) -> list[str]:
     pinned = "CPUOffloadPolicy(pin_memory=torch.cuda.is_available())"
     offload = pinned if shard.cpu_offload else "OffloadPolicy()"
     lines = [
+        *(["import functools"] if parsed.checkpoint_fraction is not None else []),
         "import torch",
         "from torch.distributed.fsdp import (",
         "    CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard)",
@@ -204,7 +207,15 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         "torch.distributed.init_process_group(",
         f"    {CUDA_WITH_HOST!r} if torch.cuda.is_available() else {CPU_ONLY!r})",
     ]
-    if parsed.activation_checkpointing:
+    if parsed.checkpoint_fraction is not None:
+        lines += [
+            f"# recompute the first {parsed.checkpoint_fraction:.2g} of the blocks in backward",
+            "blocks = list(model.blocks)  # each transformer block, in forward order",
+            f"for block in blocks[: round({parsed.checkpoint_fraction:g} * len(blocks))]:",
+            "    block.forward = functools.partial(",
+            "        torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)",
+        ]
+    elif parsed.activation_checkpointing:
         lines.append("model.gradient_checkpointing_enable()  # or checkpoint each block")
     if shard.wrap == "block":
         lines += [

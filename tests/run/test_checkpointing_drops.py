@@ -1,0 +1,78 @@
+"""Resolving a run's checkpointing: the space's shares of the blocks counted on the
+workload's blocks, and what a workload or a script cannot do dropped with one note."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.scripted import example_script_run
+
+SPACE = "precision: [fp32]\nzero_stage: [0]\nmicro_batch_size: [4]\n"
+
+
+def _resolve(tmp_path: Path, workload: str, space: str):
+    from autotune.run._resolved_run import resolve_run
+    from autotune.settings import RunSettings
+
+    (tmp_path / "space.yaml").write_text(SPACE + space)
+    return resolve_run(
+        RunSettings.build(
+            workload=workload,
+            world_sizes=(2,),
+            global_batch=8,
+            space=str(tmp_path / "space.yaml"),
+            trials_dir=tmp_path / "trials",
+        )
+    )
+
+
+def test_a_built_in_model_counts_the_shares_in_its_blocks(tmp_path: Path) -> None:
+    resolved = _resolve(tmp_path, "gpt2", "checkpoint_fraction: [0, 0.25, 0.27, 1]\n")
+    assert [c.checkpoint_fraction for c in resolved.space.candidates()] == [0.0, 0.25, 1.0]
+    assert any("0.25, 0.27 recompute the same 3 of 12 blocks" in n for n in resolved.notes)
+    assert resolved.config.space["checkpoint_fraction"] == [0.0, 0.25, 0.27, 1.0]
+
+
+def test_a_workload_that_recomputes_all_or_none_keeps_those(tmp_path: Path) -> None:
+    (tmp_path / "wl.py").write_text(
+        "from autotune.workloads import get_workload\n"
+        "class AllOrNothing(type(get_workload('gpt-tiny'))):\n"
+        "    def enable_activation_checkpointing(self, model):\n"
+        "        super().enable_activation_checkpointing(model)\n"
+        "def make():\n"
+        "    workload = get_workload('gpt-tiny')\n"
+        "    workload.__class__ = AllOrNothing\n"
+        "    return workload\n"
+    )
+    resolved = _resolve(tmp_path, f"{tmp_path}/wl.py:make", "checkpoint_fraction: [0, 0.5, 1]\n")
+    assert {c.checkpoint_fraction for c in resolved.space.candidates()} == {0.0, 1.0}
+    assert any(
+        "checkpoint_fraction 0.5 dropped" in n and "takes no blocks" in n for n in resolved.notes
+    )
+
+
+@pytest.mark.parametrize(
+    ("mappings", "kept", "note"),
+    [
+        ([], {0.0}, "no flag for a share of its blocks to recompute"),
+        (["activation_checkpointing=--ckpt"], {0.0, 1.0}, "checkpoint_fraction 0.5 dropped"),
+        (["checkpoint_fraction=--ckpt-share"], {0.0, 0.5, 1.0}, None),
+    ],
+)
+def test_a_script_searches_what_its_flags_carry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mappings, kept, note
+) -> None:
+    (tmp_path / "space.yaml").write_text(SPACE + "checkpoint_fraction: [0, 0.5, 1]\n")
+    resolved = example_script_run(
+        tmp_path, monkeypatch, mappings=tuple(mappings), space=str(tmp_path / "space.yaml")
+    )
+    script = resolved.config.script
+    assert {c.checkpoint_fraction for c in resolved.space.candidates()} == kept
+    if note is None:
+        assert not any("checkpoint" in n for n in resolved.notes), resolved.notes
+        half = next(c for c in resolved.space.candidates() if c.checkpoint_fraction == 0.5)
+        assert script.argv(half, "c.json")[-2:] == ["--ckpt-share", "0.5"]
+    else:
+        assert any(note in n for n in resolved.notes), resolved.notes

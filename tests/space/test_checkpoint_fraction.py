@@ -1,0 +1,78 @@
+"""The checkpoint fraction in a space file: shares of the blocks, rounded to whole blocks
+at binding, searched beside the rest; the all-or-nothing switch searched as before."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autotune.errors import SpaceError
+from autotune.space import parse_space
+from tests.support.hardware import CPU
+
+SPACE = "precision: [fp32]\nzero_stage: [0, 3]\nmicro_batch_size: [4]\n"
+
+
+def test_fractions_round_to_whole_blocks_and_those_that_meet_are_one() -> None:
+    spec = parse_space(SPACE + "checkpoint_fraction: [0, 0.25, 0.27, 0.5, 1]\n")
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=12)
+    assert bound.checkpoint_fractions == (0.0, 0.25, 0.5, 1.0)
+    assert any("0.25, 0.27 recompute the same 3 of 12 blocks" in n for n in bound.notes)
+    six = spec.bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=6)
+    assert six.checkpoint_fractions == (0.0, 2 / 6, 0.5, 1.0)  # 0.25 of 6: 1.5 rounds up
+    labels = sorted(c.label for c in six.candidates())
+    assert "z0 fp32 mb4x1 ckpt:0.33" in labels and "z3 fp32 mb4x1 ckpt" in labels
+    assert six.size() == 2 * 4
+
+
+def test_a_small_share_of_few_blocks_recomputes_one() -> None:
+    spec = parse_space(SPACE + "checkpoint_fraction: [0.1]\n")
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=2)
+    assert bound.checkpoint_fractions == (0.5,)
+
+
+def test_optuna_asks_the_fraction_and_params_of_maps_back() -> None:
+    spec = parse_space(SPACE + "checkpoint_fraction: [0, 0.5, 1]\n")
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=4)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen = set()
+    for _ in range(20):
+        trial = study.ask()
+        candidate = bound.suggest(trial)
+        assert bound.params_of(candidate) == trial.params
+        seen.add(candidate.checkpoint_fraction)
+    assert seen == {0.0, 0.5, 1.0}
+
+
+def test_a_space_with_the_switch_asks_it_as_before() -> None:
+    bound = parse_space(SPACE + "activation_checkpointing: [false, true]\n").bind(
+        CPU, data_parallel_size=2, global_batch=8
+    )
+    assert bound.checkpoint_fractions == ()
+    candidate = next(c for c in bound.candidates() if c.activation_checkpointing)
+    assert bound.params_of(candidate)["activation_checkpointing"] is True
+    assert candidate.checkpoint_fraction == 1.0
+    assert "checkpoint_fraction" not in bound.spec.stored()
+
+
+def test_the_fraction_is_stored_with_the_space() -> None:
+    spec = parse_space(SPACE + "checkpoint_fraction: [0, 0.5]\n")
+    assert spec.stored()["checkpoint_fraction"] == [0.0, 0.5]
+    assert spec.checkpointing_fractions == [0.0, 0.5]
+    assert spec.with_checkpointing([0.0]).checkpointing_fractions == [0.0]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("checkpoint_fraction: [1.5]\n", r"space.yaml:4: checkpoint_fraction: .*\[0, 1\]"),
+        ("checkpoint_fraction: [0.5, 0.5]\n", "lists a value twice"),
+        (
+            "checkpoint_fraction: [0.5]\nactivation_checkpointing: [true]\n",
+            "give checkpoint_fraction or activation_checkpointing, not both",
+        ),
+    ],
+)
+def test_bad_fractions_get_one_line(text: str, message: str) -> None:
+    with pytest.raises(SpaceError, match=message):
+        parse_space(SPACE + text, source="space.yaml")
