@@ -24,6 +24,10 @@ Precision = Literal["fp32", "bf16", "fp16"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 # The training libraries a candidate can train with (autotune.backends registers them).
 BackendName = Literal["deepspeed", "fsdp2"]
+# In the blocks recomputed: every op again (full), or the matmul and attention outputs kept
+# and the cheap ops between them recomputed (selective: torch's
+# create_selective_checkpoint_contexts, as torchtitan's op-level policy).
+CheckpointPolicy = Literal["full", "selective"]
 # FSDP2's unit of sharding: each transformer block and the root (torchtitan's default),
 # or the whole model as one unit.
 FsdpWrap = Literal["block", "model"]
@@ -168,6 +172,12 @@ class Candidate(BaseModel):
         "``activation_checkpointing`` (false or true) where it is 0 or 1, the spelling of "
         "the all-or-nothing switch that studies stored before the fraction existed.",
     )
+    checkpoint_policy: CheckpointPolicy = Field(
+        default="full",
+        description="In the blocks recomputed: every op again (full), or the matmul and "
+        "attention outputs kept and the cheap ops recomputed (selective). Left out of the "
+        "stored record where full.",
+    )
     zero_knobs: ZeroKnobs = Field(
         default_factory=ZeroKnobs, description="Fine ZeRO knobs this candidate sets."
     )
@@ -196,6 +206,8 @@ class Candidate(BaseModel):
         ``activation_checkpointing``, in the field's place: records, keys and tables of
         studies that never search a fraction read as they did before it existed."""
         values = handler(self)
+        if values.get("checkpoint_policy") == "full":
+            del values["checkpoint_policy"]
         fraction = values.get("checkpoint_fraction")
         if fraction not in (0.0, 1.0):
             return values
@@ -205,6 +217,12 @@ class Candidate(BaseModel):
             )
             for name, value in values.items()
         }
+
+    @model_validator(mode="after")
+    def _policy_of_recomputed_blocks(self) -> Candidate:
+        if self.checkpoint_policy != "full" and not self.activation_checkpointing:
+            raise ValueError("a checkpoint_policy applies where some block is recomputed")
+        return self
 
     @model_validator(mode="after")
     def _backend_fields(self) -> Candidate:
@@ -241,10 +259,12 @@ class Candidate(BaseModel):
 
     @property
     def checkpoint_label(self) -> str:
-        """``ckpt`` (every block recomputed), ``ckpt:0.5`` (half of them), or "" (none)."""
+        """``ckpt`` (every block recomputed), ``ckpt:0.5`` (half of them), ``:sel`` after
+        either with the selective policy, or "" (none)."""
         if not self.activation_checkpointing:
             return ""
-        return "ckpt" if self.checkpoint_fraction == 1 else f"ckpt:{self.checkpoint_fraction:.2g}"
+        label = "ckpt" if self.checkpoint_fraction == 1 else f"ckpt:{self.checkpoint_fraction:.2g}"
+        return label + (":sel" if self.checkpoint_policy == "selective" else "")
 
     @property
     def fsdp_cpu_offload(self) -> bool:
@@ -258,8 +278,8 @@ class Candidate(BaseModel):
         this order (docs/architecture.md, "The simplicity order"): how far it offloads
         (none, cpu, nvme; the farther of optimizer and parameters), whether parameters are
         offloaded too, the share of blocks recomputed, the ZeRO stage, the accumulation steps,
-        the fine ZeRO knobs it sets. Each adds host memory, traffic or code paths that can
-        fail in production."""
+        the fine ZeRO knobs it sets, a selective recomputation policy. Each adds host memory,
+        traffic or code paths that can fail in production."""
         reach = {"none": 0, "cpu": 1, "nvme": 2}
         return (
             max(reach[self.offload_optimizer], reach[self.offload_param]),
@@ -271,6 +291,7 @@ class Candidate(BaseModel):
             self.zero_stage,
             self.gradient_accumulation_steps,
             len(self.zero_knobs.items()),
+            int(self.checkpoint_policy == "selective"),
         )
 
     @property
@@ -338,4 +359,5 @@ def simpler_because(simpler: tuple[float, ...], other: tuple[float, ...]) -> str
         f"ZeRO-{mine}, not ZeRO-{theirs}",
         f"{mine} accumulation step{'s' * (mine != 1)}, not {theirs}",
         "fewer fine ZeRO knobs",
+        "recomputes its blocks in full, without a selective policy",
     )[place]

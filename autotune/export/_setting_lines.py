@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.export._checkpointing_lines import checkpointing_action, checkpointing_cell
 from autotune.export._numerics import numerics_actions
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.units import format_bytes
@@ -14,86 +15,8 @@ if TYPE_CHECKING:
     from autotune.study import StudyConfig, TrialView
 
 
-def _recomputed_share(candidate: Candidate) -> str:
-    """The share of blocks recomputed, in words: e.g. "the first 0.5 of the blocks
-    recomputed in backward"."""
-    if not candidate.activation_checkpointing:
-        return "activation checkpointing off"
-    if candidate.checkpoint_fraction == 1:
-        return "every block's activations recomputed in backward"
-    return f"the first {candidate.checkpoint_fraction:.2g} of the blocks recomputed in backward"
-
-
-def _partial_checkpointing_action(candidate: Candidate, config: StudyConfig, wrapping: str) -> str:
-    """How to recompute the first k of n blocks as the probes did, k and n counted on the
-    study's workload where it can be built here."""
-    from autotune.workloads.blocks import checkpointed_block_count
-
-    blocks = _block_count(config.workload)
-    if blocks is None:
-        share = f"the first {candidate.checkpoint_fraction:.2g} of your transformer blocks"
-        first = "the first k blocks"
-        rest = "layers[k:]"
-    else:
-        count = checkpointed_block_count(candidate.checkpoint_fraction, blocks)
-        share = f"the first {count} of the model's {blocks} transformer blocks"
-        first = f"the first {count} blocks"
-        rest = f"layers[{count}:]"
-    return (
-        f"Recompute the activations of {share} (it was so in the probes; the later blocks "
-        "keep theirs). For a transformers model: call `model.gradient_checkpointing_enable("
-        'gradient_checkpointing_kwargs={"use_reentrant": False})`, then set '
-        f"`layer.gradient_checkpointing = False` on `{rest}` of its decoder layers, before "
-        f"{wrapping}. Otherwise wrap {first}' forward: `block.forward = functools.partial("
-        "torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)` (autotune."
-        "workloads.blocks.checkpoint_leading_blocks does this)."
-    )
-
-
-def _block_count(workload_ref: str) -> int | None:
-    """The blocks of the study's workload a checkpoint fraction counts; None where it is a
-    script or cannot be built here."""
-    from autotune.errors import AutotuneError
-    from autotune.workloads import get_workload
-    from autotune.workloads.blocks import partial_checkpointing_blocks
-
-    try:
-        return partial_checkpointing_blocks(get_workload(workload_ref))
-    except (AutotuneError, ImportError, OSError):
-        return None
-
-
 def _peaks(values: list[int]) -> str:
     return ", ".join(format_bytes(v) for v in values) or "n/a"
-
-
-def _checkpointing_action(candidate: Candidate, config: StudyConfig) -> str:
-    from autotune.backends import get_backend
-
-    script = config.script
-    if script is not None and "checkpoint_fraction" in script.flags:
-        flag = script.flags["checkpoint_fraction"]
-        return (
-            f"{_recomputed_share(candidate).capitalize()}: launch.sh sets "
-            f"`{flag} {candidate.checkpoint_fraction:g}` so."
-        )
-    if script is not None and "activation_checkpointing" in script.flags:
-        state = "on" if candidate.activation_checkpointing else "off"
-        flag = script.flags["activation_checkpointing"]
-        return f"Activation checkpointing is {state}: launch.sh sets `{flag}` so."
-    if not candidate.activation_checkpointing:
-        return "Keep activation checkpointing off (it was off in the probes)."
-    wrapping = get_backend(candidate.backend).engine_entry
-    if candidate.checkpoint_fraction < 1:
-        return _partial_checkpointing_action(candidate, config, wrapping)
-    return (
-        "Turn activation checkpointing on in your model: for a transformers model call "
-        "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
-        f'{{"use_reentrant": False}})` before {wrapping}; otherwise wrap each '
-        "transformer block in "
-        "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
-        f"{get_backend(candidate.backend).config_file_name} cannot switch this on for you."
-    )
 
 
 def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig) -> list[str]:
@@ -101,7 +24,7 @@ def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig)
     from autotune.backends import get_backend
 
     backend = get_backend(candidate.backend)
-    actions = [_checkpointing_action(candidate, config), *backend.precision_actions(candidate)]
+    actions = [checkpointing_action(candidate, config), *backend.precision_actions(candidate)]
     actions += numerics_actions(config)
     actions += backend.setup_actions(candidate, config.base_config or {})
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):
@@ -152,15 +75,9 @@ def setting_rows(candidate: Candidate, *, searched: bool = False) -> list[str]:
         f"| gradient accumulation | {candidate.gradient_accumulation_steps} |",
         *([f"| data-parallel ranks (GPUs) | {candidate.data_parallel_size} |"] if searched else []),
         f"| global batch | {candidate.train_batch_size} |",
-        f"| activation checkpointing | {_checkpointing_cell(candidate)} |",
+        f"| activation checkpointing | {checkpointing_cell(candidate)} |",
         f"| fine ZeRO knobs | {knobs} |",
     ]
-
-
-def _checkpointing_cell(candidate: Candidate) -> str:
-    if candidate.checkpoint_fraction in (0, 1):
-        return "on" if candidate.activation_checkpointing else "off"
-    return f"first {candidate.checkpoint_fraction:.2g} of the blocks"
 
 
 def _fsdp2_rows(candidate: Candidate, *, searched: bool) -> list[str]:
@@ -182,7 +99,7 @@ def _fsdp2_rows(candidate: Candidate, *, searched: bool) -> list[str]:
         *_fsdp2_sync_row(candidate),
         *([f"| data-parallel ranks (GPUs) | {candidate.data_parallel_size} |"] if searched else []),
         f"| global batch | {candidate.train_batch_size} |",
-        f"| activation checkpointing | {_checkpointing_cell(candidate)} |",
+        f"| activation checkpointing | {checkpointing_cell(candidate)} |",
     ]
 
 

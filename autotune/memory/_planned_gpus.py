@@ -65,7 +65,7 @@ def plan_candidates(
     from autotune.memory.memory_model import MemoryModel, largest_layer_params, model_facts
     from autotune.space import load_space
     from autotune.workloads import get_workload
-    from autotune.workloads.blocks import partial_checkpointing_blocks
+    from autotune.workloads.checkpointing import partial_checkpointing_blocks
 
     started = time.monotonic()
     workload = get_workload(workload_ref)

@@ -47,7 +47,7 @@ TRACING_MODULES = (
     "autotune.memory.memory_model",
     "autotune.backends._memory_terms",
     "autotune.workloads.base",
-    "autotune.workloads.blocks",
+    "autotune.workloads.checkpointing",
 )
 # Each file (by path) read once per process; what this process stores is added to its copy.
 _read: dict[str, dict[str, Any]] = {}
@@ -100,14 +100,18 @@ def entry_name(
     checkpointing: bool | tuple[int, int],
     kind: str,
     target: str,
+    policy: str = "full",
 ) -> str:
     """The name an activation profile is kept under in its model's file: a trace of CUDA's
     kernels (``target`` ``cuda``) is another entry than one of the CPU's. ``checkpointing``:
-    every block recomputed or none, or (recomputed, of blocks)."""
+    every block recomputed or none, or (recomputed, of blocks); ``policy`` selective adds
+    ``sel`` to the mode."""
     if isinstance(checkpointing, tuple):
         mode = f"ckpt{checkpointing[0]}of{checkpointing[1]}"
     else:
         mode = "ckpt" if checkpointing else "full"
+    if policy != "full":
+        mode += "sel"
     return f"mb{micro_batch_size}-{dtype_name}-{mode}-{kind}-{target}"
 
 

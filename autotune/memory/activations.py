@@ -53,7 +53,7 @@ TRACE_LAYERS = (1, 2)
 Kind = Literal["kept", "accumulate", "dropped"]
 Target = Literal["cpu", "cuda"]
 # Which blocks a traced model recomputes: every one (True), none (False), or the first k of
-# its n (``(k, n)``, :func:`autotune.workloads.blocks.checkpoint_leading_blocks`). A tuple,
+# its n (``(k, n)``, :func:`autotune.workloads.checkpointing.checkpoint_leading_blocks`). A tuple,
 # not an int: caches would take 1 for True.
 Recomputed = bool | tuple[int, int]
 
@@ -66,7 +66,12 @@ class _FakeModel:
     """A workload's model on fake tensors, whose gradient hooks count the gradients held."""
 
     def __init__(
-        self, workload: Workload, dtype_name: str, checkpointing: Recomputed, target: Target
+        self,
+        workload: Workload,
+        dtype_name: str,
+        checkpointing: Recomputed,
+        target: Target,
+        policy: str = "full",
     ) -> None:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -87,10 +92,13 @@ class _FakeModel:
                 self.model = workload.build_model()
             finally:
                 torch.set_default_dtype(previous)
+            options: dict[str, Any] = {"policy": policy} if policy != "full" else {}
             if checkpointing is True:
-                workload.enable_activation_checkpointing(self.model)
+                workload.enable_activation_checkpointing(self.model, **options)
             elif checkpointing is not False:
-                workload.enable_activation_checkpointing(self.model, blocks=checkpointing[0])
+                workload.enable_activation_checkpointing(
+                    self.model, blocks=checkpointing[0], **options
+                )
             self.model.train()
         self.parameters = list(self.model.parameters())
         for parameter in self.parameters:
@@ -273,9 +281,9 @@ def _unpacked_sequences() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=16)
 def _fake_model(
-    workload: Workload, dtype_name: str, checkpointing: Recomputed, target: Target
+    workload: Workload, dtype_name: str, checkpointing: Recomputed, target: Target, policy: str
 ) -> _FakeModel:
-    return _FakeModel(workload, dtype_name, checkpointing, target)
+    return _FakeModel(workload, dtype_name, checkpointing, target, policy)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -294,9 +302,10 @@ def trace_once(
     checkpointing: Recomputed,
     kind: Kind = "kept",
     target: Target = "cpu",
+    policy: str = "full",
 ) -> ActivationProfile:
     """One trace of the whole model (no extrapolation)."""
-    return _fake_model(workload, _dtype_name(precision), checkpointing, target).trace(
+    return _fake_model(workload, _dtype_name(precision), checkpointing, target, policy).trace(
         micro_batch_size, kind
     )
 
@@ -308,16 +317,20 @@ def profile(
     checkpoint_fraction: float,
     kind: Kind = "kept",
     target: Target = "cpu",
+    policy: str = "full",
 ) -> ActivationProfile:
     """The activation profile of ``kind`` at a micro-batch on ``target``'s kernels with
-    ``checkpoint_fraction`` of the blocks recomputed, extrapolated over blocks."""
+    ``checkpoint_fraction`` of the blocks recomputed by ``policy``, extrapolated over
+    blocks."""
     # fp16 and bf16 trace alike: one cache entry for both
     dtype_name = _dtype_name(precision)
+    if checkpoint_fraction == 0:
+        policy = "full"  # nothing recomputed: no policy
     if checkpoint_fraction in (0, 1):
         checkpointing = checkpoint_fraction == 1
-        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target)
+        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy)
     return _partial_profile(
-        workload, micro_batch_size, dtype_name, checkpoint_fraction, kind, target
+        workload, micro_batch_size, dtype_name, checkpoint_fraction, kind, target, policy
     )
 
 
@@ -329,29 +342,36 @@ def _partial_profile(
     checkpoint_fraction: float,
     kind: Kind,
     target: Target,
+    policy: str,
 ) -> ActivationProfile:
     """The profile with the first k of n blocks recomputed; where k rounds to none or all
     of them, that profile."""
     from autotune.memory import _trace_cache as trace_cache
-    from autotune.workloads.blocks import checkpointed_block_count, partial_checkpointing_blocks
+    from autotune.workloads.checkpointing import (
+        checkpointed_block_count,
+        partial_checkpointing_blocks,
+    )
 
     layers, with_layers = _depth(workload)
     blocks = layers if layers is not None else partial_checkpointing_blocks(workload) or 0
     recomputed = checkpointed_block_count(checkpoint_fraction, blocks)
     if recomputed in (0, blocks):
         checkpointing = recomputed == blocks
-        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target)
-    name = trace_cache.entry_name(micro_batch_size, dtype_name, (recomputed, blocks), kind, target)
+        policy = policy if checkpointing else "full"
+        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy)
+    name = trace_cache.entry_name(
+        micro_batch_size, dtype_name, (recomputed, blocks), kind, target, policy
+    )
     args = (micro_batch_size, dtype_name)
 
     def traced() -> ActivationProfile:
         share = math.gcd(recomputed, blocks)
         unit, unit_recomputed = blocks // share, recomputed // share
         if layers is None or 2 * unit >= blocks:  # the whole model: no shorter stack
-            return trace_once(workload, *args, (recomputed, blocks), kind, target)
-        one = trace_once(with_layers(unit), *args, (unit_recomputed, unit), kind, target)
+            return trace_once(workload, *args, (recomputed, blocks), kind, target, policy)
+        one = trace_once(with_layers(unit), *args, (unit_recomputed, unit), kind, target, policy)
         two = trace_once(
-            with_layers(2 * unit), *args, (2 * unit_recomputed, 2 * unit), kind, target
+            with_layers(2 * unit), *args, (2 * unit_recomputed, 2 * unit), kind, target, policy
         )
         return _along(one, two, blocks / unit)
 
@@ -375,16 +395,19 @@ def _profile(
     checkpointing: bool,
     kind: Kind,
     target: Target,
+    policy: str = "full",
 ) -> ActivationProfile:
     """Kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
     from autotune.memory import _trace_cache as trace_cache
 
-    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind, target)
+    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind, target, policy)
     return trace_cache.kept_or_made(
         workload,
         name,
         ActivationProfile,
-        lambda: _traced(workload, micro_batch_size, dtype_name, checkpointing, kind, target),
+        lambda: _traced(
+            workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy
+        ),
     )
 
 
@@ -395,9 +418,10 @@ def _traced(
     checkpointing: bool,
     kind: Kind,
     target: Target,
+    policy: str,
 ) -> ActivationProfile:
     layers, with_layers = _depth(workload)
-    args = (micro_batch_size, dtype_name, checkpointing, kind, target)
+    args = (micro_batch_size, dtype_name, checkpointing, kind, target, policy)
     if layers is None:
         return trace_once(workload, *args)
     short, longer = TRACE_LAYERS

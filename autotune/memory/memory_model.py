@@ -208,6 +208,7 @@ class MemoryModel:
             candidate.checkpoint_fraction,
             kind,  # type: ignore[arg-type]
             self.accelerator,
+            candidate.checkpoint_policy,
         )
         knobs = {
             name: self._knob(candidate, name, default)

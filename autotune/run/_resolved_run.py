@@ -86,7 +86,7 @@ def bind_space(
     cannot is dropped with its reason (``BoundSpace.dropped_backends``). A space that lists
     checkpoint fractions counts them in ``workload``'s blocks."""
     from autotune.backends import BACKENDS, get_backend
-    from autotune.workloads.blocks import partial_checkpointing_blocks
+    from autotune.workloads.checkpointing import partial_checkpointing_blocks
 
     backends = [get_backend(name) for name in spec.backend]
     nvme_unavailable = None
@@ -361,9 +361,17 @@ def _checkpointing_the_workload_does(
     space: SpaceSpec, workload: Workload, notes: list[str]
 ) -> SpaceSpec:
     """``space`` less the checkpointing ``workload`` cannot do, each drop a note: any (it
-    does not override ``enable_activation_checkpointing``), or a share of its blocks
-    between none and all (its override takes no ``blocks``)."""
-    from autotune.workloads.blocks import partial_checkpointing_blocks
+    does not override ``enable_activation_checkpointing``), a share of its blocks between
+    none and all (its override takes no ``blocks``), the selective policy (no
+    ``policy``)."""
+    from autotune.workloads.checkpointing import partial_checkpointing_blocks, takes
+
+    if "selective" in (space.checkpoint_policy or ()) and not takes(workload, "policy"):
+        notes.append(
+            f"checkpoint_policy selective dropped: workload {workload.name!r} recomputes its "
+            "blocks in full (its enable_activation_checkpointing takes no policy)"
+        )
+        space = space.model_copy(update={"checkpoint_policy": ["full"]})
 
     fractions = space.checkpointing_fractions
     if any(fractions) and not _checkpoints(workload):

@@ -177,6 +177,12 @@ def _checkpointing_the_script_takes(
     share of its blocks needs ``--script-arg checkpoint_fraction=--flag`` (the script counts
     and wraps its blocks), all of them ``activation_checkpointing=--flag`` (or the share's
     flag)."""
+    if "selective" in (space.checkpoint_policy or ()):
+        notes.append(
+            f"checkpoint_policy selective dropped: {script.name} recomputes as its own code "
+            "says (autotune cannot reach a script's checkpointing policy)"
+        )
+        space = space.model_copy(update={"checkpoint_policy": ["full"]})
     fractions = space.checkpointing_fractions
     if "checkpoint_fraction" in script.flags:
         return space

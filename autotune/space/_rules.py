@@ -200,7 +200,7 @@ def checkpoint_fractions_of(
     """Each listed share of ``blocks`` as the whole number of blocks it recomputes (k /
     ``blocks``), in ascending order; shares that round to the same count are one, with a
     note."""
-    from autotune.workloads.blocks import checkpointed_block_count
+    from autotune.workloads.checkpointing import checkpointed_block_count
 
     by_count: dict[int, list[float]] = {}
     for fraction in fractions:

@@ -21,6 +21,7 @@ from autotune.candidate import (
     ZERO_KNOB_STAGES,
     BackendName,
     Candidate,
+    CheckpointPolicy,
     OffloadDevice,
     Precision,
     ZeroKnobs,
@@ -88,6 +89,12 @@ class SpaceSpec(BaseModel):
         "backward (0 none, 1 all), rounded to whole blocks; shares that round to the same "
         "count are one candidate. In place of activation_checkpointing.",
     )
+    checkpoint_policy: list[CheckpointPolicy] | None = Field(
+        default=None,
+        description="How recomputed blocks recompute: every op again (full), or the matmul "
+        "and attention outputs kept and the cheap ops recomputed (selective); asked only "
+        "where some block is recomputed. Absent: full.",
+    )
     zero_knobs: ZeroKnobChoices = Field(
         default_factory=ZeroKnobChoices,
         description="Fine ZeRO knobs to search (off by default).",
@@ -117,6 +124,11 @@ class SpaceSpec(BaseModel):
     def _lists(cls, values: list[Any]) -> list[Any]:
         return non_empty_unique(values) or []
 
+    @field_validator("checkpoint_policy")
+    @classmethod
+    def _policies(cls, values: list[str] | None) -> list[str] | None:
+        return None if values is None else non_empty_unique(values)
+
     @field_validator("checkpoint_fraction")
     @classmethod
     def _fractions(cls, values: list[float] | None) -> list[float] | None:
@@ -145,13 +157,18 @@ class SpaceSpec(BaseModel):
             return list(self.checkpoint_fraction)
         return [1.0 if on else 0.0 for on in self.activation_checkpointing]
 
-    def with_checkpointing(self, fractions: Sequence[float]) -> SpaceSpec:
+    def with_checkpointing(
+        self, fractions: Sequence[float], policies: Sequence[str] | None = None
+    ) -> SpaceSpec:
         """This space recomputing ``fractions`` of the blocks instead (all or none of them
-        spelt as activation_checkpointing, as a space that never listed a fraction)."""
+        spelt as activation_checkpointing, as a space that never listed a fraction), by
+        ``policies`` (None: the space's own)."""
         if all(f in (0, 1) for f in fractions) and self.checkpoint_fraction is None:
             update: dict[str, Any] = {"activation_checkpointing": [f == 1 for f in fractions]}
         else:
             update = {"checkpoint_fraction": list(fractions)}
+        if policies is not None:
+            update["checkpoint_policy"] = list(policies)
         return self.model_copy(update=update)
 
     @field_validator("offload_optimizer_ratio")
@@ -169,8 +186,9 @@ class SpaceSpec(BaseModel):
         values = self.model_dump(mode="json")
         if self.backend == ["deepspeed"]:
             del values["backend"], values["fsdp"]
-        if self.checkpoint_fraction is None:
-            del values["checkpoint_fraction"]
+        for name in ("checkpoint_fraction", "checkpoint_policy"):
+            if values[name] is None:
+                del values[name]
         return values
 
     def uses(self, device: str) -> bool:
@@ -422,7 +440,7 @@ class BoundSpace(BaseModel):
         if stage == 3:
             offload_param = choose("offload_param", self.offload_param, "offload_param")
         ranks, micro_batch, accumulation = self._decide_split(choose)
-        fraction = self._decide_checkpointing(choose)
+        checkpointing = self._decide_checkpointing(choose)
         knobs = {
             name: choose(f"zero.{name}", choices, f"zero_knobs.{name}")
             for name, choices in self.spec.zero_knobs.items()
@@ -437,8 +455,8 @@ class BoundSpace(BaseModel):
             micro_batch_size=micro_batch,
             gradient_accumulation_steps=accumulation,
             data_parallel_size=ranks,
-            checkpoint_fraction=fraction,
             zero_knobs=ZeroKnobs(**knobs),
+            **checkpointing,
         )
 
     def _decide_fsdp2(self, choose: Chooser) -> Candidate:
@@ -450,7 +468,7 @@ class BoundSpace(BaseModel):
         cpu_offload, knobs = decide_fsdp(choose, self.fsdp)
         ranks, micro_batch, accumulation = self._decide_split(choose)
         knobs = decide_sync(choose, self.fsdp, knobs, accumulation)
-        fraction = self._decide_checkpointing(choose)
+        checkpointing = self._decide_checkpointing(choose)
         offload = "cpu" if cpu_offload else "none"
         return Candidate(
             backend="fsdp2",
@@ -461,23 +479,31 @@ class BoundSpace(BaseModel):
             micro_batch_size=micro_batch,
             gradient_accumulation_steps=accumulation,
             data_parallel_size=ranks,
-            checkpoint_fraction=fraction,
             fsdp=knobs,
+            **checkpointing,
         )
 
-    def _decide_checkpointing(self, choose: Chooser) -> float:
-        """The share of blocks recomputed: a fraction where the space lists them, else
-        the all-or-nothing switch (as studies stored before the fraction ask it)."""
+    def _decide_checkpointing(self, choose: Chooser) -> dict[str, Any]:
+        """The share of blocks recomputed (a fraction where the space lists them, else the
+        all-or-nothing switch, as studies stored before the fraction ask it) and, where
+        some block is, how: the candidate's checkpointing fields."""
         if self.checkpoint_fractions:
-            return float(
+            fraction = float(
                 choose("checkpoint_fraction", self.checkpoint_fractions, "checkpoint_fraction")
             )
-        on = choose(
-            "activation_checkpointing",
-            self.spec.activation_checkpointing,
-            "activation_checkpointing",
-        )
-        return 1.0 if on else 0.0
+        else:
+            on = choose(
+                "activation_checkpointing",
+                self.spec.activation_checkpointing,
+                "activation_checkpointing",
+            )
+            fraction = 1.0 if on else 0.0
+        decided: dict[str, Any] = {"checkpoint_fraction": fraction}
+        if fraction > 0 and self.spec.checkpoint_policy:
+            decided["checkpoint_policy"] = choose(
+                "checkpoint_policy", tuple(self.spec.checkpoint_policy), "checkpoint_policy"
+            )
+        return decided
 
     def suggest(self, trial: optuna.Trial) -> Candidate:
         """Ask Optuna for each decision that has more than one valid value."""

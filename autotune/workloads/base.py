@@ -71,14 +71,17 @@ class Workload(ABC):
         return block_units(model)
 
     def enable_activation_checkpointing(
-        self, model: torch.nn.Module, blocks: int | None = None
+        self, model: torch.nn.Module, blocks: int | None = None, policy: str = "full"
     ) -> None:
         """Recompute activations during backward: of every block (``blocks`` None), or of
-        the first ``blocks`` of :meth:`checkpoint_blocks`
-        (:func:`autotune.workloads.blocks.checkpoint_leading_blocks` does it for any model).
-        A workload that does not override this is probed without checkpointing (dropped
-        from the space, with a note); one whose override takes no ``blocks`` is probed with
-        all or none (a ``checkpoint_fraction`` between is dropped, with a note)."""
+        the first ``blocks`` of :meth:`checkpoint_blocks`; every op again (``policy``
+        ``full``) or selectively (``selective``: ``torch.utils.checkpoint``'s options from
+        :func:`autotune.workloads.checkpointing.checkpoint_options`).
+        :func:`autotune.workloads.checkpointing.checkpoint_leading_blocks` does both for any
+        model. A workload that does not override this is probed without checkpointing
+        (dropped from the space, with a note); one whose override takes no ``blocks`` is
+        probed with all or none (a ``checkpoint_fraction`` between is dropped, with a note),
+        one that takes no ``policy`` in full (``selective`` dropped, with a note)."""
         raise NotImplementedError(f"workload {self.name!r} does not support checkpointing")
 
     def active_params(self, model: torch.nn.Module) -> int:

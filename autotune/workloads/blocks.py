@@ -1,6 +1,5 @@
 """A model's transformer blocks: the units FSDP2 shards one at a time (torchtitan applies
-``fully_shard`` per block), the memory model sizes its gathered parameters by, and
-activation checkpointing recomputes one at a time."""
+``fully_shard`` per block) and the memory model sizes its gathered parameters by."""
 
 from __future__ import annotations
 
@@ -45,56 +44,3 @@ def block_params(units: list[Any]) -> tuple[int, int]:
                 size += param.numel()
         sizes.append(size)
     return sum(sizes), max(sizes, default=0)
-
-
-def partial_checkpointing_blocks(workload: Any) -> int | None:
-    """How many blocks a ``checkpoint_fraction`` counts its share of for ``workload`` (its
-    :meth:`~autotune.workloads.Workload.checkpoint_blocks` of the model built on the meta
-    device); None where the workload recomputes all blocks or none only (its
-    ``enable_activation_checkpointing`` takes no ``blocks``) or has no blocks."""
-    import inspect
-
-    import torch
-
-    method = getattr(workload, "enable_activation_checkpointing", None)
-    if method is None or "blocks" not in inspect.signature(method).parameters:
-        return None
-    with torch.device("meta"):
-        model = workload.build_model()
-    return len(workload.checkpoint_blocks(model)) or None
-
-
-def checkpointed_block_count(fraction: float, blocks: int) -> int:
-    """The blocks of ``blocks`` a checkpoint fraction recomputes: the nearest whole number,
-    halves rounded up (a fraction above 0 recomputes at least one where ``blocks`` allows)."""
-    count = min(blocks, int(fraction * blocks + 0.5))
-    return max(count, 1) if fraction > 0 and blocks else count
-
-
-def checkpoint_leading_blocks(blocks: list[Any], count: int) -> None:
-    """Recompute the activations of the first ``count`` of ``blocks`` (in forward order)
-    during backward: each one's forward runs under ``torch.utils.checkpoint`` without
-    reentrancy, which ZeRO-3's parameter hooks and FSDP2's unsharding need. The first
-    blocks, so that backward starts on kept ones: by the time it reaches a recomputed
-    block, the kept blocks' activations have been freed. Patches the instances'
-    ``forward`` (the module's hooks, FSDP2's ``fully_shard`` among them, stay around it, as
-    torchtitan wraps a block before it shards the wrapper)."""
-    import functools
-
-    from torch.utils.checkpoint import checkpoint
-
-    for block in blocks[:count]:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
-
-
-def apply_checkpointing(workload: Any, model: Any, fraction: float) -> None:
-    """Recompute ``fraction`` of ``model``'s blocks in backward, as a candidate's
-    ``checkpoint_fraction`` says: none at 0, every block at 1 (the workload's own switch),
-    else the first ones, counted by :func:`checkpointed_block_count`."""
-    if fraction <= 0:
-        return
-    if fraction >= 1:
-        workload.enable_activation_checkpointing(model)
-        return
-    count = checkpointed_block_count(fraction, len(workload.checkpoint_blocks(model)))
-    workload.enable_activation_checkpointing(model, blocks=count)

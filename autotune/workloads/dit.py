@@ -188,17 +188,19 @@ class DiTWorkload(Workload):
         return [*embeddings, *blocks]
 
     def enable_activation_checkpointing(
-        self, model: torch.nn.Module, blocks: int | None = None
+        self, model: torch.nn.Module, blocks: int | None = None, policy: str = "full"
     ) -> None:
-        # diffusers' own switch: every transformer block recomputed in backward, through
-        # torch.utils.checkpoint without reentrancy (works with ZeRO-3's parameter hooks);
-        # it has none per block, so some blocks are wrapped one by one.
-        if blocks is None:
+        # diffusers' own switch: every transformer block recomputed in full in backward,
+        # through torch.utils.checkpoint without reentrancy (works with ZeRO-3's parameter
+        # hooks); it has no switch per block nor a policy, so otherwise the blocks are
+        # wrapped one by one.
+        if blocks is None and policy == "full":
             model.enable_gradient_checkpointing()
             return
-        from autotune.workloads.blocks import checkpoint_leading_blocks
+        from autotune.workloads.checkpointing import checkpoint_leading_blocks
 
-        checkpoint_leading_blocks(self.checkpoint_blocks(model), blocks)
+        chosen = self.checkpoint_blocks(model)
+        checkpoint_leading_blocks(chosen, len(chosen) if blocks is None else blocks, policy)
 
     def checkpoint_blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         return list(model.transformer_blocks)

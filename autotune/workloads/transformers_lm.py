@@ -117,11 +117,15 @@ class CausalLMWorkload(Workload):
         return {"input_ids": input_ids, "labels": input_ids}
 
     def enable_activation_checkpointing(
-        self, model: torch.nn.Module, blocks: int | None = None
+        self, model: torch.nn.Module, blocks: int | None = None, policy: str = "full"
     ) -> None:
-        # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and frozen inputs.
-        # transformers 5 renamed gradient_checkpointing_enable (kept as a deprecated alias).
-        kwargs = {"use_reentrant": False}
+        # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and frozen inputs
+        # (checkpoint_options); the selective policy's context_fn reaches torch through
+        # transformers' checkpoint kwargs. transformers 5 renamed
+        # gradient_checkpointing_enable (kept as a deprecated alias).
+        from autotune.workloads.checkpointing import checkpoint_options
+
+        kwargs = checkpoint_options(policy)
         if hasattr(model, "activation_checkpointing_enable"):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:

@@ -404,3 +404,11 @@ def test_a_share_of_the_blocks_is_the_scripts_to_wrap_and_accelerate_recomputes_
 
     text = accelerate_config(config, 2, "cuda", "GPT2Block")
     assert "fsdp_activation_checkpointing: false" in text
+
+
+def test_a_selective_policy_reaches_the_code_lines() -> None:
+    config = FSDP2.render_config(_fsdp2(checkpoint_fraction=1.0, checkpoint_policy="selective"))
+    assert config["checkpoint_policy"] == "selective" and "checkpoint_fraction" not in config
+    code = "\n".join(FSDP2.code_lines(config))
+    assert "context_fn=autotune.workloads.checkpointing.selective_context()" in code
+    compile(code.replace("torch.optim", "optim"), "<summary>", "exec")

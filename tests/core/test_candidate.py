@@ -339,3 +339,20 @@ def test_one_spelling_of_checkpointing_at_a_time() -> None:
         Candidate.model_validate({**_fraction(0.5).model_dump(), "activation_checkpointing": True})
     with pytest.raises(ValueError, match="less than or equal to 1"):
         _fraction(1.5)
+
+
+def test_the_selective_policy_is_stored_only_where_chosen() -> None:
+    selective = _fraction(0.5).model_copy(update={"checkpoint_policy": "selective"})
+    selective = Candidate.model_validate(selective.model_dump())  # validated as a record is
+    assert selective.model_dump()["checkpoint_policy"] == "selective"
+    assert "checkpoint_policy" not in _fraction(0.5).model_dump()
+    assert selective.label == "z0 fp32 mb2x1 ckpt:0.5:sel"
+    every = Candidate.model_validate(
+        {**_fraction(1.0).model_dump(), "checkpoint_policy": "selective"}
+    )
+    assert every.label == "z0 fp32 mb2x1 ckpt:sel"
+    assert simpler_because(_fraction(1.0).moving_parts, every.moving_parts) == (
+        "recomputes its blocks in full, without a selective policy"
+    )
+    with pytest.raises(ValueError, match="where some block is recomputed"):
+        Candidate.model_validate({**_fraction(0.0).model_dump(), "checkpoint_policy": "selective"})

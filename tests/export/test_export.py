@@ -317,3 +317,23 @@ def test_a_share_of_the_blocks_recomputed_says_which_blocks_to_wrap(tmp_path: Pa
     assert "the first 3 of the model's 12 transformer blocks" in summary
     assert "`layer.gradient_checkpointing = False` on `layers[3:]`" in summary
     assert "checkpoint_leading_blocks" in summary
+
+
+def test_a_selective_winner_says_how_to_recompute_selectively(tmp_path: Path) -> None:
+    study = optuna.create_study(direction="maximize", study_name="selective")
+    config = StudyConfig(
+        workload="gpt-tiny",
+        space={},
+        accelerator="cuda",
+        gpus_per_trial=2,
+        global_batch=16,
+        vram_limit_bytes=8 * 2**30,
+        threads_per_rank=4,
+    )
+    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
+    best = _candidate(2, 4, checkpoint_fraction=1.0, checkpoint_policy="selective")
+    study.add_trial(_trial(best, "ok", 30.0))
+    export(study, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| activation checkpointing | on, selective |" in summary
+    assert "context_fn=autotune.workloads.checkpointing.selective_context()" in summary

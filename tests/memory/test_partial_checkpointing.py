@@ -61,3 +61,12 @@ def test_the_memory_model_predicts_a_share_between_its_neighbours() -> None:
     for stage in (0, 3):
         peaks = [peak(f, stage) for f in (0, 0.25, 0.5, 0.75, 1)]
         assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == 5, peaks
+
+
+def test_the_selective_policy_is_traced_between_none_and_full() -> None:
+    workload = get_workload("gpt-tiny").with_layers(4)
+    for fraction in (0.5, 1.0):
+        full = profile(workload, 4, "fp32", fraction, "dropped", "cpu", "full")
+        selective = profile(workload, 4, "fp32", fraction, "dropped", "cpu", "selective")
+        none = profile(workload, 4, "fp32", 0.0, "dropped")
+        assert full.forward_peak_bytes < selective.forward_peak_bytes < none.forward_peak_bytes

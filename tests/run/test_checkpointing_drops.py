@@ -76,3 +76,36 @@ def test_a_script_searches_what_its_flags_carry(
         assert script.argv(half, "c.json")[-2:] == ["--ckpt-share", "0.5"]
     else:
         assert any(note in n for n in resolved.notes), resolved.notes
+
+
+def test_the_selective_policy_needs_a_workload_that_takes_it(tmp_path: Path) -> None:
+    space = "checkpoint_fraction: [0, 1]\ncheckpoint_policy: [full, selective]\n"
+    resolved = _resolve(tmp_path, "gpt-tiny", space)
+    assert {c.checkpoint_policy for c in resolved.space.candidates()} == {"full", "selective"}
+    (tmp_path / "wl.py").write_text(
+        "from autotune.workloads import get_workload\n"
+        "class InFull(type(get_workload('gpt-tiny'))):\n"
+        "    def enable_activation_checkpointing(self, model, blocks=None):\n"
+        "        super().enable_activation_checkpointing(model, blocks)\n"
+        "def make():\n"
+        "    workload = get_workload('gpt-tiny')\n"
+        "    workload.__class__ = InFull\n"
+        "    return workload\n"
+    )
+    resolved = _resolve(tmp_path, f"{tmp_path}/wl.py:make", space)
+    assert {c.checkpoint_policy for c in resolved.space.candidates()} == {"full"}
+    assert any("checkpoint_policy selective dropped" in n for n in resolved.notes)
+
+
+def test_a_script_recomputes_as_its_code_says(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "space.yaml").write_text(
+        SPACE + "activation_checkpointing: [false, true]\ncheckpoint_policy: [selective]\n"
+    )
+    resolved = example_script_run(
+        tmp_path,
+        monkeypatch,
+        mappings=("activation_checkpointing=--ckpt",),
+        space=str(tmp_path / "space.yaml"),
+    )
+    assert {c.checkpoint_policy for c in resolved.space.candidates()} == {"full"}
+    assert any("checkpoint_policy selective dropped" in n for n in resolved.notes)

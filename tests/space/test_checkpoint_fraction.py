@@ -76,3 +76,23 @@ def test_the_fraction_is_stored_with_the_space() -> None:
 def test_bad_fractions_get_one_line(text: str, message: str) -> None:
     with pytest.raises(SpaceError, match=message):
         parse_space(SPACE + text, source="space.yaml")
+
+
+def test_the_policy_is_asked_only_where_some_block_is_recomputed() -> None:
+    spec = parse_space(
+        SPACE + "checkpoint_fraction: [0, 0.5, 1]\ncheckpoint_policy: [full, selective]\n"
+    )
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=4)
+    labels = {c.label.split(" ", 1)[1] for c in bound.candidates() if c.zero_stage == 0}
+    assert labels == {
+        "fp32 mb4x1",
+        "fp32 mb4x1 ckpt:0.5",
+        "fp32 mb4x1 ckpt:0.5:sel",
+        "fp32 mb4x1 ckpt",
+        "fp32 mb4x1 ckpt:sel",
+    }
+    assert spec.stored()["checkpoint_policy"] == ["full", "selective"]
+    assert "checkpoint_policy" not in parse_space(SPACE).stored()
+    for candidate in bound.candidates():
+        params = bound.params_of(candidate)
+        assert ("checkpoint_policy" in params) == candidate.activation_checkpointing

@@ -63,6 +63,11 @@ class Fsdp2Config(BaseModel):
         description="The share of the blocks recomputed, the first ones; absent: every "
         "block (activation_checkpointing true) or none.",
     )
+    checkpoint_policy: Literal["selective"] | None = Field(
+        default=None,
+        description="selective: recomputed blocks keep their matmul and attention outputs "
+        "(torch's create_selective_checkpoint_contexts); absent: they recompute every op.",
+    )
     fully_shard: FullyShard
     optimizer: dict[str, Any] = Field(
         description="The optimizer, as a DeepSpeed config states it: type and params."
@@ -95,6 +100,7 @@ def render_fsdp2_config(
         checkpoint_fraction=(
             candidate.checkpoint_fraction if 0 < candidate.checkpoint_fraction < 1 else None
         ),
+        checkpoint_policy="selective" if candidate.checkpoint_policy == "selective" else None,
         fully_shard=FullyShard(
             reshard_after_forward=candidate.fsdp.reshard_after_forward,
             param_dtype=candidate.precision,
@@ -105,10 +111,13 @@ def render_fsdp2_config(
         optimizer=optimizer,
         gradient_clipping=float((base or {}).get("gradient_clipping") or 0.0),
     )
-    # all or none of the blocks: the config as written before a share could be tuned
-    return config.model_dump(
-        mode="json", exclude={"checkpoint_fraction"} if config.checkpoint_fraction is None else None
-    )
+    # all or none of the blocks, in full: the config as written before either was tuned
+    unset = {
+        name
+        for name in ("checkpoint_fraction", "checkpoint_policy")
+        if getattr(config, name) is None
+    }
+    return config.model_dump(mode="json", exclude=unset or None)
 
 
 def validate_fsdp2_config(

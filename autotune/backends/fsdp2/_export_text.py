@@ -39,6 +39,7 @@ def accelerate_config(
         "fsdp_offload_params": shard.cpu_offload,
         # accelerate recomputes every block or none: a share is the script's (code_lines)
         "fsdp_activation_checkpointing": parsed.checkpoint_fraction is None
+        and parsed.checkpoint_policy is None
         and parsed.activation_checkpointing,
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_cpu_ram_efficient_loading": False,
@@ -192,7 +193,11 @@ def code_lines(config: dict[str, Any]) -> list[str]:
     pinned = "CPUOffloadPolicy(pin_memory=torch.cuda.is_available())"
     offload = pinned if shard.cpu_offload else "OffloadPolicy()"
     lines = [
-        *(["import functools"] if parsed.checkpoint_fraction is not None else []),
+        *(
+            ["import functools"]
+            if parsed.checkpoint_fraction is not None or parsed.checkpoint_policy is not None
+            else []
+        ),
         "import torch",
         "from torch.distributed.fsdp import (",
         "    CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard)",
@@ -207,13 +212,18 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         "torch.distributed.init_process_group(",
         f"    {CUDA_WITH_HOST!r} if torch.cuda.is_available() else {CPU_ONLY!r})",
     ]
-    if parsed.checkpoint_fraction is not None:
+    if parsed.checkpoint_fraction is not None or parsed.checkpoint_policy is not None:
+        fraction = parsed.checkpoint_fraction or 1.0
+        options = "use_reentrant=False"
+        if parsed.checkpoint_policy is not None:
+            # keeps the matmul and attention outputs, recomputes the cheap ops
+            options += ", context_fn=autotune.workloads.checkpointing.selective_context()"
         lines += [
-            f"# recompute the first {parsed.checkpoint_fraction:.2g} of the blocks in backward",
+            f"# recompute the first {fraction:.2g} of the blocks in backward",
             "blocks = list(model.blocks)  # each transformer block, in forward order",
-            f"for block in blocks[: round({parsed.checkpoint_fraction:g} * len(blocks))]:",
+            f"for block in blocks[: round({fraction:g} * len(blocks))]:",
             "    block.forward = functools.partial(",
-            "        torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)",
+            f"        torch.utils.checkpoint.checkpoint, block.forward, {options})",
         ]
     elif parsed.activation_checkpointing:
         lines.append("model.gradient_checkpointing_enable()  # or checkpoint each block")

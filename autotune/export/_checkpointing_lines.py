@@ -1,0 +1,108 @@
+"""What the export says of activation checkpointing: the settings table's cell, and how to
+recompute in production as the probes did (the share of the blocks, which ones, the
+policy), for a transformers model, any other model, or a script's own flags."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from autotune.candidate import Candidate
+    from autotune.study import StudyConfig
+
+_SELECTIVE = (
+    " Recompute selectively, as the probes did: pass `context_fn=autotune.workloads."
+    "checkpointing.selective_context()` with `use_reentrant=False` (transformers: in "
+    "`gradient_checkpointing_kwargs`), which keeps the matmul and attention outputs "
+    "(torch's `create_selective_checkpoint_contexts`) and recomputes the cheap ops."
+)
+
+
+def checkpointing_cell(candidate: Candidate) -> str:
+    """The settings table's value: on, off, or the share of the blocks; ``, selective``."""
+    if candidate.checkpoint_fraction in (0, 1):
+        cell = "on" if candidate.activation_checkpointing else "off"
+    else:
+        cell = f"first {candidate.checkpoint_fraction:.2g} of the blocks"
+    return cell + (", selective" if candidate.checkpoint_policy == "selective" else "")
+
+
+def checkpointing_action(candidate: Candidate, config: StudyConfig) -> str:
+    """How to train with the trial's checkpointing in the user's own code."""
+    from autotune.backends import get_backend
+
+    script = config.script
+    if script is not None and "checkpoint_fraction" in script.flags:
+        flag = script.flags["checkpoint_fraction"]
+        return (
+            f"{_recomputed_share(candidate).capitalize()}: launch.sh sets "
+            f"`{flag} {candidate.checkpoint_fraction:g}` so."
+        )
+    if script is not None and "activation_checkpointing" in script.flags:
+        state = "on" if candidate.activation_checkpointing else "off"
+        flag = script.flags["activation_checkpointing"]
+        return f"Activation checkpointing is {state}: launch.sh sets `{flag}` so."
+    if not candidate.activation_checkpointing:
+        return "Keep activation checkpointing off (it was off in the probes)."
+    wrapping = get_backend(candidate.backend).engine_entry
+    selective = _SELECTIVE if candidate.checkpoint_policy == "selective" else ""
+    if candidate.checkpoint_fraction < 1:
+        return _partial_action(candidate, config, wrapping) + selective
+    return (
+        "Turn activation checkpointing on in your model: for a transformers model call "
+        "`model.gradient_checkpointing_enable(gradient_checkpointing_kwargs="
+        f'{{"use_reentrant": False}})` before {wrapping}; otherwise wrap each '
+        "transformer block in "
+        "`torch.utils.checkpoint.checkpoint(block, ..., use_reentrant=False)`. "
+        f"{get_backend(candidate.backend).config_file_name} cannot switch this on for you."
+        + selective
+    )
+
+
+def _recomputed_share(candidate: Candidate) -> str:
+    """The share of blocks recomputed, in words: e.g. "the first 0.5 of the blocks
+    recomputed in backward"."""
+    if not candidate.activation_checkpointing:
+        return "activation checkpointing off"
+    if candidate.checkpoint_fraction == 1:
+        return "every block's activations recomputed in backward"
+    return f"the first {candidate.checkpoint_fraction:.2g} of the blocks recomputed in backward"
+
+
+def _partial_action(candidate: Candidate, config: StudyConfig, wrapping: str) -> str:
+    """How to recompute the first k of n blocks as the probes did, k and n counted on the
+    study's workload where it can be built here."""
+    from autotune.workloads.checkpointing import checkpointed_block_count
+
+    blocks = _block_count(config.workload)
+    if blocks is None:
+        share = f"the first {candidate.checkpoint_fraction:.2g} of your transformer blocks"
+        first = "the first k blocks"
+        rest = "layers[k:]"
+    else:
+        count = checkpointed_block_count(candidate.checkpoint_fraction, blocks)
+        share = f"the first {count} of the model's {blocks} transformer blocks"
+        first = f"the first {count} blocks"
+        rest = f"layers[{count}:]"
+    return (
+        f"Recompute the activations of {share} (it was so in the probes; the later blocks "
+        "keep theirs). For a transformers model: call `model.gradient_checkpointing_enable("
+        'gradient_checkpointing_kwargs={"use_reentrant": False})`, then set '
+        f"`layer.gradient_checkpointing = False` on `{rest}` of its decoder layers, before "
+        f"{wrapping}. Otherwise wrap {first}' forward: `block.forward = functools.partial("
+        "torch.utils.checkpoint.checkpoint, block.forward, use_reentrant=False)` (autotune."
+        "workloads.checkpointing.checkpoint_leading_blocks does this)."
+    )
+
+
+def _block_count(workload_ref: str) -> int | None:
+    """The blocks of the study's workload a checkpoint fraction counts; None where it is a
+    script or cannot be built here."""
+    from autotune.errors import AutotuneError
+    from autotune.workloads import get_workload
+    from autotune.workloads.checkpointing import partial_checkpointing_blocks
+
+    try:
+        return partial_checkpointing_blocks(get_workload(workload_ref))
+    except (AutotuneError, ImportError, OSError):
+        return None
