@@ -188,15 +188,14 @@ def _compute_s(
     """Forward and backward seconds per optimizer step: ~6 FLOPs per parameter and token,
     8 with every block's activations recomputed in full (the forward runs twice), in
     proportion between (the blocks hold nearly all the parameters). The selective policy
-    recomputes no matmul, only ops a FLOP count prices at zero: 6 (its step time is that of
-    no recomputation, within noise: benchmarks/RESULTS.md, "What a selective recomputation
-    costs")."""
+    recomputes no matmul, but its ops are not free: it is priced as a full recomputation,
+    which it was not measurably faster than on CPU ranks (benchmarks/RESULTS.md, "What a
+    selective recomputation costs"); the study's probes calibrate the rest."""
     rate = _FLOPS[(accelerator, candidate.precision)] * (threads if accelerator == "cpu" else 1)
     if tf32 and accelerator == "cuda" and candidate.precision == "fp32":
         rate = _TF32_FLOPS
     rate *= (compute_scale or {}).get(candidate.precision, 1.0)
-    recomputed = candidate.checkpoint_fraction if candidate.checkpoint_policy == "full" else 0.0
-    flops_per_token = 6.0 + 2.0 * recomputed
+    flops_per_token = 6.0 + 2.0 * candidate.checkpoint_fraction
     mb, gas = candidate.micro_batch_size, candidate.gradient_accumulation_steps
     return flops_per_token * float(facts.compute_params) * facts.tokens_per_sample * mb * gas / rate
 
