@@ -65,7 +65,9 @@ def order() -> list[dict[str, Any]]:
             )
             original = kind.checkpoint_blocks
             # the same blocks listed last first: the workload then recomputes the last k
-            kind.checkpoint_blocks = lambda self, model: list(reversed(original(self, model)))
+            kind.checkpoint_blocks = lambda self, model, listed=original: list(
+                reversed(listed(self, model))
+            )
             activations._fake_model.cache_clear()
             try:
                 last = activations.trace_once(
