@@ -46,7 +46,6 @@ def record_losses(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     from autotune.backends import get_backend
     from autotune.workloads import get_workload
     from autotune.workloads.blocks import shard_units
-    from autotune.workloads.checkpointing import apply_checkpointing
 
     assert spec.loss_run is not None
     backend = get_backend(spec.candidate.backend)
@@ -55,7 +54,6 @@ def record_losses(spec: ProbeSpec, report: RankReport, device: Any) -> None:
     workload = get_workload(spec.workload)
     source = seeded_weights(workload, loss_run.seed)
     model, report.build = build_model(workload, spec, device, backend)
-    apply_checkpointing(workload, model, candidate.checkpoint_fraction, candidate.checkpoint_policy)
     with backend.whole_parameters(model):
         model.load_state_dict(source)
         loaded_sq_sum = sq_sum(dict(model.named_parameters()))

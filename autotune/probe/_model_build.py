@@ -27,7 +27,8 @@ _IMPORTED_WORKLOADS: set[str] = set()
 def build_model(
     workload: Any, spec: ProbeSpec, device: Any, backend: TrainingBackend
 ) -> tuple[Any, BuildInfo]:
-    """The workload's model as production builds it for this candidate.
+    """The workload's model as production builds it for this candidate, recomputing the
+    blocks the candidate recomputes.
 
     Where the backend builds it sharded (DeepSpeed's ZeRO-3 under ``deepspeed.zero.Init``,
     FSDP2 with its parameters on the meta device) no rank ever holds the whole model (a 7B
@@ -43,6 +44,10 @@ def build_model(
         held_in = backend.parameter_precision(spec.candidate)
         with device, _default_dtype(_target_dtype(held_in)):
             model = workload.build_model()
+    from autotune.workloads.checkpointing import apply_checkpointing
+
+    candidate = spec.candidate
+    apply_checkpointing(workload, model, candidate.checkpoint_fraction, candidate.checkpoint_policy)
     return model, _build_info(model, sharded is not None)
 
 

@@ -105,15 +105,11 @@ def run_rank(
             return  # earlier candidates left too much outside the allocator: unclean
     from autotune.workloads import get_workload
     from autotune.workloads.blocks import shard_units
-    from autotune.workloads.checkpointing import apply_checkpointing
 
     candidate = spec.candidate
     with tracker:
         workload = get_workload(spec.workload)
         model, report.build = build_model(workload, spec, device, backend)
-        apply_checkpointing(
-            workload, model, candidate.checkpoint_fraction, candidate.checkpoint_policy
-        )
         if spec.fault == "leak" and rank == world_size - 1:
             _keep_alive(model, spec, device)
         engine = backend.initialize_engine(model, spec.backend_config, shard_units(workload, model))
