@@ -35,7 +35,8 @@ seeds=${2:-}
 python=${PYTHON:-python}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-# The table paths recorded in the JSON are relative to the repository root.
+# The commands name the tables from the repository root (a replay records only the
+# table's file name).
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 replay() {  # replay NAME ARGS...: write $out/search_efficiency_NAME.json

@@ -33,7 +33,7 @@ from pathlib import Path
 from autotune.candidate import Candidate
 from autotune.run.budget import DEFAULT_FINISH_S
 from benchmarks.search_efficiency_replay import BUDGETS, GOOD_PICK
-from benchmarks.search_efficiency_table import Table, relative
+from benchmarks.search_efficiency_table import Table
 
 CLOSE = 0.05  # the candidates within this share of the best are the ideal search's
 HALVING_KEEP = 3  # candidates the halving allocation keeps after one probe each
@@ -193,10 +193,10 @@ def print_ideal_search(report: dict, noise: float) -> None:
 
 
 def write_ideal_search(report: dict, table_path: Path, table: Table, out: Path) -> None:
-    """The report of :func:`ideal_search` as JSON at ``out``, with the table, limit, noise
-    and bimodal mode it was run at."""
+    """The report of :func:`ideal_search` as JSON at ``out``, with the table (its file name:
+    no path, as a replay's), limit, noise and bimodal mode it was run at."""
     document = {
-        "table": relative(str(table_path.resolve())),
+        "table": table_path.name,
         "limit_bytes": table.limit_bytes,
         "noise": table.noise,
         "bimodal": None

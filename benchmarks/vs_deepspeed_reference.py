@@ -70,7 +70,7 @@ def reference(
     name = path.stem.removeprefix("table_")
     return {
         "name": f"{GRID} + table {name} top {top} + round winners",
-        "table": relative(str(path.resolve())),
+        "table": path.name,  # its file name: the JSON holds no path
         "top": top,
         "table_top": [Candidate.model_validate(c).label for c in from_table],
         "round_winners": [Candidate.model_validate(c).label for c in winners],

@@ -158,7 +158,9 @@ def test_a_timed_replay_spends_the_tables_probe_times_within_its_budget(tmp_path
     slow = replay.timed_replay(TABLE, 64 * 2**30, 3, budget_s, out, probe_s=15.0)
     slow_runs = list(strategies.TIMED_RUNS)
     fast = replay.timed_replay(TABLE, 64 * 2**30, 3, budget_s, None, probe_s=1.5)
-    assert json.loads(out.read_text())["good_picks"] == slow["good_picks"]
+    written = json.loads(out.read_text())
+    assert written["good_picks"] == slow["good_picks"]
+    assert written["table"] == "table_gpt-tiny.json"  # its name, no path
     assert slow["probe_s_median"] == 15.0 and fast["probe_s_median"] == 1.5
     for run in slow_runs + strategies.TIMED_RUNS:
         assert run["search_s"] <= run["total_s"] <= budget_s * 1.05
