@@ -1,16 +1,16 @@
-"""The ideal search (benchmarks/search_efficiency_ideal.py): exact probes always pick the
-best, noisy ones over close candidates cannot, and more probes help."""
+"""The ideal search (benchmarks/search_efficiency/search_efficiency_ideal.py): exact probes
+always pick the best, noisy ones over close candidates cannot, and more probes help."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks import search_efficiency_ideal as ideal
-from benchmarks.search_efficiency_table import Bimodal, Table
+from benchmarks.search_efficiency import search_efficiency_ideal as ideal
+from benchmarks.search_efficiency.search_efficiency_table import Bimodal, Table
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "benchmarks" / "data"
+DATA = ROOT / "benchmarks" / "search_efficiency" / "data"
 AMX_TABLE = DATA / "table_gpt-tiny-amx.json"
 MiB = 2**20
 UNLIMITED = 64 * 2**30
@@ -78,8 +78,9 @@ def test_the_report_is_written_with_what_it_was_run_at(tmp_path: Path) -> None:
 
 
 def test_the_committed_ideal_searches_bound_the_tables_as_they_are() -> None:
-    # benchmarks/data/ideal_search_*.json (RESULTS.md, docs/search.md): the candidates each
-    # drew on are the table's close ones today, at the table, limit and mode it names
+    # benchmarks/search_efficiency/data/ideal_search_*.json (RESULTS.md, docs/search.md):
+    # the candidates each drew on are the table's close ones today, at the table, limit and
+    # mode it names
     files = sorted(DATA.glob("ideal_search_*.json"))
     assert len(files) == 15 + 11  # counted, and on a 4-minute clock (*_240s*)
     for path in files:
