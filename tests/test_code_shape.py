@@ -7,12 +7,12 @@ cycles through imports made inside functions, so these are checked here. Imports
 ``if TYPE_CHECKING:`` are for the type checker only and are not counted.
 
 The package's modules are named by their dotted path (``autotune.run._resolved_run``) and may import
-each other relatively (``from . import x``). Most benchmarks are scripts run as
-``python benchmarks/x.py``, whose folder is then first on ``sys.path``, so they import
-each other by file name (``import probe_jobs``) or, with the repository root on
-``sys.path``, as the package ``benchmarks`` (``from benchmarks.search_efficiency_table
-import ...``): both name the same module here. The GPU check is a package in that folder
-(``gpu_check.report``, relative imports inside).
+each other relatively (``from . import x``). Most benchmarks are scripts in one folder
+per tool, run as ``python benchmarks/TOOL/x.py``; they put the repository root on
+``sys.path`` and import each other as the package ``benchmarks`` (``from
+benchmarks.search_efficiency.search_efficiency_table import ...``), named here by their
+path under benchmarks/ (``search_efficiency.search_efficiency_table``). The GPU check is a
+package in that folder (``gpu_check.report``, relative imports inside).
 """
 
 from __future__ import annotations

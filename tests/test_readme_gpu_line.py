@@ -1,5 +1,5 @@
 """README says in one line what has run on a GPU: nothing, until a GPU check's report (not a
-CPU dry run) is committed under benchmarks/data/gpu_check/; then the line must change."""
+CPU dry run) is committed under benchmarks/gpu_check/data/; then the line must change."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from tests.support.paths import ROOT
 
 NOTHING_YET = "**Run on a GPU so far: nothing.**"
-REPORTS = ROOT / "benchmarks" / "data" / "gpu_check"
+REPORTS = ROOT / "benchmarks" / "gpu_check" / "data"
 
 
 def _gpu_reports() -> list[str]:
@@ -28,4 +28,4 @@ def test_readme_says_what_has_run_on_a_gpu_and_how_to_change_it() -> None:
         assert all(report in readme for report in reports), "README names no GPU report"
     else:
         assert NOTHING_YET in readme, "README must say that nothing has run on a GPU yet"
-    assert "benchmarks/gpu_check.sh" in readme.split("## The two commands")[0]
+    assert "benchmarks/gpu_check/gpu_check.sh" in readme.split("## The two commands")[0]

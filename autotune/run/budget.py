@@ -1,8 +1,9 @@
 """The study's time: its budget across runs, what the next probe will take, and the time
 held back for the confirmation round.
 
-Plain objects over plain numbers, so that ``benchmarks/search_efficiency.py`` replays the
-tuner's own rules (counting probes instead of seconds) instead of a copy of them.
+Plain objects over plain numbers, so that
+``benchmarks/search_efficiency/search_efficiency.py`` replays the tuner's own rules
+(counting probes instead of seconds) instead of a copy of them.
 
 - :class:`BudgetClock`: the budget is the study's (``total_s``, ``spent_s`` in the study
   user attr :data:`BUDGET_ATTR`); a run gets what is left, or a new total, and its probing

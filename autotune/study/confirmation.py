@@ -76,7 +76,7 @@ MIN_PROBES_FOR_SPREAD = 4  # fewer probes say too little about a spread to rank 
 # Within noise of the leader, a simpler contender wins if its estimate gives up at most this
 # share of the leader's: a production user takes fewer moving parts over a difference the
 # machine's noise cannot resolve, but not over one that a pick's quality would show (the
-# benchmarks judge a pick at 0.97 of the best: benchmarks/search_efficiency.py).
+# benchmarks judge a pick at 0.97 of the best: benchmarks/search_efficiency/search_efficiency.py).
 SIMPLER_MAX_LOSS = 0.02
 
 

@@ -1,9 +1,9 @@
 """One prepared check of every CUDA path of autotune on one GPU, install included in at most
 9 minutes.
 
-    bash benchmarks/gpu_check.sh OUT_DIR --wheels .gpu-wheels   # one CUDA GPU, offline node
-    bash benchmarks/gpu_check.sh OUT_DIR --dry-run --nvme       # CPU ranks (CI), no GPU
-    python -m benchmarks.gpu_check OUT_DIR --dry-run            # the same, from the repository root
+    bash benchmarks/gpu_check/gpu_check.sh OUT_DIR --wheels .gpu-wheels  # one CUDA GPU, offline
+    bash benchmarks/gpu_check/gpu_check.sh OUT_DIR --dry-run --nvme      # CPU ranks (CI), no GPU
+    python -m benchmarks.gpu_check OUT_DIR --dry-run         # the same, from the repository root
     python -m benchmarks.gpu_check OUT_DIR --plan --plan-from OLD/gpu_check.json  # re-planned
 
 What each check expects, with the number that passes it, is in docs/gpu_expectations.md
@@ -17,7 +17,7 @@ wall time, and one that fails or runs over is recorded and the rest go on (_phas
 the order of what they prove:
 
   install            a venv that sees the node's own torch, the carried wheels
-                     (benchmarks/prepare_gpu_wheels.py) and autotune from this tree
+                     (benchmarks/gpu_check/prepare_gpu_wheels.py) and autotune from this tree
   env                versions, device, driver; whether hardware detection holds a context
   ops                DeepSpeed's ops (FusedAdam, CPU Adam, async I/O), built side by side;
                      whether FusedAdam and async I/O build is recorded as a fact
@@ -74,6 +74,8 @@ study_checks.py make every check, judging what the phases read (pure functions o
 tests/benchmarks/test_gpu_check_doctored.py shows each check can fail). probes.py,
 fsdp2_probes.py, train.py and train_fsdp2.py are scripts the phases run by path in the
 check's venv (they import autotune, torch and DeepSpeed); nothing here imports them.
+gpu_check.sh is the entry (it picks the interpreter), prepare_gpu_wheels.py makes the wheels
+it carries (where PyPI answers); a report run on a GPU is committed under data/.
 """
 
 from ._driver import main

@@ -3,7 +3,7 @@ configurations at 2 devices (``autotune plan --study S --gpus 2``), a short stud
 space and global batch measures them at 2 (``autotune run --gpus 2``), and each
 configuration both have is compared. It runs where two devices are present and
 ``--world-size-s`` gives it time (one GPU cannot show it: it is reported so);
-``benchmarks/world_size_prediction.py`` is the same comparison on CPU ranks.
+``benchmarks/world_size/world_size_prediction.py`` is the same comparison on CPU ranks.
 """
 
 from __future__ import annotations

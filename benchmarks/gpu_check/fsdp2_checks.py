@@ -15,9 +15,10 @@ from typing import Any
 
 from .report import check, mib, relative_error
 
-# benchmarks/memory_accuracy.py's targets for language models, which FSDP2's model meets on
-# CPU ranks (benchmarks/RESULTS.md, "FSDP2's memory model"): the worst |error| and the
-# worst under-prediction (the memory screen's risk: a candidate kept that runs out)
+# benchmarks/memory_accuracy/memory_accuracy.py's targets for language models, which FSDP2's
+# model meets on CPU ranks (benchmarks/RESULTS.md, "FSDP2's memory model"): the worst
+# |error| and the worst under-prediction (the memory screen's risk: a candidate kept that
+# runs out)
 FSDP2_TARGET_WORST = 0.15
 FSDP2_TARGET_UNDER = 0.05
 # every pair of (CPU offload, reduced after every micro-batch) the phase probes

@@ -33,8 +33,8 @@ CLIPPING = 1.0
 # differ (set_requires_gradient_sync)
 ACCUMULATION = 2
 # (warm-up, timed) optimizer steps of each probe: the third step is the first whose peak is
-# steady, the peak the memory model predicts (probes.py's and benchmarks/memory_accuracy.py's
-# probes measure the same way)
+# steady, the peak the memory model predicts (probes.py's and
+# benchmarks/memory_accuracy/memory_accuracy.py's probes measure the same way)
 STEPS = (2, 1)
 # the candidate whose export the phase trains: offload and clipping, reduced after each
 EXPORTED = {"cpu_offload": True, "sync_each_micro_batch": True}

@@ -9,12 +9,12 @@ JSON it prints or writes.
 
 ``predict`` writes the candidates of a set with what ``autotune.memory.MemoryModel``
 predicts for each, without calibration: the memory model's design (bf16 and fp16 x ZeRO 0-3
-x two micro-batches x activation checkpointing) with the CPU offload extras (``memory``),
-or NVMe offload alone (``nvme``). It runs in a process of its own that ends before any
-probe, so that no CUDA context of the trace's could count in a probe's memory, and the
-check sets the probes' limit from its predictions. ``memory`` probes those candidates in
-warm launches (the candidates one after another in the same ranks; a failed candidate ends
-its launch and the rest continue in a fresh one), as benchmarks/memory_accuracy.py does on
+x two micro-batches x activation checkpointing) with the CPU offload extras (``memory``), or
+NVMe offload alone (``nvme``). It runs in a process of its own that ends before any probe,
+so that no CUDA context of the trace's could count in a probe's memory, and the check sets
+the probes' limit from its predictions. ``memory`` probes those candidates in warm launches
+(the candidates one after another in the same ranks; a failed candidate ends its launch and
+the rest continue in a fresh one), as benchmarks/memory_accuracy/memory_accuracy.py does on
 CPU ranks: two warm-up steps and one timed step, since the third step is the first whose
 peak is steady. fsdp2_probes.py does the same for FSDP2's candidates.
 """

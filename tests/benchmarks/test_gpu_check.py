@@ -1,4 +1,4 @@
-"""The GPU check (benchmarks/gpu_check.sh): its CPU dry run end to end, so that the check
+"""The GPU check (benchmarks/gpu_check/gpu_check.sh): its CPU dry run end to end, so that the check
 cannot rot before a GPU runs it, and its judgements on recorded shapes of what the GPU
 phases read (autotune status/plan JSON, the memory probes' rows, pytest's summary)."""
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import prepare_gpu_wheels
 from benchmarks.gpu_check import (
     DRY_RUN_SETTINGS,
     gpu_tests_checks,
     memory_checks,
     oom_limit,
+    prepare_gpu_wheels,
     pytest_outcomes,
     render_markdown,
     study_checks,
@@ -72,7 +72,7 @@ DRY_RUN_JUDGED_FLOOR = 34
 def test_the_dry_run_runs_every_phase_it_can_on_cpu_and_reports_all(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "GPU_CHECK_PYTHON": sys.executable}
-    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    script = str(ROOT / "benchmarks" / "gpu_check" / "gpu_check.sh")
     done = subprocess.run(
         ["bash", script, str(out), "--dry-run", "--nvme", "--work", str(tmp_path / "work")],
         capture_output=True,
@@ -115,7 +115,7 @@ def test_the_dry_run_runs_every_phase_it_can_on_cpu_and_reports_all(tmp_path: Pa
     assert "| phase | status | seconds (limit) | result |" in table
     for name in PHASES:
         assert f"| {name} | {phases[name]['status']} |" in table
-    assert "benchmarks/gpu_check.sh" in doc["command"] and "--dry-run" in doc["command"]
+    assert "benchmarks/gpu_check/gpu_check.sh" in doc["command"] and "--dry-run" in doc["command"]
     assert {"gpu_check.log", "phases.log", "trials.tar.gz"} <= {p.name for p in out.iterdir()}
     assert len(list(out.iterdir())) <= 8  # what a device run brings back
 
@@ -149,7 +149,9 @@ def assert_the_memory_phases_judged_on_cpu(phases: dict[str, dict]) -> None:
 
 def test_gpu_check_sh_without_an_out_dir_says_how_to_call_it() -> None:
     done = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], capture_output=True, text=True
+        ["bash", str(ROOT / "benchmarks" / "gpu_check" / "gpu_check.sh")],
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 2 and "usage:" in done.stderr
 
@@ -238,7 +240,7 @@ def test_the_markdown_table_lists_every_phase_with_its_status_and_time() -> None
         "date": "2026-12-01",
         "device": "NVIDIA H200",
         "dry_run": False,
-        "command": "benchmarks/gpu_check.sh out --wheels .gpu-wheels",
+        "command": "benchmarks/gpu_check/gpu_check.sh out --wheels .gpu-wheels",
         "versions": {"torch": "2.11.0", "torch_cuda": "13.0", "driver": "580.159.03"},
         "total_s": 470.0,
         "budget_s": 480.0,

@@ -102,7 +102,7 @@ def test_the_markdown_shows_the_not_verified_count_and_each_reason() -> None:
         "date": "2025-01-01",
         "device": None,
         "dry_run": True,
-        "command": "benchmarks/gpu_check.sh out --dry-run",
+        "command": "benchmarks/gpu_check/gpu_check.sh out --dry-run",
         "versions": {},
         "total_s": 10.0,
         "budget_s": 540.0,

@@ -1,7 +1,7 @@
-"""The memory model's re-predictions of measured peaks (``memory_accuracy.py --repredict
-... --out``): written as JSON with each file's workload's summary, and the committed file
-(benchmarks/data/memory_accuracy_repredicted.json, which docs/search.md and RESULTS.md
-quote) is what the current model predicts."""
+"""The memory model's re-predictions of measured peaks (``memory_accuracy.py --repredict ...
+--out``): written as JSON with each file's workload's summary, and the committed file
+(benchmarks/memory_accuracy/data/memory_accuracy_repredicted.json, which docs/search.md and
+RESULTS.md quote) is what the current model predicts."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import memory_accuracy
+from benchmarks.memory_accuracy import memory_accuracy
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_accuracy" / "data"
 
 
 def test_repredictions_are_written_with_each_workloads_summary(tmp_path: Path) -> None:
@@ -41,5 +41,6 @@ def test_the_committed_repredictions_are_the_current_models(tmp_path: Path) -> N
     gpt_tiny = [row for row in committed["rows"] if row["workload"] == "gpt-tiny"]
     assert gpt_tiny == fresh["rows"], (
         "the memory model's predictions moved: regenerate the re-predictions (the command "
-        "in benchmarks/memory_accuracy.py's docstring) and the numbers quoted from them"
+        "in benchmarks/memory_accuracy/memory_accuracy.py's docstring) and the numbers quoted "
+        "from them"
     )

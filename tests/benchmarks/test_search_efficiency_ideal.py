@@ -1,16 +1,17 @@
-"""The ideal search (benchmarks/search_efficiency_ideal.py): exact probes always pick the
-best, noisy ones over close candidates cannot, and more probes help."""
+"""The ideal search (benchmarks/search_efficiency/search_efficiency_ideal.py): exact probes
+always pick the best, noisy ones over close candidates cannot, and more probes help."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from benchmarks import search_efficiency_ideal as ideal
-from benchmarks.search_efficiency_table import Bimodal, Table
+from benchmarks.search_efficiency import search_efficiency_ideal as ideal
+from benchmarks.search_efficiency.search_efficiency_table import Bimodal, Table
 
 ROOT = Path(__file__).resolve().parents[2]
-AMX_TABLE = ROOT / "benchmarks" / "data" / "table_gpt-tiny-amx.json"
+DATA = ROOT / "benchmarks" / "search_efficiency" / "data"
+AMX_TABLE = DATA / "table_gpt-tiny-amx.json"
 MiB = 2**20
 UNLIMITED = 64 * 2**30
 
@@ -69,7 +70,7 @@ def test_the_report_is_written_with_what_it_was_run_at(tmp_path: Path) -> None:
     out = tmp_path / "ideal.json"
     ideal.write_ideal_search(report, AMX_TABLE, table, out)
     written = json.loads(out.read_text())
-    assert written["table"] == "benchmarks/data/table_gpt-tiny-amx.json"
+    assert written["table"] == "table_gpt-tiny-amx.json"  # its name, no path
     assert written["limit_bytes"] == UNLIMITED and written["noise"] == 0.075
     assert written["bimodal"] == {"share": Bimodal.share, "slow": Bimodal.slow}
     assert written["best_share"] == {str(b): share for b, share in report["best_share"].items()}
@@ -77,14 +78,16 @@ def test_the_report_is_written_with_what_it_was_run_at(tmp_path: Path) -> None:
 
 
 def test_the_committed_ideal_searches_bound_the_tables_as_they_are() -> None:
-    # benchmarks/data/ideal_search_*.json (RESULTS.md, docs/search.md): the candidates each
-    # drew on are the table's close ones today, at the table, limit and mode it names
-    files = sorted((ROOT / "benchmarks" / "data").glob("ideal_search_*.json"))
+    # benchmarks/search_efficiency/data/ideal_search_*.json (RESULTS.md, docs/search.md):
+    # the candidates each drew on are the table's close ones today, at the table, limit and
+    # mode it names
+    files = sorted(DATA.glob("ideal_search_*.json"))
     assert len(files) == 15 + 11  # counted, and on a 4-minute clock (*_240s*)
     for path in files:
         written = json.loads(path.read_text())
         bimodal = Bimodal() if written["bimodal"] else None
-        table = Table.load(ROOT / written["table"], written["limit_bytes"], bimodal=bimodal)
+        # the table it names lies beside it
+        table = Table.load(path.parent / written["table"], written["limit_bytes"], bimodal=bimodal)
         close = ideal.close_to_best(table)
         assert written["close"] == [table.rows[k]["label"] for k in close], path.name
         assert written["repeats"] == 20000, path.name

@@ -1,6 +1,7 @@
-"""The search-efficiency replay (benchmarks/search_efficiency_replay.py) on a measured
-table: every strategy runs, the confirmed export stays inside the budget and is never
-infeasible, and the DeepSpeed-fast re-implementation only ever probes its own subspace."""
+"""The search-efficiency replay (benchmarks/search_efficiency/search_efficiency_replay.py)
+on a measured table: every strategy runs, the confirmed export stays inside the budget and
+is never infeasible, and the DeepSpeed-fast re-implementation only ever probes its own
+subspace."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import search_efficiency_replay as replay
-from benchmarks import search_efficiency_strategies as strategies
-from benchmarks.search_efficiency_table import Models, Search, Table
+from benchmarks.search_efficiency import search_efficiency_replay as replay
+from benchmarks.search_efficiency import search_efficiency_strategies as strategies
+from benchmarks.search_efficiency.search_efficiency_table import Models, Search, Table
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TABLE = ROOT / "benchmarks" / "data" / "table_gpt-tiny.json"
+DATA = ROOT / "benchmarks" / "search_efficiency" / "data"
+TABLE = DATA / "table_gpt-tiny.json"
 MiB = 2**20
 
 
@@ -87,7 +89,7 @@ def test_deepspeed_fast_keeps_the_users_precision_and_no_offload(precision: str)
 def test_the_replay_counts_good_picks_and_reads_a_tables_own_noise(tmp_path: Path) -> None:
     """A confirmed pick at >= 0.97 of the best is counted per budget; ``--noise measured``
     is the median over candidates of their grid runs' spread (a one-run table has none)."""
-    from benchmarks.search_efficiency_table import pass_noise
+    from benchmarks.search_efficiency.search_efficiency_table import pass_noise
 
     report = replay.replay(TABLE, 64 * 2**30, repeats=2, max_probes=10, out=None)
     confirmed = report["results"]["autotune, confirmed"]
@@ -139,7 +141,7 @@ def test_a_script_table_replays_on_the_model_its_probes_reported() -> None:
     """A script study's table carries the parameters its probes reported (the cost model's
     facts); without a run's own probes there is no memory model, so it replays only where
     every candidate fits."""
-    table = ROOT / "benchmarks" / "data" / "table_vision-script.json"
+    table = DATA / "table_vision-script.json"
     assert json.loads(table.read_text())["script_params"] > 0
     report = replay.replay(table, 64 * 2**30, repeats=2, max_probes=10, out=None)
     assert report["feasible"] == report["candidates"]
@@ -158,7 +160,9 @@ def test_a_timed_replay_spends_the_tables_probe_times_within_its_budget(tmp_path
     slow = replay.timed_replay(TABLE, 64 * 2**30, 3, budget_s, out, probe_s=15.0)
     slow_runs = list(strategies.TIMED_RUNS)
     fast = replay.timed_replay(TABLE, 64 * 2**30, 3, budget_s, None, probe_s=1.5)
-    assert json.loads(out.read_text())["good_picks"] == slow["good_picks"]
+    written = json.loads(out.read_text())
+    assert written["good_picks"] == slow["good_picks"]
+    assert written["table"] == "table_gpt-tiny.json"  # its name, no path
     assert slow["probe_s_median"] == 15.0 and fast["probe_s_median"] == 1.5
     for run in slow_runs + strategies.TIMED_RUNS:
         assert run["search_s"] <= run["total_s"] <= budget_s * 1.05

@@ -1,11 +1,12 @@
-"""The live short studies' scoring (benchmarks/short_study_live.py): each study's export
-against the best of the grid passes measured around the studies, medians over the passes."""
+"""The live short studies' scoring (benchmarks/search_efficiency/short_study_live.py): each
+study's export against the best of the grid passes measured around the studies, medians over
+the passes."""
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks import short_study_live as live
+from benchmarks.search_efficiency import short_study_live as live
 from tests.support.scripted import ScriptedExecutor, make_tuner
 
 SPACE = (

@@ -1,5 +1,5 @@
-"""The DeepSpeed comparison's reference set (benchmarks/vs_deepspeed_reference.py,
-benchmarks/vs_deepspeed_autotuner.py): with ``--reference-table``, the table's fastest
+"""The DeepSpeed comparison's reference set (benchmarks/vs_deepspeed/vs_deepspeed_reference.py,
+benchmarks/vs_deepspeed/vs_deepspeed_autotuner.py): with ``--reference-table``, the table's fastest
 configs and the round winners are measured in the same interleaved rounds as DeepSpeed's
 grid and the picks, each pick is scored against the best of all of them, and the printed
 tables and the JSON name the set. The harness is scripted (fixed samples/s per config):
@@ -19,15 +19,16 @@ import pytest
 
 from autotune.candidate import Candidate, FsdpKnobs
 from autotune.study.confirmation import Confirmation, Contender
-from benchmarks import vs_deepspeed_autotuner as comparison
-from benchmarks import vs_deepspeed_reference as reference
-from benchmarks.vs_deepspeed_tuners import round_first
+from benchmarks.vs_deepspeed import vs_deepspeed_autotuner as comparison
+from benchmarks.vs_deepspeed import vs_deepspeed_reference as reference
+from benchmarks.vs_deepspeed.vs_deepspeed_tuners import round_first
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "benchmarks" / "data"
-AMX_TABLE = DATA / "table_gpt-tiny-amx.json"  # gpt-tiny, 2 ranks, global batch 16
-DIT_TABLE = DATA / "table_dit-cpu.json"
-EARLIER_RUN = DATA / "vs_deepspeed_autotuner_amx_lower_5repeats.json"
+TABLES = ROOT / "benchmarks" / "search_efficiency" / "data"
+AMX_TABLE = TABLES / "table_gpt-tiny-amx.json"  # gpt-tiny, 2 ranks, global batch 16
+DIT_TABLE = TABLES / "table_dit-cpu.json"
+RUNS = ROOT / "benchmarks" / "vs_deepspeed" / "data"
+EARLIER_RUN = RUNS / "vs_deepspeed_autotuner_amx_lower_5repeats.json"
 
 
 def candidate(label: str) -> dict[str, Any]:
@@ -131,7 +132,7 @@ def test_the_reference_set_is_measured_with_the_grid_and_scores_every_pick(
     assert data["score"]["best"] == "z1 bf16 mb8x1 opt:cpu"
     # every pick against the table's best (250), not the grid's (200)
     assert data["score"]["of_best"] == [100 / 250, 200 / 250, 200 / 250]
-    assert data["reference"]["table"] == "benchmarks/data/table_gpt-tiny-amx.json"
+    assert data["reference"]["table"] == "table_gpt-tiny-amx.json"  # its name, no path
     fsdp2 = Candidate.model_validate(FSDP2).label
     assert data["reference"]["round_winners"] == ["z0 bf16 mb8x1"] * 3 + [fsdp2]
     json.dumps(data)  # what the run writes
@@ -198,7 +199,7 @@ def test_a_reference_table_without_measurements_is_a_usage_error(tmp_path: Path)
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "benchmarks" / "vs_deepspeed_autotuner.py"),
+            str(ROOT / "benchmarks" / "vs_deepspeed" / "vs_deepspeed_autotuner.py"),
             "--report",
             str(EARLIER_RUN),
             "--reference-table",

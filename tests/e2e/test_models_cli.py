@@ -37,8 +37,9 @@ def test_plan_dit_xl_2_on_one_48_gib_gpu(tmp_path: Path) -> None:
     assert "0.75B parameters" in out
     fitting = [line for line in out.splitlines() if line.startswith("│ yes")]
     assert fitting, out[:3000]
-    # how long planning takes is a benchmark's number (benchmarks/plan_tables.py), not a
-    # test's: the plan says it, and this test prints it
+    # how long planning takes is a benchmark's number
+    # (benchmarks/memory_accuracy/plan_tables.py), not a test's: the plan says it, and this
+    # test prints it
     planned = re.search(r"planned in (\d+) s", out)
     assert planned, out[:1000]
     print(f"plan dit-xl-2: {planned.group(1)} s planned, {wall_s:.0f} s with the CLI's start")

@@ -140,7 +140,7 @@ def _predicted_from_one_rank_against_the_probe_at_two(cwd: Path, document: dict)
     """A study of the same space and batch at 1 rank only predicts mb4x1 on 2 ranks from its
     fitted model, the row the world-size study probed: predicted there (its own 1-rank rows
     measured, with the model's error). How close the prediction comes is the benchmark's
-    question (benchmarks/world_size_prediction.py, RESULTS.md), not a test's: the two
+    question (benchmarks/world_size/world_size_prediction.py, RESULTS.md), not a test's: the two
     studies run minutes apart on a machine other tests share."""
     one = run_cli(
         "run", "--workload", "gpt-tiny", "--gpus", "1", "--space", "space.yaml",

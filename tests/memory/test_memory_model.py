@@ -92,9 +92,10 @@ def test_calibration_uses_the_same_class_first() -> None:
 
 
 def test_gradient_accumulation_holds_what_deepspeed_holds() -> None:
-    """Measured on GPT-2 124M fp32 at 2 CPU ranks (benchmarks/data/table_gpt2-seq32.json):
-    mb1x2 peaks above mb2x1 by one fp32 gradient partition at ZeRO-2 (+255 MB) and by one
-    more copy of the tied embedding's gradient at ZeRO-1 (+154 MB); at ZeRO-3 not at all."""
+    """Measured on GPT-2 124M fp32 at 2 CPU ranks
+    (benchmarks/search_efficiency/data/table_gpt2-seq32.json): mb1x2 peaks above mb2x1 by
+    one fp32 gradient partition at ZeRO-2 (+255 MB) and by one more copy of the tied
+    embedding's gradient at ZeRO-1 (+154 MB); at ZeRO-3 not at all."""
     workload = get_workload(f"{ROOT / 'benchmarks' / 'workloads.py'}:gpt2_seq32")
     model = MemoryModel(workload)
     params = model_facts(workload, 100_000).params

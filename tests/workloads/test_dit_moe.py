@@ -201,7 +201,7 @@ def test_cost_model_computes_with_active_parameters() -> None:
 @pytest.mark.parametrize(
     ("name", "stage", "precision", "micro_batch", "accumulation", "measured_mib"),
     [
-        # peaks measured on 2 CPU ranks (benchmarks/data/memory_accuracy_dit.json)
+        # peaks measured on 2 CPU ranks (benchmarks/memory_accuracy/data/memory_accuracy_dit.json)
         ("dit-s-8", 2, "fp32", 4, 2, 2519.5),  # bucket reduction: flattened gradients
         ("dit-s-8", 3, "fp32", 4, 2, 2618.9),  # reduce-scatter / prefetching forward
         ("dit-s-2", 3, "fp32", 2, 1, 2769.2),  # forward prefetch beside gathered params

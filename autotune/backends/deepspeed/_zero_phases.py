@@ -4,7 +4,8 @@
 the optimizer step), the bytes a rank holds beyond its steady model states; the memory model
 takes the largest. Each term was measured per stage and precision with the probe's tensor
 tracker on 2 CPU ranks (GPT-2 124M, a 0.9M GPT-2, DiT-S/8 and DiT-S/2; see
-``benchmarks/memory_accuracy.py``) and read in DeepSpeed's code where it names a buffer:
+``benchmarks/memory_accuracy/memory_accuracy.py``) and read in DeepSpeed's code where it
+names a buffer:
 
 - ZeRO 1-2 reduce gradients through a bucket of ``reduce_bucket_size`` elements (default
   5e8, 1.9 GB in fp32) allocated in backward; ZeRO-3 keeps it for the whole run.

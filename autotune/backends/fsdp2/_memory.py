@@ -32,7 +32,7 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   the host with CPU offload);
 - the optimizer step: the gradient shards and AdamW's temporaries (one more shard).
 
-Checked against the probe's tracker on 2 CPU ranks (``benchmarks/memory_accuracy.py
+Checked against the probe's tracker on 2 CPU ranks (``benchmarks/memory_accuracy/memory_accuracy.py
 --backend fsdp2``, RESULTS.md).
 """
 

@@ -1,0 +1,1 @@
+"""README's pictures, regenerated from a real study (benchmarks/README.md)."""

@@ -1,0 +1,1 @@
+"""What the loss check (autotune verify) costs against a study's budget (benchmarks/README.md)."""

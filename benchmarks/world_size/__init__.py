@@ -1,0 +1,1 @@
+"""How well a study predicts a world size it never probed (benchmarks/README.md)."""
