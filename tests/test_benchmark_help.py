@@ -12,6 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 COMMANDS = [
     ["-m", "benchmarks.gpu_check"],
+    ["activation_dial/activation_dial.py"],
     ["backends_side_by_side/backends_side_by_side.py"],
     ["gpu_check/prepare_gpu_wheels.py"],
     ["memory_accuracy/memory_accuracy.py"],

@@ -11,9 +11,9 @@ JSON with its command, machine and commit:
 
 Reproduce (about 2 and 4 minutes on 2 idle cores):
     python benchmarks/activation_dial/activation_dial.py order \
-        --out benchmarks/activation_dial/data/order.json
+        --out benchmarks/activation_dial/data/activation_dial_order.json
     python benchmarks/activation_dial/activation_dial.py selective-cost \
-        --out benchmarks/activation_dial/data/selective_cost.json
+        --out benchmarks/activation_dial/data/activation_dial_selective_cost.json
 """
 
 from __future__ import annotations

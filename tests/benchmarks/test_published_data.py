@@ -29,6 +29,7 @@ PUBLISHED = [
 # The families of the data folders' files: a bare name of one of them is a data file; other
 # bare names (ds_config.json, exp.json) are files of a run, not data.
 FAMILIES = (
+    "activation_dial_",
     "backends_side_by_side",
     "ideal_search_",
     "memory_accuracy",
