@@ -295,12 +295,11 @@ def test_an_fsdp2_winner_says_what_the_script_does_itself(study, tmp_path: Path)
     assert "not its DeepSpeed-only keys (`scheduler`): set those in your script" in summary
 
 
-def test_a_share_of_the_blocks_recomputed_says_which_blocks_to_wrap(tmp_path: Path) -> None:
-    """The export counts the share in the study's workload's blocks and gives the lines of
-    each way to recompute them (transformers' per-layer switch, or a block's forward)."""
-    study = optuna.create_study(direction="maximize", study_name="partial")
+def _exported_summary(tmp_path: Path, workload: str, best: Candidate) -> str:
+    """summary.md of a study on ``workload`` whose one trial, ``best``, measured."""
+    study = optuna.create_study(direction="maximize", study_name="one")
     config = StudyConfig(
-        workload="gpt2",
+        workload=workload,
         space={},
         accelerator="cuda",
         gpus_per_trial=2,
@@ -309,9 +308,15 @@ def test_a_share_of_the_blocks_recomputed_says_which_blocks_to_wrap(tmp_path: Pa
         threads_per_rank=4,
     )
     study.set_user_attr("autotune_config", config.model_dump(mode="json"))
-    study.add_trial(_trial(_candidate(2, 4, checkpoint_fraction=0.25), "ok", 30.0))
+    study.add_trial(_trial(best, "ok", 30.0))
     export(study, tmp_path)
-    summary = (tmp_path / "summary.md").read_text()
+    return (tmp_path / "summary.md").read_text()
+
+
+def test_a_share_of_the_blocks_recomputed_says_which_blocks_to_wrap(tmp_path: Path) -> None:
+    """The export counts the share in the study's workload's blocks and gives the lines of
+    each way to recompute them (transformers' per-layer switch, or a block's forward)."""
+    summary = _exported_summary(tmp_path, "gpt2", _candidate(2, 4, checkpoint_fraction=0.25))
     assert "# autotune: z2 bf16 mb4x2 ckpt:0.25" in summary
     assert "| activation checkpointing | first 0.25 of the blocks |" in summary
     assert "the first 3 of the model's 12 transformer blocks" in summary
@@ -320,20 +325,7 @@ def test_a_share_of_the_blocks_recomputed_says_which_blocks_to_wrap(tmp_path: Pa
 
 
 def test_a_selective_winner_says_how_to_recompute_selectively(tmp_path: Path) -> None:
-    study = optuna.create_study(direction="maximize", study_name="selective")
-    config = StudyConfig(
-        workload="gpt-tiny",
-        space={},
-        accelerator="cuda",
-        gpus_per_trial=2,
-        global_batch=16,
-        vram_limit_bytes=8 * 2**30,
-        threads_per_rank=4,
-    )
-    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
     best = _candidate(2, 4, checkpoint_fraction=1.0, checkpoint_policy="selective")
-    study.add_trial(_trial(best, "ok", 30.0))
-    export(study, tmp_path)
-    summary = (tmp_path / "summary.md").read_text()
+    summary = _exported_summary(tmp_path, "gpt-tiny", best)
     assert "| activation checkpointing | on, selective |" in summary
     assert "context_fn=autotune.workloads.checkpointing.selective_context()" in summary
