@@ -92,13 +92,11 @@ class _FakeModel:
                 self.model = workload.build_model()
             finally:
                 torch.set_default_dtype(previous)
-            options: dict[str, Any] = {"policy": policy} if policy != "full" else {}
-            if checkpointing is True:
-                workload.enable_activation_checkpointing(self.model, **options)
-            elif checkpointing is not False:
-                workload.enable_activation_checkpointing(
-                    self.model, blocks=checkpointing[0], **options
-                )
+            if checkpointing is not False:
+                from autotune.workloads.checkpointing import recompute
+
+                blocks = None if checkpointing is True else checkpointing[0]
+                recompute(workload, self.model, blocks, policy)
             self.model.train()
         self.parameters = list(self.model.parameters())
         for parameter in self.parameters:

@@ -40,11 +40,13 @@ def takes(workload: Any, parameter: str) -> bool:
     return method is not None and parameter in inspect.signature(method).parameters
 
 
+@functools.lru_cache(maxsize=32)
 def partial_checkpointing_blocks(workload: Any) -> int | None:
     """How many blocks a ``checkpoint_fraction`` counts its share of for ``workload`` (its
     :meth:`~autotune.workloads.Workload.checkpoint_blocks` of the model built on the meta
     device); None where the workload recomputes all blocks or none only (its
-    ``enable_activation_checkpointing`` takes no ``blocks``) or has no blocks."""
+    ``enable_activation_checkpointing`` takes no ``blocks``) or has no blocks. Once per
+    workload and process: resolving a run, binding its space and tracing ask it."""
     import torch
 
     if not takes(workload, "blocks"):
@@ -102,6 +104,15 @@ def checkpoint_leading_blocks(blocks: list[Any], count: int, policy: str = "full
         block.forward = functools.partial(checkpoint, block.forward, **options)
 
 
+def recompute(workload: Any, model: Any, blocks: int | None, policy: str = "full") -> None:
+    """Call the workload's switch for every block (``blocks`` None) or the first ``blocks``,
+    passing ``policy`` only where it is not full (a workload's switch may take none)."""
+    options: dict[str, Any] = {"policy": policy} if policy != "full" else {}
+    if blocks is not None:
+        options["blocks"] = blocks
+    workload.enable_activation_checkpointing(model, **options)
+
+
 def apply_checkpointing(workload: Any, model: Any, fraction: float, policy: str = "full") -> None:
     """Recompute ``fraction`` of ``model``'s blocks in backward with ``policy``, as a
     candidate's ``checkpoint_fraction`` and ``checkpoint_policy`` say: none at 0, every
@@ -109,9 +120,8 @@ def apply_checkpointing(workload: Any, model: Any, fraction: float, policy: str 
     :func:`checkpointed_block_count`."""
     if fraction <= 0:
         return
-    options: dict[str, Any] = {"policy": policy} if policy != "full" else {}
     if fraction >= 1:
-        workload.enable_activation_checkpointing(model, **options)
+        recompute(workload, model, None, policy)
         return
     count = checkpointed_block_count(fraction, len(workload.checkpoint_blocks(model)))
-    workload.enable_activation_checkpointing(model, blocks=count, **options)
+    recompute(workload, model, count, policy)
