@@ -560,6 +560,17 @@ class BoundSpace(BaseModel):
     def size(self) -> int:
         return sum(1 for _ in self.candidates())
 
+    def _spell_checkpointing(self, candidate: Candidate, values: dict[str, Any]) -> None:
+        """A candidate's recomputation as the space spells it (its record stores a share of
+        0 or 1 as the switch and a full policy not at all): every share listed, and the
+        policy where some block is recomputed."""
+        if self.checkpoint_fractions:
+            values.pop("activation_checkpointing", None)
+            values["checkpoint_fraction"] = f"{candidate.checkpoint_fraction:g}"
+        values.pop("checkpoint_policy", None)
+        if self.spec.checkpoint_policy and candidate.activation_checkpointing:
+            values["checkpoint_policy"] = candidate.checkpoint_policy
+
     def dimensions(self) -> dict[str, dict[str, int]]:
         """For each dimension, how many valid candidates take each value."""
         counts: dict[str, dict[str, int]] = {}
@@ -569,6 +580,7 @@ class BoundSpace(BaseModel):
                 values.pop("backend")
             if len(self.world_sizes) == 1:
                 values.pop("data_parallel_size")
+            self._spell_checkpointing(candidate, values)
             for name, value in values.items():
                 bucket = counts.setdefault(name, {})
                 bucket[str(value)] = bucket.get(str(value), 0) + 1

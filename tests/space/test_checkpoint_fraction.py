@@ -96,3 +96,18 @@ def test_the_policy_is_asked_only_where_some_block_is_recomputed() -> None:
     for candidate in bound.candidates():
         params = bound.params_of(candidate)
         assert ("checkpoint_policy" in params) == candidate.activation_checkpointing
+
+
+def test_the_counts_per_value_spell_the_dial_as_the_space_does() -> None:
+    dial = parse_space(
+        SPACE + "checkpoint_fraction: [0, 0.5, 1]\ncheckpoint_policy: [full, selective]\n"
+    ).bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=4)
+    dims = dial.dimensions()
+    assert dims["checkpoint_fraction"] == {"0": 2, "0.5": 4, "1": 4}
+    assert dims["checkpoint_policy"] == {"full": 4, "selective": 4}  # asked where fraction > 0
+    assert "activation_checkpointing" not in dims
+    switch = parse_space(SPACE + "activation_checkpointing: [false, true]\n").bind(
+        CPU, data_parallel_size=2, global_batch=8
+    )
+    assert switch.dimensions()["activation_checkpointing"] == {"False": 2, "True": 2}
+    assert "checkpoint_fraction" not in switch.dimensions()
