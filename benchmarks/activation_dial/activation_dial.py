@@ -8,12 +8,23 @@ JSON with its command, machine and commit:
 - ``selective-cost``: what a selective recomputation costs. One process's forward and
   backward (1 thread) with every block recomputed in full, selectively, or none,
   interleaved over rounds; the selective step's extra time as a share of the full one's.
+- ``under-limit``: what the dial buys under a memory limit. On 2 CPU ranks, the fastest
+  candidate that recomputes nothing (screened in interleaved rounds) sets the limit at 0.9x
+  its measured peak; of the candidates predicted to fit it (every ZeRO stage and
+  micro-batch asked, each recomputation at its smallest share that fits), those whose
+  measured peak fits are screened, and the best all-or-nothing (no recomputation, or every
+  block in full) and the best partial or selective are re-measured interleaved with the
+  unlimited fastest. Their ratio is the dial's gain; the unlimited fastest over the best
+  all-or-nothing bounds it (no recomputation can beat recomputing nothing).
 
 Reproduce (about 2 and 4 minutes on 2 idle cores):
     python benchmarks/activation_dial/activation_dial.py order \
         --out benchmarks/activation_dial/data/activation_dial_order.json
     python benchmarks/activation_dial/activation_dial.py selective-cost \
         --out benchmarks/activation_dial/data/activation_dial_selective_cost.json
+    python benchmarks/activation_dial/activation_dial.py under-limit --workload dit-s-2 \
+        --global-batch 16 --stages 0 1 3 --micro-batches 2 4 8 \
+        --out benchmarks/activation_dial/data/activation_dial_under_limit_dit-s-2.json
 """
 
 from __future__ import annotations
@@ -133,14 +144,218 @@ def selective_cost(rounds: int) -> dict[str, Any]:
     return out
 
 
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+LIMIT_SHARE = 0.9
+
+
+def _probe_rounds(workload: str, candidates: list[Any], rounds: int) -> dict[str, dict[str, Any]]:
+    """Samples/s and measured peak of each candidate, by fixed-length probes on 2 CPU ranks
+    (all of a round in one launch), the order rotated between rounds."""
+    import tempfile
+
+    from autotune.execution import launch_probes
+    from benchmarks.probe_jobs import cpu_probe_jobs
+    from benchmarks.vs_deepspeed.vs_deepspeed_tuners import RANKS, threads_per_rank
+
+    rows = {
+        c.key: {"label": c.label, "candidate": c, "samples_per_s": [], "peak_bytes": 0}
+        for c in candidates
+    }
+    for index in range(rounds):
+        shift = (index * max(1, len(candidates) // rounds)) % max(1, len(candidates))
+        order = candidates[shift:] + candidates[:shift]
+        with tempfile.TemporaryDirectory(prefix="autotune-dial-") as tmp:
+            jobs = cpu_probe_jobs(
+                workload,
+                order,
+                Path(tmp),
+                warmup_steps=2,
+                timed_steps=4,
+                timeout_s=600,
+                ranks=RANKS,
+                threads_per_rank=threads_per_rank(),
+            )
+            for job, result in zip(jobs, launch_probes(jobs), strict=True):
+                row = rows[job.spec.candidate.key]
+                if result.status == "ok" and result.samples_per_s:
+                    row["samples_per_s"].append(result.samples_per_s)
+                    peak = max(result.peak_bytes_per_rank or [0])
+                    row["peak_bytes"] = max(row["peak_bytes"], peak)
+                else:
+                    row["error"] = f"{result.status}: {result.error[:80]}"
+        print(f"{len(candidates)} candidates: round {index + 1}/{rounds}", flush=True)
+    for row in rows.values():
+        rates = row["samples_per_s"]
+        row["median"] = statistics.median(rates) if rates else 0.0
+    return rows
+
+
+def _all_or_nothing(candidate: Any) -> bool:
+    return candidate.checkpoint_fraction in (0, 1) and candidate.checkpoint_policy == "full"
+
+
+def _candidate(
+    stage: int, micro_batch: int, global_batch: int, fraction: float = 0.0, policy: str = "full"
+) -> Any:
+    """An fp32 candidate of 2 data-parallel ranks recomputing ``fraction`` with ``policy``."""
+    from autotune.candidate import Candidate
+
+    return Candidate(
+        precision="fp32",
+        zero_stage=stage,
+        micro_batch_size=micro_batch,
+        gradient_accumulation_steps=global_batch // (2 * micro_batch),
+        data_parallel_size=2,
+        checkpoint_fraction=fraction,
+        checkpoint_policy=policy,
+    )
+
+
+def _dial_candidates(
+    workload_ref: str,
+    global_batch: int,
+    stages: list[int],
+    micro_batches: list[int],
+    limit_bytes: int,
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The candidates predicted to fit ``limit_bytes``: per stage and micro-batch, no
+    recomputation where it fits, else every block in full, and each policy's smallest
+    share that fits (a larger share only adds recomputation); with every prediction."""
+    from autotune.memory import MemoryModel
+    from autotune.workloads import get_workload
+
+    model = MemoryModel(get_workload(workload_ref))
+    predictions: list[dict[str, Any]] = []
+
+    def fits(candidate: Any) -> bool:
+        predicted = model.predict(candidate).tracked_bytes("cpu")
+        predictions.append({"label": candidate.label, "predicted_MiB": round(predicted / MiB, 1)})
+        return predicted <= limit_bytes
+
+    chosen: list[Any] = []
+    for stage in stages:
+        for micro_batch in micro_batches:
+            if fits(none := _candidate(stage, micro_batch, global_batch)):
+                chosen.append(none)
+                continue
+            for policy in ("full", "selective"):
+                shares = (
+                    _candidate(stage, micro_batch, global_batch, f, policy) for f in FRACTIONS
+                )
+                smallest = next((candidate for candidate in shares if fits(candidate)), None)
+                if smallest is not None:
+                    chosen.append(smallest)
+            if (full := _candidate(stage, micro_batch, global_batch, 1.0)) not in chosen and fits(
+                full
+            ):
+                chosen.append(full)
+    return chosen, predictions
+
+
+def under_limit(args: argparse.Namespace) -> dict[str, Any]:
+    """The best partial or selective candidate against the best all-or-nothing one under a
+    limit of 0.9x the peak of the fastest that recomputes nothing."""
+    none = [
+        _candidate(stage, micro_batch, args.global_batch)
+        for stage in args.stages
+        for micro_batch in args.micro_batches
+    ]
+    screened = _probe_rounds(args.workload, none, args.screen_rounds)
+    fastest = max(screened.values(), key=lambda row: row["median"])
+    limit = int(LIMIT_SHARE * fastest["peak_bytes"])
+    print(
+        f"fastest recomputing nothing: {fastest['label']} {fastest['median']:.2f}/s, peak "
+        f"{fastest['peak_bytes'] / MiB:.0f} MiB; limit {limit / MiB:.0f} MiB",
+        flush=True,
+    )
+    chosen, predictions = _dial_candidates(
+        args.workload, args.global_batch, args.stages, args.micro_batches, limit
+    )
+    dial = _probe_rounds(args.workload, chosen, args.screen_rounds)
+    fitting = [row for row in dial.values() if row["median"] and row["peak_bytes"] <= limit]
+    groups = {
+        "all_or_nothing": [r for r in fitting if _all_or_nothing(r["candidate"])],
+        "partial_or_selective": [r for r in fitting if not _all_or_nothing(r["candidate"])],
+    }
+    finalists = [fastest["candidate"]]
+    for rows in groups.values():
+        rows.sort(key=lambda row: row["median"], reverse=True)
+        finalists += [row["candidate"] for row in rows[: args.top]]
+    final = _probe_rounds(args.workload, finalists, args.rounds)
+    best = {
+        name: max((final[r["candidate"].key] for r in rows[: args.top]), key=lambda r: r["median"])
+        for name, rows in groups.items()
+        if rows
+    }
+    unlimited = final[fastest["candidate"].key]
+
+    def public(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "label": row["label"],
+            "samples_per_s": [round(rate, 3) for rate in row["samples_per_s"]],
+            "median": round(row["median"], 3),
+            "peak_MiB": round(row["peak_bytes"] / MiB, 1),
+            **({"error": row["error"]} if "error" in row else {}),
+        }
+
+    result: dict[str, Any] = {
+        "workload": args.workload,
+        "global_batch": args.global_batch,
+        "limit_MiB": round(limit / MiB, 1),
+        "screen_none": [public(row) for row in screened.values()],
+        "predicted": predictions,
+        "screen_dial": [public(row) for row in dial.values()],
+        "final": [public(row) for row in final.values()],
+        "unlimited_fastest": public(unlimited),
+        "best": {name: public(row) for name, row in best.items()},
+    }
+    if len(best) == 2:
+        aon, partial = best["all_or_nothing"], best["partial_or_selective"]
+        result["dial_gain"] = round(partial["median"] / aon["median"], 3)
+        result["bound"] = round(unlimited["median"] / aon["median"], 3)
+        ratios = [
+            p / a for p, a in zip(partial["samples_per_s"], aon["samples_per_s"], strict=False)
+        ]
+        result["dial_gain_per_round"] = [round(r, 3) for r in ratios]
+        print(
+            f"best all-or-nothing {aon['label']} {aon['median']:.2f}/s; best partial or "
+            f"selective {partial['label']} {partial['median']:.2f}/s: gain "
+            f"{result['dial_gain']:.3f} (per round {min(ratios):.2f}..{max(ratios):.2f}); "
+            f"bound (unlimited fastest / all-or-nothing) {result['bound']:.3f}",
+            flush=True,
+        )
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["order", "selective-cost"])
-    parser.add_argument("--rounds", type=int, default=7, help="selective-cost: rounds")
+    parser.add_argument("what", choices=["order", "selective-cost", "under-limit"])
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="selective-cost: rounds (7); under-limit: the final interleaved rounds (5)",
+    )
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workload", default="dit-s-2", help="under-limit: the workload")
+    parser.add_argument("--global-batch", type=int, default=16, help="under-limit")
+    parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 3], help="under-limit")
+    parser.add_argument(
+        "--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="under-limit"
+    )
+    parser.add_argument(
+        "--screen-rounds", type=int, default=2, help="under-limit: rounds of each screen"
+    )
+    parser.add_argument("--top", type=int, default=2, help="under-limit: finalists of each group")
     args = parser.parse_args()
     started = time.monotonic()
-    result = order() if args.what == "order" else selective_cost(args.rounds)
+    if args.what == "order":
+        result: Any = order()
+    elif args.what == "selective-cost":
+        result = selective_cost(args.rounds or 7)
+    else:
+        args.rounds = args.rounds or 5
+        result = under_limit(args)
     record = {
         "command": " ".join(["python", *sys.argv]),
         "machine": _machine(),

@@ -26,6 +26,16 @@ Reproduce:
         --out benchmarks/memory_accuracy/data/memory_accuracy_fsdp2.json
         # FSDP2: fp32/bf16 x micro-batches x checkpointing x (reshard after forward, keep
         # gathered, one unit) x CPU offload off/on
+    python benchmarks/memory_accuracy/memory_accuracy.py --workloads dit-s-8 gpt2-seq32 \
+        --stages 0 3 --micro-batches 4 2 --fractions 0 0.25 0.5 0.75 1 \
+        --policies full selective \
+        --out benchmarks/memory_accuracy/data/memory_accuracy_dial.json
+    python benchmarks/memory_accuracy/memory_accuracy.py --backend fsdp2 \
+        --workloads dit-s-8 gpt2-seq32 --micro-batches 4 2 --shardings reshard keep \
+        --offloads none --fractions 0 0.25 0.5 0.75 1 --policies full selective \
+        --out benchmarks/memory_accuracy/data/memory_accuracy_fsdp2_dial.json
+        # the activation dial: every (checkpoint_fraction, checkpoint_policy), fraction 0
+        # with no policy; --micro-batches gives each workload's, in --workloads' order
 
 Targets: language models median relative error <= 5%, worst <= 15%, no candidate
 under-predicted by more than 5%; DiT median <= 2%, worst <= 5%, under-prediction <= 2%.
@@ -34,6 +44,7 @@ under-predicted by more than 5%; DiT median <= 2%, worst <= 5%, under-prediction
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -69,20 +80,47 @@ DEFAULT_WORKLOADS = ("gpt-tiny", "gpt2-seq32")
 TARGETS = {"lm": (0.05, 0.15, 0.05), "dit": (0.02, 0.05, 0.02)}
 
 
-def candidates(
-    global_batch: int,
-    micro_batches: tuple[int, ...],
-    stages: tuple[int, ...] = (0, 1, 2, 3),
-    precisions: tuple[str, ...] = ("fp32", "bf16"),
-    backend: str = "deepspeed",
-):
+# FSDP2's sharding choices probed, by name: (reshard_after_forward, wrap, sync_each_micro_batch)
+SHARDINGS = {
+    "reshard": (True, "block", False),
+    "keep": (False, "block", False),
+    "model": (False, "model", False),
+    "reshard-sync": (True, "block", True),
+    "keep-sync": (False, "block", True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The candidates probed of a workload: each axis's values (``candidates`` takes the
+    product); the recomputation axis is every (fraction, policy) with a policy only where
+    some block is recomputed."""
+
+    stages: tuple[int, ...] = (0, 1, 2, 3)
+    precisions: tuple[str, ...] = ("fp32", "bf16")
+    backend: str = "deepspeed"
+    fractions: tuple[float, ...] = (0.0, 1.0)
+    policies: tuple[str, ...] = ("full",)
+    shardings: tuple[str, ...] = tuple(SHARDINGS)
+    offloads: tuple[str, ...] = ("none", "cpu")
+
+    def recomputations(self) -> list[tuple[float, str]]:
+        return [
+            (fraction, policy)
+            for fraction in self.fractions
+            for policy in self.policies
+            if fraction > 0 or policy == "full"
+        ]
+
+
+def candidates(global_batch: int, micro_batches: tuple[int, ...], grid: Grid = Grid()):
     from autotune.candidate import Candidate
 
-    if backend == "fsdp2":
-        yield from fsdp2_candidates(global_batch, micro_batches, precisions)
+    if grid.backend == "fsdp2":
+        yield from fsdp2_candidates(global_batch, micro_batches, grid)
         return
-    for stage, precision, mb, ckpt in itertools.product(
-        stages, precisions, micro_batches, (False, True)
+    for stage, precision, mb, (fraction, policy) in itertools.product(
+        grid.stages, grid.precisions, micro_batches, grid.recomputations()
     ):
         yield Candidate(
             precision=precision,
@@ -90,24 +128,20 @@ def candidates(
             micro_batch_size=mb,
             gradient_accumulation_steps=global_batch // (2 * mb),
             data_parallel_size=2,
-            activation_checkpointing=ckpt,
+            checkpoint_fraction=fraction,
+            checkpoint_policy=policy,
         )
 
 
-def fsdp2_candidates(
-    global_batch: int, micro_batches: tuple[int, ...], precisions: tuple[str, ...]
-):
+def fsdp2_candidates(global_batch: int, micro_batches: tuple[int, ...], grid: Grid):
     from autotune.candidate import Candidate, FsdpKnobs
 
     shardings = [
-        FsdpKnobs(reshard_after_forward=True),
-        FsdpKnobs(reshard_after_forward=False),
-        FsdpKnobs(reshard_after_forward=False, wrap="model"),
-        FsdpKnobs(reshard_after_forward=True, sync_each_micro_batch=True),
-        FsdpKnobs(reshard_after_forward=False, sync_each_micro_batch=True),
+        FsdpKnobs(reshard_after_forward=reshard, wrap=wrap, sync_each_micro_batch=sync)
+        for reshard, wrap, sync in (SHARDINGS[name] for name in grid.shardings)
     ]
-    for precision, mb, ckpt, knobs, offload in itertools.product(
-        precisions, micro_batches, (False, True), shardings, ("none", "cpu")
+    for precision, mb, (fraction, policy), knobs, offload in itertools.product(
+        grid.precisions, micro_batches, grid.recomputations(), shardings, grid.offloads
     ):
         if knobs.sync_each_micro_batch and global_batch == 2 * mb:
             continue  # one micro-batch per step: nothing to sync between
@@ -118,7 +152,8 @@ def fsdp2_candidates(
             micro_batch_size=mb,
             gradient_accumulation_steps=global_batch // (2 * mb),
             data_parallel_size=2,
-            activation_checkpointing=ckpt,
+            checkpoint_fraction=fraction,
+            checkpoint_policy=policy,
             offload_optimizer=offload,
             offload_param=offload,
             fsdp=knobs,
@@ -131,9 +166,7 @@ def measure(
     mbs: tuple[int, ...],
     root: Path,
     warmup_steps: int = 2,
-    stages: tuple[int, ...] = (0, 1, 2, 3),
-    precisions: tuple[str, ...] = ("fp32", "bf16"),
-    backend: str = "deepspeed",
+    grid: Grid = Grid(),
 ) -> list[tuple]:
     from autotune.execution import launch_probes
     from autotune.memory import MemoryModel
@@ -141,7 +174,7 @@ def measure(
     from benchmarks.probe_jobs import cpu_probe_jobs
 
     model = MemoryModel(get_workload(ref))
-    chosen = list(candidates(batch, mbs, stages, precisions, backend))
+    chosen = list(candidates(batch, mbs, grid))
     predictions = []
     for candidate in chosen:
         started = time.perf_counter()
@@ -164,9 +197,12 @@ def main() -> int:
     args = parse_args()
     if args.repredict:
         return repredict(args.repredict, args.out)
+    if args.micro_batches and len(args.micro_batches) != len(args.workloads):
+        raise SystemExit("--micro-batches: give one micro-batch per workload of --workloads")
     records = []
-    for name in args.workloads:
-        records += measure_workload(name, args)
+    for index, name in enumerate(args.workloads):
+        micro_batches = (args.micro_batches[index],) if args.micro_batches else None
+        records += measure_workload(name, args, micro_batches)
     errors = [(r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"] for r in records]
     if not errors:
         return 1
@@ -211,24 +247,60 @@ def parse_args() -> argparse.Namespace:
         choices=["deepspeed", "fsdp2"],
         help="the training backend whose candidates are probed (fsdp2: no --stages)",
     )
+    parser.add_argument(
+        "--micro-batches",
+        type=int,
+        nargs="+",
+        help="one micro-batch per workload, in --workloads' order (default: each workload's two)",
+    )
+    parser.add_argument(
+        "--fractions",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0],
+        help="checkpoint_fraction values probed (default 0 1: the switch off and on)",
+    )
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=["full"],
+        choices=["full", "selective"],
+        help="checkpoint_policy values probed where the fraction is above 0",
+    )
+    parser.add_argument(
+        "--shardings",
+        nargs="+",
+        default=list(SHARDINGS),
+        choices=list(SHARDINGS),
+        help="FSDP2 sharding choices probed (fsdp2 only)",
+    )
+    parser.add_argument(
+        "--offloads",
+        nargs="+",
+        default=["none", "cpu"],
+        choices=["none", "cpu"],
+        help="FSDP2 parameter and optimizer offload probed (fsdp2 only)",
+    )
     return parser.parse_args()
 
 
-def measure_workload(name: str, args: argparse.Namespace) -> list[dict]:
-    """Probe and predict workload ``name``'s candidates; print its table, and return a
-    record of each candidate measured."""
+def measure_workload(
+    name: str, args: argparse.Namespace, micro_batches: tuple[int, ...] | None = None
+) -> list[dict]:
+    """Probe and predict workload ``name``'s candidates (at ``micro_batches``, else its
+    own); print its table, and return a record of each candidate measured."""
     ref, batch, mbs = WORKLOADS[name]
+    grid = Grid(
+        stages=tuple(args.stages),
+        precisions=tuple(args.precisions),
+        backend=args.backend,
+        fractions=tuple(args.fractions),
+        policies=tuple(args.policies),
+        shardings=tuple(args.shardings),
+        offloads=tuple(args.offloads),
+    )
     with tempfile.TemporaryDirectory(prefix="autotune-memory-") as tmp:
-        rows = measure(
-            ref,
-            batch,
-            mbs,
-            Path(tmp),
-            args.warmup_steps,
-            tuple(args.stages),
-            tuple(args.precisions),
-            args.backend,
-        )
+        rows = measure(ref, batch, micro_batches or mbs, Path(tmp), args.warmup_steps, grid)
     print(f"\n## {name} (global batch {batch}, 2 CPU ranks)\n")
     print("| candidate | phase | predicted MiB | measured MiB | error |")
     print("|---|---|---|---|---|")
