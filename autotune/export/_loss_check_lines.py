@@ -94,7 +94,8 @@ def _script_check_lines(study: optuna.Study, trace: LossTrace) -> list[str]:
     return [
         "",
         "Your script ran as it is: autotune seeded python, numpy and torch before it and "
-        "switched its torch.nn dropout off; what the script seeds itself and functional "
-        "dropout in its code are its own. The runs started from the same weights, and "
+        "switched its torch.nn dropout (and a diffusers class-label dropout) off; what the "
+        "script seeds itself and functional dropout in its code are its own. The runs "
+        "started from the same weights, and "
         f"{samples}.",
     ]

@@ -18,8 +18,8 @@ each step, whatever its precision, ZeRO stage and split of the global batch:
   micro-batch the k-th m of them. Every step trains on that same global batch, so the
   model learns it and the loss moves.
 - **Randomness**: python's ``random``, numpy and torch are seeded before the first step;
-  dropout is switched off (p = 0), since its masks are drawn per micro-batch and two splits
-  of the same batch would draw different ones.
+  dropout is switched off (p = 0), and so is a DiT's class-label dropout, since their masks
+  are drawn per micro-batch and two splits of the same batch would draw different ones.
 
 The loss of a step is the mean of the micro-batch losses over accumulation and ranks, the
 average whose gradient DeepSpeed steps with.
@@ -119,7 +119,9 @@ def seeded_weights(workload: Any, seed: int) -> dict[str, Any]:
 
 
 def switch_off_dropout(model: Any) -> int:
-    """Set every dropout module's probability to 0; how many there were."""
+    """Set every dropout module's probability to 0, and every module's ``dropout_prob``
+    (diffusers' ``LabelEmbedding``: the class label dropped for classifier-free guidance,
+    drawn per micro-batch from torch's generator in training mode); how many there were."""
     import torch
 
     kinds = (
@@ -130,10 +132,15 @@ def switch_off_dropout(model: Any) -> int:
         torch.nn.AlphaDropout,
         torch.nn.FeatureAlphaDropout,
     )
-    found = [m for m in model.modules() if isinstance(m, kinds)]
-    for module in found:
-        module.p = 0.0
-    return len(found)
+    found = 0
+    for module in model.modules():
+        if isinstance(module, kinds):
+            module.p = 0.0
+            found += 1
+        elif isinstance(getattr(module, "dropout_prob", None), float) and module.dropout_prob:
+            module.dropout_prob = 0.0
+            found += 1
+    return found
 
 
 def micro_batches(workload: Any, candidate: Any, rank: int, device: Any) -> list[Any]:
