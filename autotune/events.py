@@ -204,6 +204,10 @@ class SearchStopped(Event):
     total_s: float = 0.0
     reserve_s: float = 0.0
     verify_s: float = 0.0  # the part of reserve_s held for the loss check (--verify)
+    # budget: what the search had left and the next probe's expected time, where the stop
+    # was that the probe would not fit (0: the budget was spent)
+    left_s: float = 0.0
+    probe_estimate_s: float = 0.0
     # settled: how far below the best the nearest open candidate is predicted, and the cost
     # model's leave-one-out error on the study's probes (autotune.run.sampler.Settling)
     predicted_gap: float | None = None

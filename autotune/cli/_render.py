@@ -195,6 +195,11 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
                 + " and ".join(kept or ["the confirmation round"])
             )
         text = f"budget spent ({used})"
+        if event.probe_estimate_s > 0:
+            text = (
+                f"no time for another probe ({used}; {format_duration(event.left_s)} left, a "
+                f"probe takes about {format_duration(event.probe_estimate_s)})"
+            )
         if continue_command:
             more = format_duration(event.spent_s + event.reserve_s + 600)
             text += f"; to go on, give a larger total: {continue_command} --budget {more}"

@@ -347,12 +347,15 @@ class Search:
             return events.SearchStopped("max_trials", max_trials=settings.search.max_trials)
         left_s = self.clock.probing_left_s
         if left_s - self.reserve_s <= 0 or left_s - self.reserve_s < self.estimate_s:
+            short = left_s - self.reserve_s > 0
             return events.SearchStopped(
                 "budget",
                 spent_s=self.clock.spent_s,
                 total_s=self.clock.total_s,
                 reserve_s=min(self.reserve_s, max(left_s, 0.0)),
                 verify_s=min(self.verify_s, max(left_s, 0.0)),
+                left_s=left_s - self.reserve_s if short else 0.0,
+                probe_estimate_s=self.estimate_s if short else 0.0,
             )
         if not self._unseen():
             return events.SearchStopped("exhausted")

@@ -206,9 +206,15 @@ class Tuner:
         )
         clock.store(session.study)
         summary.screened = self._report_screened(session.study, evaluated)
-        if clock.run_budget_s <= 0 or clock.run_budget_s < probe_estimate_s(trials):
+        estimate_s = probe_estimate_s(trials)
+        if clock.run_budget_s <= 0 or clock.run_budget_s < estimate_s:
+            short = clock.run_budget_s > 0
             summary.stop = events.SearchStopped(
-                "budget", spent_s=clock.spent_s, total_s=clock.total_s
+                "budget",
+                spent_s=clock.spent_s,
+                total_s=clock.total_s,
+                left_s=clock.run_budget_s if short else 0.0,
+                probe_estimate_s=estimate_s if short else 0.0,
             )
             return
         ops_build_s = self._prepare_ops()

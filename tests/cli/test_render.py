@@ -58,3 +58,17 @@ def test_a_settled_search_says_what_it_compared_and_when_that_is_within_the_mode
     assert settled(None, None, 2).startswith(
         "search stopped: no open candidate is predicted within 5% of the best, and the budget"
     )
+
+
+def test_a_search_stopped_short_of_a_probe_says_so_not_that_the_budget_is_spent() -> None:
+    from autotune import events
+
+    short = events.SearchStopped(
+        "budget", spent_s=304.0, total_s=420.0, left_s=116.0, probe_estimate_s=258.0
+    )
+    assert line(short) == (
+        "search stopped: no time for another probe (5m4s of the study's 7m; 1m56s left, a "
+        "probe takes about 4m18s)"
+    )
+    spent = events.SearchStopped("budget", spent_s=420.0, total_s=420.0)
+    assert line(spent) == "search stopped: budget spent (7m of the study's 7m)"
