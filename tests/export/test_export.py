@@ -11,42 +11,18 @@ from pathlib import Path
 
 import optuna
 import pytest
-from optuna.trial import TrialState, create_trial
 
 from autotune.candidate import Candidate
 from autotune.errors import ExportError
 from autotune.export._exporter import choose_trial, export
 from autotune.study.storage import StudyConfig
+from tests.support.studies import measured_trial, one_trial_study
 
 BASE = {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
     "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
     "gradient_clipping": 1.0,
 }
-
-
-def _trial(
-    candidate: Candidate, status: str, rate: float = 0.0, **attrs
-) -> optuna.trial.FrozenTrial:
-    user_attrs = {
-        "candidate": candidate.model_dump(mode="json"),
-        "candidate_key": candidate.key,
-        "label": candidate.label,
-        "status": status,
-        "samples_per_s": rate,
-        "samples_per_s_min": rate * 0.95,
-        "samples_per_s_max": rate * 1.05,
-        "tokens_per_s": rate * 64,
-        "peak_bytes_per_rank": [2**30, 2**30],
-        "host_peak_bytes_per_rank": [3 * 2**30, 3 * 2**30],
-        "feasible": status == "ok",
-        "error": "" if status == "ok" else f"{status} happened",
-        **attrs,
-    }
-    if status == "ok":
-        return create_trial(value=rate, user_attrs=user_attrs)
-    state = TrialState.PRUNED if status in ("oom", "pruned") else TrialState.FAIL
-    return create_trial(state=state, user_attrs=user_attrs)
 
 
 def _candidate(stage: int, mb: int, **kwargs) -> Candidate:
@@ -77,15 +53,15 @@ def study() -> optuna.Study:
     study.set_user_attr("autotune_config", config.model_dump(mode="json"))
     best = _candidate(3, 4, offload_optimizer="cpu", activation_checkpointing=True)
     trials = [
-        _trial(_candidate(0, 1), "ok", 10.0),
-        _trial(best, "ok", 42.0),
-        _trial(_candidate(1, 2), "ok", 40.0),
-        _trial(_candidate(2, 8), "oom"),
-        _trial(_candidate(2, 4), "ok", 50.0, feasible=False),  # measured above the limit
-        _trial(_candidate(1, 4), "error"),
-        _trial(_candidate(1, 8), "timeout"),
-        _trial(_candidate(0, 8), "pruned", pruned_by="memory-model"),
-        _trial(_candidate(3, 8), "ok", 45.0, stopped_early=True),  # partial: never exported
+        measured_trial(_candidate(0, 1), "ok", 10.0),
+        measured_trial(best, "ok", 42.0),
+        measured_trial(_candidate(1, 2), "ok", 40.0),
+        measured_trial(_candidate(2, 8), "oom"),
+        measured_trial(_candidate(2, 4), "ok", 50.0, feasible=False),  # measured above the limit
+        measured_trial(_candidate(1, 4), "error"),
+        measured_trial(_candidate(1, 8), "timeout"),
+        measured_trial(_candidate(0, 8), "pruned", pruned_by="memory-model"),
+        measured_trial(_candidate(3, 8), "ok", 45.0, stopped_early=True),  # partial: never exported
     ]
     for trial in trials:
         study.add_trial(trial)
@@ -165,9 +141,9 @@ def test_host_memory_in_the_words_of_its_measurement_and_over_host_ram(
     best = _candidate(2, 2, offload_optimizer="cpu")
     over = _candidate(2, 1, offload_optimizer="cpu")
     host_error = "measured host memory 10.00 GiB on node gpu-node-7 (2 rank(s)) is over ..."
-    study.add_trial(_trial(best, "ok", 60.0, **measured))
+    study.add_trial(measured_trial(best, "ok", 60.0, **measured))
     study.add_trial(
-        _trial(
+        measured_trial(
             over,
             "ok",
             70.0,
@@ -205,7 +181,7 @@ def test_launch_script_quotes_what_comes_from_the_storage(tmp_path: Path) -> Non
         vram_limit_bytes=8 * 2**30,
     )
     study.set_user_attr("autotune_config", config.model_dump(mode="json"))
-    study.add_trial(_trial(_candidate(0, 4), "ok", 10.0, label="a\ntouch INJECTED2 #"))
+    study.add_trial(measured_trial(_candidate(0, 4), "ok", 10.0, label="a\ntouch INJECTED2 #"))
     export(study, tmp_path / "out", trial_number=0)
     launch = tmp_path / "out" / "launch.sh"
     result = subprocess.run(
@@ -249,7 +225,7 @@ def test_launch_sh_gives_production_the_probes_matmul_precision(
         float32_matmul_precision=precision,
     )
     study.set_user_attr("autotune_config", config.model_dump(mode="json"))
-    study.add_trial(_trial(_candidate(0, 4), "ok", 10.0))
+    study.add_trial(measured_trial(_candidate(0, 4), "ok", 10.0))
     export(study, tmp_path / "out")
     script = tmp_path / "train.py"
     script.write_text(
@@ -283,7 +259,7 @@ def test_an_fsdp2_winner_says_what_the_script_does_itself(study, tmp_path: Path)
         gradient_accumulation_steps=4, data_parallel_size=2,
         fsdp=FsdpKnobs(sync_each_micro_batch=True),
     )  # fmt: skip
-    study.add_trial(_trial(fsdp2, "ok", 60.0))
+    study.add_trial(measured_trial(fsdp2, "ok", 60.0))
     exported = export(study, tmp_path)
     assert exported.trial == 9
     config = json.loads((tmp_path / "fsdp2_config.json").read_text())
@@ -297,19 +273,7 @@ def test_an_fsdp2_winner_says_what_the_script_does_itself(study, tmp_path: Path)
 
 def _exported_summary(tmp_path: Path, workload: str, best: Candidate) -> str:
     """summary.md of a study on ``workload`` whose one trial, ``best``, measured."""
-    study = optuna.create_study(direction="maximize", study_name="one")
-    config = StudyConfig(
-        workload=workload,
-        space={},
-        accelerator="cuda",
-        gpus_per_trial=2,
-        global_batch=16,
-        vram_limit_bytes=8 * 2**30,
-        threads_per_rank=4,
-    )
-    study.set_user_attr("autotune_config", config.model_dump(mode="json"))
-    study.add_trial(_trial(best, "ok", 30.0))
-    export(study, tmp_path)
+    export(one_trial_study(workload, best), tmp_path)
     return (tmp_path / "summary.md").read_text()
 
 
