@@ -27,15 +27,17 @@ Reproduce:
         # FSDP2: fp32/bf16 x micro-batches x checkpointing x (reshard after forward, keep
         # gathered, one unit) x CPU offload off/on
     python benchmarks/memory_accuracy/memory_accuracy.py --workloads dit-s-8 gpt2-seq32 \
-        --stages 0 3 --micro-batches 4 2 --fractions 0 0.25 0.5 0.75 1 \
+        --stages 0 3 --precisions fp32 --micro-batches 4 2 --fractions 0 0.25 0.5 0.75 1 \
         --policies full selective \
         --out benchmarks/memory_accuracy/data/memory_accuracy_dial.json
     python benchmarks/memory_accuracy/memory_accuracy.py --backend fsdp2 \
-        --workloads dit-s-8 gpt2-seq32 --micro-batches 4 2 --shardings reshard keep \
+        --workloads dit-s-8 gpt2-seq32 --precisions fp32 --micro-batches 4 2 \
+        --shardings reshard keep \
         --offloads none --fractions 0 0.25 0.5 0.75 1 --policies full selective \
         --out benchmarks/memory_accuracy/data/memory_accuracy_fsdp2_dial.json
         # the activation dial: every (checkpoint_fraction, checkpoint_policy), fraction 0
-        # with no policy; --micro-batches gives each workload's, in --workloads' order
+        # with no policy; --micro-batches gives each workload's, in --workloads' order; fp32
+        # (these AVX2 CPUs emulate bf16, a probe of it takes minutes)
 
 Targets: language models median relative error <= 5%, worst <= 15%, no candidate
 under-predicted by more than 5%; DiT median <= 2%, worst <= 5%, under-prediction <= 2%.
@@ -199,17 +201,18 @@ def main() -> int:
         return repredict(args.repredict, args.out)
     if args.micro_batches and len(args.micro_batches) != len(args.workloads):
         raise SystemExit("--micro-batches: give one micro-batch per workload of --workloads")
+    out = args.out or HERE / "data" / "memory_accuracy.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     records = []
     for index, name in enumerate(args.workloads):
         micro_batches = (args.micro_batches[index],) if args.micro_batches else None
         records += measure_workload(name, args, micro_batches)
+        if records:  # each workload's records kept as soon as they are measured
+            out.write_text(json.dumps(records, indent=1))
     errors = [(r["predicted_bytes"] - r["measured_bytes"]) / r["measured_bytes"] for r in records]
     if not errors:
         return 1
     _summary(errors, args.workloads)
-    out = args.out or HERE / "data" / "memory_accuracy.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(records, indent=1))
     return 0
 
 
