@@ -147,6 +147,9 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
         if settings.script is not None
         else _workload_inputs(settings, space_spec)
     )
+    inputs.space = _offload_where_it_frees_the_device(
+        inputs.space, hardware, inputs.workload, settings.script is not None, inputs.notes
+    )
     vram_limit_bytes = _vram_limit_bytes(settings, hardware)
     bound = bind_space(
         inputs.space,
@@ -389,6 +392,33 @@ def _checkpointing_the_workload_does(
         )
         return space.with_checkpointing([f for f in fractions if f in (0, 1)] or [0.0])
     return space
+
+
+def _offload_where_it_frees_the_device(
+    space: SpaceSpec, hardware: Hardware, workload: Workload, script: bool, notes: list[str]
+) -> SpaceSpec:
+    """``space`` without ``activation_offload: cpu`` where moving the kept blocks' saved
+    activations to the host cannot be done or frees nothing, one note: for a script (it
+    builds and runs its own model, whose blocks autotune cannot hook), on CPU ranks (host
+    and device are one memory: the probe's peak would count every moved byte again), for a
+    workload without blocks (nothing to wrap)."""
+    from autotune.workloads.checkpointing import block_count
+
+    if "cpu" not in (space.activation_offload or ()):
+        return space
+    if script:
+        why = f"{workload.name} runs its own model (autotune cannot hook its blocks)"
+    elif hardware.accelerator == "cpu":
+        why = (
+            "the ranks are CPU ranks, where host and device are one memory (moving "
+            "activations frees nothing); its benefit is measured by benchmarks/gpu_check"
+        )
+    elif not block_count(workload):
+        why = f"workload {workload.name!r} has no blocks (its checkpoint_blocks is empty)"
+    else:
+        return space
+    notes.append(f"activation_offload cpu dropped: {why}")
+    return space.model_copy(update={"activation_offload": ["none"]})
 
 
 def _checkpoints(workload: Workload) -> bool:
