@@ -9,7 +9,8 @@ as torchtune's: a parameter (or a view of one, such as the transpose a linear la
 which the device holds anyway, so a copy would free nothing; and a tensor under
 :data:`MIN_OFFLOAD_BYTES`, whose transfer costs more than it frees. That is what sets these
 hooks apart from torch's built-in ``torch.autograd.graph.save_on_cpu``, which moves every
-saved tensor, parameters included.
+saved tensor, parameters included. A tensor saved by several ops (a DiT's conditioning,
+which every block saves) is copied once per save, as torchtune's hooks copy it.
 
 The copies run on the compute stream (torchtune's single-stream path): into pinned host
 memory without blocking where the device is CUDA, so the device tensor is freed as soon as
