@@ -227,6 +227,17 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         ]
     elif parsed.activation_checkpointing:
         lines.append("model.gradient_checkpointing_enable()  # or checkpoint each block")
+    if parsed.activation_offload is not None:
+        # the complement of the recomputed blocks above (none where none is recomputed)
+        fraction = parsed.checkpoint_fraction
+        kept = f"round({fraction:g} * len(blocks))" if fraction is not None else ""
+        lines += [
+            "# the blocks not recomputed keep their saved activations in host memory",
+            "# (parameters and tensors under 1024 bytes stay on the device)",
+            "from autotune.workloads.activation_offload import offload_blocks",
+            "blocks = list(model.blocks)  # each transformer block, in forward order",
+            f"offload_blocks(blocks[{kept}:])",
+        ]
     if shard.wrap == "block":
         lines += [
             "for block in model.blocks:  # each transformer block",
