@@ -142,14 +142,7 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
     whole_nodes: list[str] = []
     settings = _whole_node_world_sizes(settings, hardware, whole_nodes)
     per_trial = _gpus_per_trial(settings)
-    inputs = (
-        _script_inputs(settings, space_spec, per_trial)
-        if settings.script is not None
-        else _workload_inputs(settings, space_spec)
-    )
-    inputs.space = _offload_where_it_frees_the_device(
-        inputs.space, hardware, inputs.workload, settings.script is not None, inputs.notes
-    )
+    inputs = _inputs(settings, space_spec, per_trial, hardware)
     vram_limit_bytes = _vram_limit_bytes(settings, hardware)
     bound = bind_space(
         inputs.space,
@@ -333,6 +326,19 @@ class _Inputs:
     notes: list[str] = field(default_factory=list)
     probe_timeout_s: float = 0.0
     largest_param_numel: int = 0
+
+
+def _inputs(settings: RunSettings, space: SpaceSpec, per_trial: int, hardware: Hardware) -> _Inputs:
+    """What the script or the workload brings, its space less what it cannot do here."""
+    inputs = (
+        _script_inputs(settings, space, per_trial)
+        if settings.script is not None
+        else _workload_inputs(settings, space)
+    )
+    inputs.space = _offload_where_it_frees_the_device(
+        inputs.space, hardware, inputs.workload, settings.script is not None, inputs.notes
+    )
+    return inputs
 
 
 def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
