@@ -28,6 +28,10 @@ BackendName = Literal["deepspeed", "fsdp2"]
 # and the cheap ops between them recomputed (selective: torch's
 # create_selective_checkpoint_contexts, as torchtitan's op-level policy).
 CheckpointPolicy = Literal["full", "selective"]
+# Where the saved activations of the blocks that are not recomputed live between forward and
+# backward: on the device (none), or in host memory, moved there by saved-tensor hooks
+# (cpu: :mod:`autotune.workloads.activation_offload`).
+ActivationOffload = Literal["none", "cpu"]
 # FSDP2's unit of sharding: each transformer block and the root (torchtitan's default),
 # or the whole model as one unit.
 FsdpWrap = Literal["block", "model"]
@@ -178,6 +182,12 @@ class Candidate(BaseModel):
         "attention outputs kept and the cheap ops recomputed (selective). Left out of the "
         "stored record where full.",
     )
+    activation_offload: ActivationOffload = Field(
+        default="none",
+        description="Where the blocks that are not recomputed keep their saved activations "
+        "between forward and backward: on the device (none), or in host memory (cpu). Left "
+        "out of the stored record where none.",
+    )
     zero_knobs: ZeroKnobs = Field(
         default_factory=ZeroKnobs, description="Fine ZeRO knobs this candidate sets."
     )
@@ -208,6 +218,8 @@ class Candidate(BaseModel):
         values = handler(self)
         if values.get("checkpoint_policy") == "full":
             del values["checkpoint_policy"]
+        if values.get("activation_offload") == "none":
+            del values["activation_offload"]
         fraction = values.get("checkpoint_fraction")
         if fraction not in (0.0, 1.0):
             return values
@@ -222,6 +234,11 @@ class Candidate(BaseModel):
     def _policy_of_recomputed_blocks(self) -> Candidate:
         if self.checkpoint_policy != "full" and not self.activation_checkpointing:
             raise ValueError("a checkpoint_policy applies where some block is recomputed")
+        if self.activation_offload != "none" and self.checkpoint_fraction >= 1:
+            raise ValueError(
+                "an activation_offload applies where some block is not recomputed "
+                "(checkpoint_fraction below 1): a recomputed block saves no activations to move"
+            )
         return self
 
     @model_validator(mode="after")
@@ -267,6 +284,12 @@ class Candidate(BaseModel):
         return label + (":sel" if self.checkpoint_policy == "selective" else "")
 
     @property
+    def activations_label(self) -> str:
+        """``act:cpu`` where the kept blocks' saved activations go to host memory (as
+        ``opt:cpu`` and ``param:cpu`` name the optimizer's and the parameters'), else ""."""
+        return f"act:{self.activation_offload}" if self.activation_offload != "none" else ""
+
+    @property
     def fsdp_cpu_offload(self) -> bool:
         """An fsdp2 candidate's ``CPUOffloadPolicy``: parameters, gradients and the
         optimizer step on the host."""
@@ -278,8 +301,9 @@ class Candidate(BaseModel):
         this order (docs/architecture.md, "The simplicity order"): how far it offloads
         (none, cpu, nvme; the farther of optimizer and parameters), whether parameters are
         offloaded too, the share of blocks recomputed, the ZeRO stage, the accumulation steps,
-        the fine ZeRO knobs it sets, a selective recomputation policy. Each adds host memory,
-        traffic or code paths that can fail in production."""
+        the fine ZeRO knobs it sets, a selective recomputation policy, activations offloaded
+        to the host. Each adds host memory, traffic or code paths that can fail in
+        production."""
         reach = {"none": 0, "cpu": 1, "nvme": 2}
         return (
             max(reach[self.offload_optimizer], reach[self.offload_param]),
@@ -292,6 +316,7 @@ class Candidate(BaseModel):
             self.gradient_accumulation_steps,
             len(self.zero_knobs.items()),
             int(self.checkpoint_policy == "selective"),
+            int(self.activation_offload != "none"),
         )
 
     @property
@@ -330,7 +355,10 @@ class Candidate(BaseModel):
         if self.fsdp is not None:
             offload = ["cpu"] if self.offload_param == "cpu" else []
             ckpt = [self.checkpoint_label] if self.activation_checkpointing else []
-            return " ".join(["fsdp2", self.precision, split, self.fsdp.label(), *offload, *ckpt])
+            act = [self.activations_label] if self.activations_label else []
+            return " ".join(
+                ["fsdp2", self.precision, split, self.fsdp.label(), *offload, *ckpt, *act]
+            )
         parts = [f"z{self.zero_stage}", self.precision, split]
         if self.offload_optimizer != "none":
             ratio = f"@{self.offload_optimizer_ratio:g}" if self.offload_optimizer_ratio < 1 else ""
@@ -339,6 +367,8 @@ class Candidate(BaseModel):
             parts.append(f"param:{self.offload_param}")
         if self.activation_checkpointing:
             parts.append(self.checkpoint_label)
+        if self.activations_label:
+            parts.append(self.activations_label)
         knobs = self.zero_knobs.label()
         return " ".join([*parts, knobs] if knobs else parts)
 
@@ -360,4 +390,5 @@ def simpler_because(simpler: tuple[float, ...], other: tuple[float, ...]) -> str
         f"{mine} accumulation step{'s' * (mine != 1)}, not {theirs}",
         "fewer fine ZeRO knobs",
         "recomputes its blocks in full, without a selective policy",
+        "activations kept on the device",
     )[place]

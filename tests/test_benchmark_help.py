@@ -14,6 +14,7 @@ COMMANDS = [
     ["-m", "benchmarks.gpu_check"],
     ["activation_dial/activation_dial.py"],
     ["backends_side_by_side/backends_side_by_side.py"],
+    ["gpu_check/activation_offload.py"],
     ["gpu_check/prepare_gpu_wheels.py"],
     ["memory_accuracy/memory_accuracy.py"],
     ["memory_accuracy/memory_vs_table.py"],

@@ -67,3 +67,8 @@ class ActivationProfile(BaseModel):
     forward_peak_bytes: float
     backward_peak_bytes: float
     at_first_grad_bytes: float
+    offloaded_bytes: float = Field(
+        default=0.0,
+        description="Host bytes at most holding the saved activations offloaded from the "
+        "device (activation_offload cpu); the device's bytes above are without them.",
+    )

@@ -1,6 +1,7 @@
-"""What the export says of activation checkpointing: the settings table's cell, and how to
-recompute in production as the probes did (the share of the blocks, which ones, the
-policy), for a transformers model, any other model, or a script's own flags."""
+"""What the export says of activation checkpointing and offload: the settings table's cell,
+and how to recompute in production as the probes did (the share of the blocks, which ones,
+the policy), for a transformers model, any other model, or a script's own flags, and how to
+keep the other blocks' activations on the host where the probes did."""
 
 from __future__ import annotations
 
@@ -24,7 +25,36 @@ def checkpointing_cell(candidate: Candidate) -> str:
         cell = "on" if candidate.activation_checkpointing else "off"
     else:
         cell = f"first {candidate.checkpoint_fraction:.2g} of the blocks"
-    return cell + (", selective" if candidate.checkpoint_policy == "selective" else "")
+    cell += ", selective" if candidate.checkpoint_policy == "selective" else ""
+    return cell + ("; other blocks' activations on the host" if _offloads(candidate) else "")
+
+
+def _offloads(candidate: Candidate) -> bool:
+    return candidate.activation_offload != "none"
+
+
+def offload_action(candidate: Candidate, config: StudyConfig) -> list[str]:
+    """How to keep the kept blocks' saved activations on the host as the probes did; none
+    where they stayed on the device."""
+    from autotune.workloads.checkpointing import checkpointed_block_count
+
+    if not _offloads(candidate):
+        return []
+    blocks = _block_count(config.workload)
+    kept = "the blocks that are not recomputed"
+    if blocks is not None:
+        first = checkpointed_block_count(candidate.checkpoint_fraction, blocks)
+        kept = f"the last {blocks - first} of the model's {blocks} transformer blocks"
+    return [
+        f"Keep the saved activations of {kept} in host memory, as the probes did: run each "
+        "one's forward under `autotune.workloads.activation_offload.offload_saved_tensors()` "
+        "(`offload_blocks(blocks[k:])` there patches them, k the blocks recomputed), "
+        "saved-tensor hooks that copy to pinned host memory and back, leaving parameters and "
+        "tensors under 1024 bytes on the device (torchtune's `OffloadActivations` pattern). "
+        "torch's built-in `torch.autograd.graph.save_on_cpu(pin_memory=True)` around the same "
+        "blocks is simpler, but it moves parameters too. Budget the host memory summary.md "
+        "predicts per node."
+    ]
 
 
 def checkpointing_action(candidate: Candidate, config: StudyConfig) -> str:

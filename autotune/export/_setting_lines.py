@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune.export._checkpointing_lines import checkpointing_action, checkpointing_cell
+from autotune.export._checkpointing_lines import (
+    checkpointing_action,
+    checkpointing_cell,
+    offload_action,
+)
 from autotune.export._numerics import numerics_actions
 from autotune.protocol import HOST_PEAK_WORDS
 from autotune.units import format_bytes
@@ -24,7 +28,8 @@ def user_actions_of(candidate: Candidate, trial: TrialView, config: StudyConfig)
     from autotune.backends import get_backend
 
     backend = get_backend(candidate.backend)
-    actions = [checkpointing_action(candidate, config), *backend.precision_actions(candidate)]
+    actions = [checkpointing_action(candidate, config), *offload_action(candidate, config)]
+    actions += backend.precision_actions(candidate)
     actions += numerics_actions(config)
     actions += backend.setup_actions(candidate, config.base_config or {})
     if "cpu" in (candidate.offload_optimizer, candidate.offload_param):

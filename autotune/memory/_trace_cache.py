@@ -48,6 +48,7 @@ TRACING_MODULES = (
     "autotune.backends._memory_terms",
     "autotune.workloads.base",
     "autotune.workloads.checkpointing",
+    "autotune.workloads.activation_offload",
 )
 # Each file (by path) read once per process; what this process stores is added to its copy.
 _read: dict[str, dict[str, Any]] = {}
@@ -101,17 +102,21 @@ def entry_name(
     kind: str,
     target: str,
     policy: str = "full",
+    offload: str = "none",
 ) -> str:
     """The name an activation profile is kept under in its model's file: a trace of CUDA's
     kernels (``target`` ``cuda``) is another entry than one of the CPU's. ``checkpointing``:
     every block recomputed or none, or (recomputed, of blocks); ``policy`` selective adds
-    ``sel`` to the mode."""
+    ``sel`` to the mode, an ``offload`` of the kept blocks' activations ``act`` and its
+    target (``actcpu``)."""
     if isinstance(checkpointing, tuple):
         mode = f"ckpt{checkpointing[0]}of{checkpointing[1]}"
     else:
         mode = "ckpt" if checkpointing else "full"
     if policy != "full":
         mode += "sel"
+    if offload != "none":
+        mode += f"act{offload}"
     return f"mb{micro_batch_size}-{dtype_name}-{mode}-{kind}-{target}"
 
 

@@ -33,6 +33,13 @@ recomputation, the loss), each linear in the count of each kind, so it is linear
 line of fixed proportion once one event leads: the smallest stack of that proportion (k/g
 recomputed of n/g, g their greatest common divisor) and twice it are traced, and the line
 through them read at n; where twice that stack is the whole model, the whole is traced.
+
+A model whose kept blocks offload their saved activations (``activation_offload`` cpu) is
+traced with the offload's own hooks (:mod:`autotune.workloads.activation_offload`) packing to
+the meta device: each packed tensor leaves the device count as soon as nothing else holds
+it, and backward's unpacking allocates it again for the node that reads it, so the traced
+peak holds what a GPU holds (a block's tensors in flight included); the hooks' ledger gives
+the host's bytes (``ActivationProfile.offloaded_bytes``), extrapolated like the rest.
 """
 
 from __future__ import annotations
@@ -72,9 +79,12 @@ class _FakeModel:
         checkpointing: Recomputed,
         target: Target,
         policy: str = "full",
+        offload: str = "none",
     ) -> None:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from autotune.workloads.activation_offload import OffloadLedger
 
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
         self.workload = workload
@@ -84,6 +94,7 @@ class _FakeModel:
         self.held: set[int] = set()
         self.tracker: Any = None
         self.results: dict[tuple[int, str], ActivationProfile] = {}
+        self.ledger = OffloadLedger()
         previous = torch.get_default_dtype()
         with self.mode:
             # Built in the target dtype: Module.to() cannot swap fake parameters in place.
@@ -97,10 +108,21 @@ class _FakeModel:
 
                 blocks = None if checkpointing is True else checkpointing[0]
                 recompute(workload, self.model, blocks, policy)
+            if offload != "none":
+                self._offload_kept_blocks(0 if checkpointing is False else checkpointing[0])
             self.model.train()
         self.parameters = list(self.model.parameters())
         for parameter in self.parameters:
             parameter.register_post_accumulate_grad_hook(self._on_grad)
+
+    def _offload_kept_blocks(self, recomputed: int) -> None:
+        """The blocks after the first ``recomputed`` pack their saved activations to the
+        meta device: the device tensor is freed as a GPU's would be once copied to the host,
+        unpacking allocates it again, and :attr:`ledger` counts the host's bytes."""
+        from autotune.workloads.activation_offload import offload_blocks
+
+        blocks = self.workload.checkpoint_blocks(self.model)
+        offload_blocks(blocks[recomputed:], host="meta", ledger=self.ledger)
 
     def _on_grad(self, parameter: Any) -> None:
         tracker = self.tracker
@@ -159,6 +181,7 @@ class _FakeModel:
             tracker.ignore(self.parameters)
             self.tracker = tracker
             batch = self.workload.make_batch(micro_batch_size, torch.device("cpu"))
+            self.ledger.peak_host_bytes = self.ledger.host_bytes
             loss = self.workload.loss(self.model, batch)
             forward_peak = tracker.peak_bytes
             tracker.reset_peak()
@@ -166,16 +189,19 @@ class _FakeModel:
             kept_peak, dropped_peak = tracker.peak_bytes, tracker.peak_without_held_bytes
             del loss
             first = self.first_grad[0] if self.first_grad else kept_peak
+            offloaded = float(self.ledger.peak_host_bytes)
             results = {
                 (micro_batch_size, "kept"): ActivationProfile(
                     forward_peak_bytes=forward_peak,
                     backward_peak_bytes=kept_peak,
                     at_first_grad_bytes=first,
+                    offloaded_bytes=offloaded,
                 ),
                 (micro_batch_size, "dropped"): ActivationProfile(
                     forward_peak_bytes=forward_peak,
                     backward_peak_bytes=dropped_peak,
                     at_first_grad_bytes=first,
+                    offloaded_bytes=offloaded,
                 ),
             }
             if accumulate:
@@ -185,6 +211,7 @@ class _FakeModel:
                     forward_peak_bytes=forward_peak,
                     backward_peak_bytes=max(kept_peak, tracker.peak_bytes),
                     at_first_grad_bytes=first,
+                    offloaded_bytes=float(self.ledger.peak_host_bytes),
                 )
             self.tracker = None
         return results
@@ -279,9 +306,14 @@ def _unpacked_sequences() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=16)
 def _fake_model(
-    workload: Workload, dtype_name: str, checkpointing: Recomputed, target: Target, policy: str
+    workload: Workload,
+    dtype_name: str,
+    checkpointing: Recomputed,
+    target: Target,
+    policy: str,
+    offload: str,
 ) -> _FakeModel:
-    return _FakeModel(workload, dtype_name, checkpointing, target, policy)
+    return _FakeModel(workload, dtype_name, checkpointing, target, policy, offload)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -301,11 +333,11 @@ def trace_once(
     kind: Kind = "kept",
     target: Target = "cpu",
     policy: str = "full",
+    offload: str = "none",
 ) -> ActivationProfile:
     """One trace of the whole model (no extrapolation)."""
-    return _fake_model(workload, _dtype_name(precision), checkpointing, target, policy).trace(
-        micro_batch_size, kind
-    )
+    model = _fake_model(workload, _dtype_name(precision), checkpointing, target, policy, offload)
+    return model.trace(micro_batch_size, kind)
 
 
 def profile(
@@ -316,19 +348,23 @@ def profile(
     kind: Kind = "kept",
     target: Target = "cpu",
     policy: str = "full",
+    offload: str = "none",
 ) -> ActivationProfile:
     """The activation profile of ``kind`` at a micro-batch on ``target``'s kernels with
-    ``checkpoint_fraction`` of the blocks recomputed by ``policy``, extrapolated over
-    blocks."""
+    ``checkpoint_fraction`` of the blocks recomputed by ``policy`` and the saved activations
+    of the others on ``offload`` (none: the device), extrapolated over blocks."""
     # fp16 and bf16 trace alike: one cache entry for both
     dtype_name = _dtype_name(precision)
     if checkpoint_fraction == 0:
         policy = "full"  # nothing recomputed: no policy
     if checkpoint_fraction in (0, 1):
         checkpointing = checkpoint_fraction == 1
-        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy)
+        offload = "none" if checkpointing else offload  # every block recomputed: none kept
+        return _profile(
+            workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy, offload
+        )
     return _partial_profile(
-        workload, micro_batch_size, dtype_name, checkpoint_fraction, kind, target, policy
+        workload, micro_batch_size, dtype_name, checkpoint_fraction, kind, target, policy, offload
     )
 
 
@@ -341,6 +377,7 @@ def _partial_profile(
     kind: Kind,
     target: Target,
     policy: str,
+    offload: str = "none",
 ) -> ActivationProfile:
     """The profile with the first k of n blocks recomputed; where k rounds to none or all
     of them, that profile."""
@@ -356,21 +393,23 @@ def _partial_profile(
     if recomputed in (0, blocks):
         checkpointing = recomputed == blocks
         policy = policy if checkpointing else "full"
-        return _profile(workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy)
+        offload = "none" if checkpointing else offload
+        return _profile(
+            workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy, offload
+        )
     name = trace_cache.entry_name(
-        micro_batch_size, dtype_name, (recomputed, blocks), kind, target, policy
+        micro_batch_size, dtype_name, (recomputed, blocks), kind, target, policy, offload
     )
     args = (micro_batch_size, dtype_name)
+    how = (kind, target, policy, offload)
 
     def traced() -> ActivationProfile:
         share = math.gcd(recomputed, blocks)
         unit, unit_recomputed = blocks // share, recomputed // share
         if layers is None or 2 * unit >= blocks:  # the whole model: no shorter stack
-            return trace_once(workload, *args, (recomputed, blocks), kind, target, policy)
-        one = trace_once(with_layers(unit), *args, (unit_recomputed, unit), kind, target, policy)
-        two = trace_once(
-            with_layers(2 * unit), *args, (2 * unit_recomputed, 2 * unit), kind, target, policy
-        )
+            return trace_once(workload, *args, (recomputed, blocks), *how)
+        one = trace_once(with_layers(unit), *args, (unit_recomputed, unit), *how)
+        two = trace_once(with_layers(2 * unit), *args, (2 * unit_recomputed, 2 * unit), *how)
         return _along(one, two, blocks / unit)
 
     return trace_cache.kept_or_made(workload, name, ActivationProfile, traced)
@@ -394,18 +433,18 @@ def _profile(
     kind: Kind,
     target: Target,
     policy: str = "full",
+    offload: str = "none",
 ) -> ActivationProfile:
     """Kept on disk between runs where the workload has a fingerprint (:mod:`.trace_cache`)."""
     from autotune.memory import _trace_cache as trace_cache
 
-    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, kind, target, policy)
+    how = (kind, target, policy, offload)
+    name = trace_cache.entry_name(micro_batch_size, dtype_name, checkpointing, *how)
     return trace_cache.kept_or_made(
         workload,
         name,
         ActivationProfile,
-        lambda: _traced(
-            workload, micro_batch_size, dtype_name, checkpointing, kind, target, policy
-        ),
+        lambda: _traced(workload, micro_batch_size, dtype_name, checkpointing, *how),
     )
 
 
@@ -417,9 +456,10 @@ def _traced(
     kind: Kind,
     target: Target,
     policy: str,
+    offload: str,
 ) -> ActivationProfile:
     layers, with_layers = _depth(workload)
-    args = (micro_batch_size, dtype_name, checkpointing, kind, target, policy)
+    args = (micro_batch_size, dtype_name, checkpointing, kind, target, policy, offload)
     if layers is None:
         return trace_once(workload, *args)
     short, longer = TRACE_LAYERS

@@ -209,6 +209,7 @@ class MemoryModel:
             kind,  # type: ignore[arg-type]
             self.accelerator,
             candidate.checkpoint_policy,
+            candidate.activation_offload,
         )
         knobs = {
             name: self._knob(candidate, name, default)
@@ -224,10 +225,12 @@ class MemoryModel:
         phase, extra = max(phases.items(), key=lambda item: item[1].total)
         one_ram = None
         if host_at:
-            one_ram = max(
+            one_ram = act.offloaded_bytes + max(
                 device.total + extra_at.total + host_at.get(name, host).total
                 for name, extra_at in phases.items()
             )
+        # the kept blocks' offloaded activations, on the host through forward and backward
+        host = host.plus(Breakdown(activations=act.offloaded_bytes))
         return MemoryEstimate(
             device=device.plus(extra),
             host=host,

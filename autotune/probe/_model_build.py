@@ -28,7 +28,8 @@ def build_model(
     workload: Any, spec: ProbeSpec, device: Any, backend: TrainingBackend
 ) -> tuple[Any, BuildInfo]:
     """The workload's model as production builds it for this candidate, recomputing the
-    blocks the candidate recomputes.
+    blocks the candidate recomputes and offloading the saved activations of the others
+    where it offloads them.
 
     Where the backend builds it sharded (DeepSpeed's ZeRO-3 under ``deepspeed.zero.Init``,
     FSDP2 with its parameters on the meta device) no rank ever holds the whole model (a 7B
@@ -47,7 +48,13 @@ def build_model(
     from autotune.workloads.checkpointing import apply_checkpointing
 
     candidate = spec.candidate
-    apply_checkpointing(workload, model, candidate.checkpoint_fraction, candidate.checkpoint_policy)
+    apply_checkpointing(
+        workload,
+        model,
+        candidate.checkpoint_fraction,
+        candidate.checkpoint_policy,
+        candidate.activation_offload,
+    )
     return model, _build_info(model, sharded is not None)
 
 

@@ -142,11 +142,7 @@ def resolve_run(settings: RunSettings, hardware: Hardware | None = None) -> Reso
     whole_nodes: list[str] = []
     settings = _whole_node_world_sizes(settings, hardware, whole_nodes)
     per_trial = _gpus_per_trial(settings)
-    inputs = (
-        _script_inputs(settings, space_spec, per_trial)
-        if settings.script is not None
-        else _workload_inputs(settings, space_spec)
-    )
+    inputs = _inputs(settings, space_spec, per_trial, hardware)
     vram_limit_bytes = _vram_limit_bytes(settings, hardware)
     bound = bind_space(
         inputs.space,
@@ -332,6 +328,19 @@ class _Inputs:
     largest_param_numel: int = 0
 
 
+def _inputs(settings: RunSettings, space: SpaceSpec, per_trial: int, hardware: Hardware) -> _Inputs:
+    """What the script or the workload brings, its space less what it cannot do here."""
+    inputs = (
+        _script_inputs(settings, space, per_trial)
+        if settings.script is not None
+        else _workload_inputs(settings, space)
+    )
+    inputs.space = _offload_where_it_frees_the_device(
+        inputs.space, hardware, inputs.workload, settings.script is not None, inputs.notes
+    )
+    return inputs
+
+
 def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
     from autotune.space import base_global_batch, load_base_config
     from autotune.workloads import absolute_workload_ref, get_workload, workload_study_name
@@ -389,6 +398,33 @@ def _checkpointing_the_workload_does(
         )
         return space.with_checkpointing([f for f in fractions if f in (0, 1)] or [0.0])
     return space
+
+
+def _offload_where_it_frees_the_device(
+    space: SpaceSpec, hardware: Hardware, workload: Workload, script: bool, notes: list[str]
+) -> SpaceSpec:
+    """``space`` without ``activation_offload: cpu`` where moving the kept blocks' saved
+    activations to the host cannot be done or frees nothing, one note: for a script (it
+    builds and runs its own model, whose blocks autotune cannot hook), on CPU ranks (host
+    and device are one memory: the probe's peak would count every moved byte again), for a
+    workload without blocks (nothing to wrap)."""
+    from autotune.workloads.checkpointing import block_count
+
+    if "cpu" not in (space.activation_offload or ()):
+        return space
+    if script:
+        why = f"{workload.name} runs its own model (autotune cannot hook its blocks)"
+    elif hardware.accelerator == "cpu":
+        why = (
+            "the ranks are CPU ranks, where host and device are one memory (moving "
+            "activations frees nothing); its benefit is measured by benchmarks/gpu_check"
+        )
+    elif not block_count(workload):
+        why = f"workload {workload.name!r} has no blocks (its checkpoint_blocks is empty)"
+    else:
+        return space
+    notes.append(f"activation_offload cpu dropped: {why}")
+    return space.model_copy(update={"activation_offload": ["none"]})
 
 
 def _checkpoints(workload: Workload) -> bool:

@@ -20,7 +20,12 @@ times a weight that calibration fits (prior 1):
   with CPU offload, DeepSpeed's CPU Adam over them plus gradients to and parameters from
   the host (ZeRO-Offload, Ren et al. 2021); NVMe adds the swap volume at disk speed;
 - parameter offload (ZeRO-Infinity, Rajbhandari et al. 2021): parameters fetched from the
-  host for forward and backward, every micro-step.
+  host for forward and backward, every micro-step;
+- activation offload: the kept blocks' saved activations (the bytes the memory model's
+  trace moves to the host) copied out in forward and back in backward, every micro-step,
+  over the host link, not overlapped with compute: the hooks copy on the compute stream, as
+  torchtune's ``OffloadActivations`` without ``use_streams`` does (its docstring: only the
+  extra stream is "intended to overlap with the default computation stream").
 
 Calibration solves for the weights by least squares on relative errors with a ridge pull
 toward 1, so two probes already move the model and a dozen pin it down.
@@ -29,6 +34,7 @@ toward 1, so two probes already move the model and a dozen pin it down.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -141,10 +147,12 @@ def terms(
     *,
     nodes: int = 1,
     tf32: bool = False,
+    offloaded_bytes: float = 0.0,
 ) -> dict:
     """Each term's seconds per optimizer step at nominal rates (weights 1); ``compute_scale``
     multiplies a precision's nominal compute rate (this machine's measured ratio); ``nodes``:
-    the nodes one probe's ranks span; ``tf32``: fp32 matmuls on TF32 tensor cores."""
+    the nodes one probe's ranks span; ``tf32``: fp32 matmuls on TF32 tensor cores;
+    ``offloaded_bytes``: the activations one micro-batch offloads to the host."""
     psi = float(facts.params)
     gas, dp = candidate.gradient_accumulation_steps, candidate.data_parallel_size
     width = 4.0 if candidate.precision == "fp32" else 2.0
@@ -161,6 +169,7 @@ def terms(
         host_transfer += gas * 2 * psi / dp * width / host
         if candidate.offload_param == "nvme":
             nvme += gas * 2 * psi / dp * width / _NVME_BYTES_S
+    host_transfer += gas * 2 * offloaded_bytes / host  # out in forward, back in backward
     values = dict.fromkeys(TERMS, 0.0)
     values[f"compute_{candidate.precision}"] = _compute_s(
         candidate, facts, accelerator, threads, compute_scale, tf32=tf32
@@ -249,8 +258,32 @@ def machine_cost_model(
         compute_scale=compute_scale_from(flops),
         nodes=nodes,
         tf32=tf32,
+        offloaded_bytes=None if facts is not None else offloaded_activation_bytes(workload),
     )
     return model, flops
+
+
+def offloaded_activation_bytes(workload: Workload) -> Callable[[Candidate, str], float]:
+    """The bytes of activations one micro-batch of a candidate offloads to the host on
+    an accelerator's kernels, from the memory model's trace (0 where it offloads none)."""
+
+    def offloaded(candidate: Candidate, accelerator: str) -> float:
+        if candidate.activation_offload == "none":
+            return 0.0
+        from autotune.memory.activations import profile
+
+        return profile(
+            workload,
+            candidate.micro_batch_size,
+            candidate.precision,
+            candidate.checkpoint_fraction,
+            "dropped",
+            "cuda" if accelerator == "cuda" else "cpu",
+            candidate.checkpoint_policy,
+            candidate.activation_offload,
+        ).offloaded_bytes
+
+    return offloaded
 
 
 class CostModel:
@@ -265,8 +298,10 @@ class CostModel:
         *,
         nodes: int = 1,
         tf32: bool = False,
+        offloaded_bytes: Callable[[Candidate, str], float] | None = None,
     ) -> None:
         self.facts = facts
+        self.offloaded_bytes = offloaded_bytes  # None: no workload to trace (a script)
         self.accelerator = accelerator
         self.threads = max(1, threads)
         self.compute_scale = dict(compute_scale or {})
@@ -284,6 +319,9 @@ class CostModel:
             self.compute_scale,
             nodes=self.nodes,
             tf32=self.tf32,
+            offloaded_bytes=(
+                self.offloaded_bytes(candidate, self.accelerator) if self.offloaded_bytes else 0.0
+            ),
         )
 
     def step_time_s(self, candidate: Candidate) -> float:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator,
 
 from autotune.candidate import (
     ZERO_KNOB_STAGES,
+    ActivationOffload,
     BackendName,
     Candidate,
     CheckpointPolicy,
@@ -95,6 +96,13 @@ class SpaceSpec(BaseModel):
         "and attention outputs kept and the cheap ops recomputed (selective); asked only "
         "where some block is recomputed. Absent: full.",
     )
+    activation_offload: list[ActivationOffload] | None = Field(
+        default=None,
+        description="Where the blocks that are not recomputed keep their saved activations: "
+        "on the device (none), or in host memory through saved-tensor hooks (cpu); asked "
+        "only where some block is not recomputed. Dropped on CPU ranks (host and device are "
+        "one memory), for a script and for a workload without blocks. Absent: none.",
+    )
     zero_knobs: ZeroKnobChoices = Field(
         default_factory=ZeroKnobChoices,
         description="Fine ZeRO knobs to search (off by default).",
@@ -124,9 +132,9 @@ class SpaceSpec(BaseModel):
     def _lists(cls, values: list[Any]) -> list[Any]:
         return non_empty_unique(values) or []
 
-    @field_validator("checkpoint_policy")
+    @field_validator("checkpoint_policy", "activation_offload")
     @classmethod
-    def _policies(cls, values: list[str] | None) -> list[str] | None:
+    def _optional_lists(cls, values: list[str] | None) -> list[str] | None:
         return None if values is None else non_empty_unique(values)
 
     @field_validator("checkpoint_fraction")
@@ -186,7 +194,7 @@ class SpaceSpec(BaseModel):
         values = self.model_dump(mode="json")
         if self.backend == ["deepspeed"]:
             del values["backend"], values["fsdp"]
-        for name in ("checkpoint_fraction", "checkpoint_policy"):
+        for name in ("checkpoint_fraction", "checkpoint_policy", "activation_offload"):
             if values[name] is None:
                 del values[name]
         return values
@@ -485,8 +493,9 @@ class BoundSpace(BaseModel):
 
     def _decide_checkpointing(self, choose: Chooser) -> dict[str, Any]:
         """The share of blocks recomputed (a fraction where the space lists them, else the
-        all-or-nothing switch, as studies stored before the fraction ask it) and, where
-        some block is, how: the candidate's checkpointing fields."""
+        all-or-nothing switch, as studies stored before the fraction ask it), where some
+        block is, how, and where some block is not, where its saved activations live: the
+        candidate's activation fields."""
         if self.checkpoint_fractions:
             fraction = float(
                 choose("checkpoint_fraction", self.checkpoint_fractions, "checkpoint_fraction")
@@ -502,6 +511,10 @@ class BoundSpace(BaseModel):
         if fraction > 0 and self.spec.checkpoint_policy:
             decided["checkpoint_policy"] = choose(
                 "checkpoint_policy", tuple(self.spec.checkpoint_policy), "checkpoint_policy"
+            )
+        if fraction < 1 and self.spec.activation_offload:
+            decided["activation_offload"] = choose(
+                "activation_offload", tuple(self.spec.activation_offload), "activation_offload"
             )
         return decided
 
@@ -562,14 +575,17 @@ class BoundSpace(BaseModel):
 
     def _spell_checkpointing(self, candidate: Candidate, values: dict[str, Any]) -> None:
         """A candidate's recomputation as the space spells it (its record stores a share of
-        0 or 1 as the switch and a full policy not at all): every share listed, and the
-        policy where some block is recomputed."""
+        0 or 1 as the switch, and a full policy or no offload not at all): every share
+        listed, the policy where some block is recomputed, the offload where some is kept."""
         if self.checkpoint_fractions:
             values.pop("activation_checkpointing", None)
             values["checkpoint_fraction"] = f"{candidate.checkpoint_fraction:g}"
         values.pop("checkpoint_policy", None)
         if self.spec.checkpoint_policy and candidate.activation_checkpointing:
             values["checkpoint_policy"] = candidate.checkpoint_policy
+        values.pop("activation_offload", None)
+        if self.spec.activation_offload and candidate.checkpoint_fraction < 1:
+            values["activation_offload"] = candidate.activation_offload
 
     def dimensions(self) -> dict[str, dict[str, int]]:
         """For each dimension, how many valid candidates take each value."""

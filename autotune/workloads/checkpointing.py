@@ -41,19 +41,25 @@ def takes(workload: Any, parameter: str) -> bool:
 
 
 @functools.lru_cache(maxsize=32)
-def partial_checkpointing_blocks(workload: Any) -> int | None:
-    """How many blocks a ``checkpoint_fraction`` counts its share of for ``workload`` (its
-    :meth:`~autotune.workloads.Workload.checkpoint_blocks` of the model built on the meta
-    device); None where the workload recomputes all blocks or none only (its
-    ``enable_activation_checkpointing`` takes no ``blocks``) or has no blocks. Once per
-    workload and process: resolving a run, binding its space and tracing ask it."""
+def block_count(workload: Any) -> int:
+    """How many :meth:`~autotune.workloads.Workload.checkpoint_blocks` ``workload``'s model
+    has (built on the meta device): the blocks a share is counted in and the kept ones
+    offloaded. Once per workload and process: resolving a run, binding its space and
+    tracing ask it."""
     import torch
 
-    if not takes(workload, "blocks"):
-        return None
     with torch.device("meta"):
         model = workload.build_model()
-    return len(workload.checkpoint_blocks(model)) or None
+    return len(workload.checkpoint_blocks(model))
+
+
+def partial_checkpointing_blocks(workload: Any) -> int | None:
+    """How many blocks a ``checkpoint_fraction`` counts its share of for ``workload``; None
+    where the workload recomputes all blocks or none only (its
+    ``enable_activation_checkpointing`` takes no ``blocks``) or has no blocks."""
+    if not takes(workload, "blocks"):
+        return None
+    return block_count(workload) or None
 
 
 def checkpointed_block_count(fraction: float, blocks: int) -> int:
@@ -113,15 +119,24 @@ def recompute(workload: Any, model: Any, blocks: int | None, policy: str = "full
     workload.enable_activation_checkpointing(model, **options)
 
 
-def apply_checkpointing(workload: Any, model: Any, fraction: float, policy: str = "full") -> None:
+def apply_checkpointing(
+    workload: Any, model: Any, fraction: float, policy: str = "full", offload: str = "none"
+) -> None:
     """Recompute ``fraction`` of ``model``'s blocks in backward with ``policy``, as a
     candidate's ``checkpoint_fraction`` and ``checkpoint_policy`` say: none at 0, every
     block at 1 (the workload's own switch), else the first ones, counted by
-    :func:`checkpointed_block_count`."""
-    if fraction <= 0:
-        return
+    :func:`checkpointed_block_count`; the blocks that are not recomputed keep their saved
+    activations on ``offload`` (``activation_offload``: none, or the host's ``cpu``)."""
     if fraction >= 1:
         recompute(workload, model, None, policy)
         return
-    count = checkpointed_block_count(fraction, len(workload.checkpoint_blocks(model)))
-    recompute(workload, model, count, policy)
+    if fraction <= 0 and offload == "none":
+        return
+    blocks = workload.checkpoint_blocks(model)
+    count = checkpointed_block_count(fraction, len(blocks))
+    if count:
+        recompute(workload, model, count, policy)
+    if offload != "none":
+        from autotune.workloads.activation_offload import offload_blocks
+
+        offload_blocks(blocks[count:], host=offload)

@@ -50,6 +50,11 @@ the order of what they prove:
                      at 2 of the same space and batch (one GPU: reported not verified)
   nvme               with --nvme (its time added to the budget): ZeRO-3 with optimizer and
                      parameters on NVMe, in a launch of its own
+  activation_offload with --activation-offload, after the rest, outside the plan and the
+                     verdict: the workload's CUDA peak and step time with its kept
+                     blocks' activations on the device and on the host, at checkpoint
+                     fraction 0.5, beside the memory model's (activation_offload.py);
+                     skipped without CUDA
 
 On a GPU the script phases run in the time the plan leaves (settings.if_time_left), and the
 DiT study is not in the plan (it does not fit 9 minutes beside the rest). The verdict is
@@ -67,13 +72,15 @@ as overhead in every probe).
 
 The modules: _driver.py runs the phases and writes the report; _phases.py,
 _memory_phases.py, _fsdp2_phase.py, _study_phases.py, _script_phases.py and
-_world_size_phase.py are the phases, _run.py what they run commands through; settings.py
+_world_size_phase.py are the phases (_activation_offload_phase.py the optional
+measurement), _run.py what they run commands through; settings.py
 holds each mode's limits and the re-plan; report.py the verdict and the table;
 setup_checks.py, memory_checks.py, precision_checks.py, fsdp2_checks.py, oom_checks.py and
 study_checks.py make every check, judging what the phases read (pure functions over data;
 tests/benchmarks/test_gpu_check_doctored.py shows each check can fail). probes.py,
-fsdp2_probes.py, train.py and train_fsdp2.py are scripts the phases run by path in the
-check's venv (they import autotune, torch and DeepSpeed); nothing here imports them.
+fsdp2_probes.py, activation_offload.py, train.py and train_fsdp2.py are scripts the phases
+run by path in the check's venv (they import autotune, torch and DeepSpeed); nothing here
+imports them.
 gpu_check.sh is the entry (it picks the interpreter), prepare_gpu_wheels.py makes the wheels
 it carries (where PyPI answers); a report run on a GPU is committed under data/.
 """

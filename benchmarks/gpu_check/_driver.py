@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ._activation_offload_phase import measure_activation_offload
 from ._phases import PHASES
 from ._run import MARKER, OverTime, Phase, Run, Skip, gpu_memory_used_mib
 from .report import exit_code, render_markdown, verdict, verdict_counts
@@ -134,6 +135,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--nvme",
         action="store_true",
         help="NVMe offload in a phase of its own, its time added to the budget",
+    )
+    parser.add_argument(
+        "--activation-offload",
+        action="store_true",
+        help="after the planned phases, outside the plan and the verdict: the workload's "
+        "CUDA peak and step time with activation_offload none and cpu at "
+        "checkpoint_fraction 0.5 (skipped without CUDA)",
     )
     parser.add_argument(
         "--plan-from",
@@ -279,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                 run.say(f"{name}: skipped (--skip)")
                 continue
             run_phase(run, name, body)
+        if args.activation_offload:
+            measure_activation_offload(run)
     finally:
         report = write_report(run)
         run.say(

@@ -412,3 +412,16 @@ def test_a_selective_policy_reaches_the_code_lines() -> None:
     code = "\n".join(FSDP2.code_lines(config))
     assert "context_fn=autotune.workloads.checkpointing.selective_context()" in code
     compile(code.replace("torch.optim", "optim"), "<summary>", "exec")
+
+
+def test_an_activation_offload_reaches_the_config_and_the_code_lines() -> None:
+    """The field is written only where the candidate offloads (configs of candidates that
+    keep their activations on the device read as before), and the code wraps the blocks
+    after the recomputed ones, or every block where none is recomputed."""
+    assert "activation_offload" not in FSDP2.render_config(_fsdp2(checkpoint_fraction=0.5))
+    for fraction, kept in ((0.5, "blocks[round(0.5 * len(blocks)):]"), (0.0, "blocks[:]")):
+        config = FSDP2.render_config(_fsdp2(checkpoint_fraction=fraction, activation_offload="cpu"))
+        assert config["activation_offload"] == "cpu"
+        code = "\n".join(FSDP2.code_lines(config))
+        assert f"offload_blocks({kept})" in code
+        compile(code.replace("torch.optim", "optim"), "<summary>", "exec")

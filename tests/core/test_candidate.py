@@ -356,3 +356,39 @@ def test_the_selective_policy_is_stored_only_where_chosen() -> None:
     )
     with pytest.raises(ValueError, match="where some block is recomputed"):
         Candidate.model_validate({**_fraction(0.0).model_dump(), "checkpoint_policy": "selective"})
+
+
+def test_activation_offload_is_stored_only_where_chosen() -> None:
+    """A candidate that keeps its activations on the device dumps and keys as before the
+    field existed; one that offloads them names it, labels it and orders after."""
+    kept = _fraction(0.5)
+    offloaded = Candidate.model_validate({**kept.model_dump(), "activation_offload": "cpu"})
+    assert "activation_offload" not in kept.model_dump(mode="json")
+    assert offloaded.model_dump(mode="json")["activation_offload"] == "cpu"
+    assert Candidate.model_validate_json(offloaded.model_dump_json()) == offloaded
+    assert kept.key != offloaded.key and '"activation_offload"' not in kept.key
+    assert offloaded.label == "z0 fp32 mb2x1 ckpt:0.5 act:cpu"
+    none = Candidate.model_validate({**_fraction(0.0).model_dump(), "activation_offload": "cpu"})
+    assert none.label == "z0 fp32 mb2x1 act:cpu"
+    assert kept.moving_parts < offloaded.moving_parts
+    assert kept.moving_parts[:-1] == offloaded.moving_parts[:-1]
+    assert simpler_because(kept.moving_parts, offloaded.moving_parts) == (
+        "activations kept on the device"
+    )
+    fsdp = Candidate(
+        backend="fsdp2",
+        precision="bf16",
+        zero_stage=3,
+        micro_batch_size=2,
+        gradient_accumulation_steps=1,
+        data_parallel_size=2,
+        activation_offload="cpu",
+    )
+    assert fsdp.label.endswith(" act:cpu")
+
+
+def test_activation_offload_needs_a_block_that_is_not_recomputed() -> None:
+    with pytest.raises(ValueError, match="where some block is not recomputed"):
+        Candidate.model_validate({**_fraction(1.0).model_dump(), "activation_offload": "cpu"})
+    with pytest.raises(ValueError, match="activation_offload"):
+        Candidate.model_validate({**_fraction(0.0).model_dump(), "activation_offload": "gpu"})

@@ -293,3 +293,21 @@ def test_a_selective_winner_says_how_to_recompute_selectively(tmp_path: Path) ->
     summary = _exported_summary(tmp_path, "gpt-tiny", best)
     assert "| activation checkpointing | on, selective |" in summary
     assert "context_fn=autotune.workloads.checkpointing.selective_context()" in summary
+
+
+def test_an_offloading_winner_says_how_to_keep_its_activations_on_the_host(
+    tmp_path: Path,
+) -> None:
+    best = _candidate(2, 4, checkpoint_fraction=0.25, activation_offload="cpu")
+    summary = _exported_summary(tmp_path, "gpt2", best)
+    assert "# autotune: z2 bf16 mb4x2 ckpt:0.25 act:cpu" in summary
+    assert (
+        "| activation checkpointing | first 0.25 of the blocks; other blocks' activations on "
+        "the host |"
+    ) in summary
+    assert "the last 9 of the model's 12 transformer blocks in host memory" in summary
+    assert "autotune.workloads.activation_offload.offload_saved_tensors()" in summary
+    assert "`torch.autograd.graph.save_on_cpu(pin_memory=True)`" in summary
+    assert "moves parameters too" in summary
+    kept = _exported_summary(tmp_path / "kept", "gpt2", _candidate(2, 4, checkpoint_fraction=0.25))
+    assert "activation_offload" not in kept and "host memory, as the probes did" not in kept

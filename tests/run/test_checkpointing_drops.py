@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from autotune.hardware import Hardware
+from tests.support.hardware import CPU
 from tests.support.scripted import example_script_run
 
 SPACE = "precision: [fp32]\nzero_stage: [0]\nmicro_batch_size: [4]\n"
 
 
-def _resolve(tmp_path: Path, workload: str, space: str):
+def _resolve(tmp_path: Path, workload: str, space: str, hardware: Hardware | None = None):
     from autotune.run._resolved_run import resolve_run
     from autotune.settings import RunSettings
 
@@ -24,7 +26,8 @@ def _resolve(tmp_path: Path, workload: str, space: str):
             global_batch=8,
             space=str(tmp_path / "space.yaml"),
             trials_dir=tmp_path / "trials",
-        )
+        ),
+        hardware,
     )
 
 
@@ -109,3 +112,54 @@ def test_a_script_recomputes_as_its_code_says(tmp_path: Path, monkeypatch) -> No
     )
     assert {c.checkpoint_policy for c in resolved.space.candidates()} == {"full"}
     assert any("checkpoint_policy selective dropped" in n for n in resolved.notes)
+
+
+_OFFLOAD = "checkpoint_fraction: [0, 0.5]\nactivation_offload: [none, cpu]\n"
+
+
+def _cuda() -> Hardware:
+    return CPU.model_copy(
+        update={"accelerator": "cuda", "device_name": "test GPU", "device_memory_bytes": 80 << 30}
+    )
+
+
+def test_activation_offload_is_dropped_on_cpu_ranks_and_kept_on_gpus(tmp_path: Path) -> None:
+    on_cpu = _resolve(tmp_path, "gpt-tiny", _OFFLOAD, CPU)
+    assert {c.activation_offload for c in on_cpu.space.candidates()} == {"none"}
+    dropped = [n for n in on_cpu.notes if "activation_offload" in n]
+    assert len(dropped) == 1 and "CPU ranks" in dropped[0] and "one memory" in dropped[0]
+    assert on_cpu.config.space["activation_offload"] == ["none"]
+    on_gpus = _resolve(tmp_path, "gpt-tiny", _OFFLOAD, _cuda())
+    assert {c.activation_offload for c in on_gpus.space.candidates()} == {"none", "cpu"}
+    assert not any("activation_offload" in n for n in on_gpus.notes), on_gpus.notes
+    assert on_gpus.config.space["activation_offload"] == ["none", "cpu"]
+
+
+def test_activation_offload_needs_blocks(tmp_path: Path) -> None:
+    (tmp_path / "wl.py").write_text(
+        "from autotune.workloads import get_workload\n"
+        "class Blockless(type(get_workload('gpt-tiny'))):\n"
+        "    def checkpoint_blocks(self, model):\n"
+        "        return []\n"
+        "def make():\n"
+        "    workload = get_workload('gpt-tiny')\n"
+        "    workload.__class__ = Blockless\n"
+        "    return workload\n"
+    )
+    resolved = _resolve(
+        tmp_path, f"{tmp_path}/wl.py:make", "activation_offload: [none, cpu]\n", _cuda()
+    )
+    assert {c.activation_offload for c in resolved.space.candidates()} == {"none"}
+    assert any("activation_offload cpu dropped" in n and "no blocks" in n for n in resolved.notes)
+
+
+def test_a_script_keeps_its_activations_where_its_code_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "space.yaml").write_text(SPACE + "activation_offload: [none, cpu]\n")
+    resolved = example_script_run(
+        tmp_path, monkeypatch, hardware=_cuda(), space=str(tmp_path / "space.yaml")
+    )
+    assert {c.activation_offload for c in resolved.space.candidates()} == {"none"}
+    dropped = [n for n in resolved.notes if "activation_offload" in n]
+    assert len(dropped) == 1 and "runs its own model" in dropped[0]

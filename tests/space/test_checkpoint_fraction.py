@@ -111,3 +111,58 @@ def test_the_counts_per_value_spell_the_dial_as_the_space_does() -> None:
     )
     assert switch.dimensions()["activation_checkpointing"] == {"False": 2, "True": 2}
     assert "checkpoint_fraction" not in switch.dimensions()
+
+
+def test_activation_offload_is_asked_only_where_some_block_is_kept() -> None:
+    spec = parse_space(
+        SPACE + "checkpoint_fraction: [0, 0.5, 1]\nactivation_offload: [none, cpu]\n"
+    )
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=8, checkpoint_blocks=4)
+    labels = {c.label.split(" ", 1)[1] for c in bound.candidates() if c.zero_stage == 0}
+    assert labels == {
+        "fp32 mb4x1",
+        "fp32 mb4x1 act:cpu",
+        "fp32 mb4x1 ckpt:0.5",
+        "fp32 mb4x1 ckpt:0.5 act:cpu",
+        "fp32 mb4x1 ckpt",
+    }
+    for candidate in bound.candidates():
+        params = bound.params_of(candidate)
+        assert ("activation_offload" in params) == (candidate.checkpoint_fraction < 1)
+    assert spec.stored()["activation_offload"] == ["none", "cpu"]
+    assert "activation_offload" not in parse_space(SPACE).stored()
+    # counted as the space spells it: both values, where some block is kept
+    assert bound.dimensions()["activation_offload"] == {"none": 4, "cpu": 4}
+    assert all(
+        c.activation_offload == "none"
+        for c in parse_space(SPACE).bind(CPU, data_parallel_size=2, global_batch=8).candidates()
+    )
+
+
+def test_optuna_asks_the_offload_and_params_of_maps_back() -> None:
+    spec = parse_space(
+        SPACE + "activation_checkpointing: [false, true]\nactivation_offload: [none, cpu]\n"
+    )
+    bound = spec.bind(CPU, data_parallel_size=2, global_batch=8)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        candidate = bound.suggest(trial)
+        assert bound.params_of(candidate) == trial.params
+        seen.add((candidate.activation_checkpointing, candidate.activation_offload))
+    assert seen == {(False, "none"), (False, "cpu"), (True, "none")}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("activation_offload: [gpu]\n", r"space.yaml:4: activation_offload"),
+        ("activation_offload: [cpu, cpu]\n", "lists a value twice"),
+        ("activation_offload: []\n", "activation_offload"),
+    ],
+)
+def test_bad_offload_values_get_one_line(text: str, message: str) -> None:
+    with pytest.raises(SpaceError, match=message) as raised:
+        parse_space(SPACE + text, source="space.yaml")
+    assert "\n" not in str(raised.value)

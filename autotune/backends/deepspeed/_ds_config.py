@@ -58,6 +58,10 @@ def render_ds_config(
     config["train_batch_size"] = candidate.train_batch_size
     config["train_micro_batch_size_per_gpu"] = candidate.micro_batch_size
     config["gradient_accumulation_steps"] = candidate.gradient_accumulation_steps
+    # Checkpointing and activation offload live in the model's code, not here: DeepSpeed's
+    # ``activation_checkpointing`` section (``cpu_checkpointing`` among it) acts only on a
+    # model that calls ``deepspeed.checkpointing.checkpoint``, which the probes' models do
+    # not, and it moves the recomputed blocks' inputs, not the kept blocks' activations.
 
     fp16 = dict(config.get("fp16") or {})
     bf16 = dict(config.get("bf16") or {})

@@ -68,6 +68,12 @@ class Fsdp2Config(BaseModel):
         description="selective: recomputed blocks keep their matmul and attention outputs "
         "(torch's create_selective_checkpoint_contexts); absent: they recompute every op.",
     )
+    activation_offload: Literal["cpu"] | None = Field(
+        default=None,
+        description="cpu: the blocks that are not recomputed keep their saved activations "
+        "in host memory (saved-tensor hooks, autotune.workloads.activation_offload); "
+        "absent: on the device.",
+    )
     fully_shard: FullyShard
     optimizer: dict[str, Any] = Field(
         description="The optimizer, as a DeepSpeed config states it: type and params."
@@ -101,6 +107,7 @@ def render_fsdp2_config(
             candidate.checkpoint_fraction if 0 < candidate.checkpoint_fraction < 1 else None
         ),
         checkpoint_policy="selective" if candidate.checkpoint_policy == "selective" else None,
+        activation_offload="cpu" if candidate.activation_offload == "cpu" else None,
         fully_shard=FullyShard(
             reshard_after_forward=candidate.fsdp.reshard_after_forward,
             param_dtype=candidate.precision,
@@ -111,10 +118,11 @@ def render_fsdp2_config(
         optimizer=optimizer,
         gradient_clipping=float((base or {}).get("gradient_clipping") or 0.0),
     )
-    # all or none of the blocks, in full: the config as written before either was tuned
+    # all or none of the blocks, in full, activations on the device: the config as written
+    # before any of these was tuned
     unset = {
         name
-        for name in ("checkpoint_fraction", "checkpoint_policy")
+        for name in ("checkpoint_fraction", "checkpoint_policy", "activation_offload")
         if getattr(config, name) is None
     }
     return config.model_dump(mode="json", exclude=unset or None)

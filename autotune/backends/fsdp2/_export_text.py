@@ -185,6 +185,23 @@ def config_usage_lines(ranks: int, script_name: str | None) -> list[str]:
     ]
 
 
+def _offload_lines(parsed: Fsdp2Config) -> list[str]:
+    """The lines that keep the blocks that are not recomputed (the complement of the
+    checkpointing lines' share; every block where none is) offloading their saved
+    activations to host memory; none where they stay on the device."""
+    if parsed.activation_offload is None:
+        return []
+    fraction = parsed.checkpoint_fraction
+    kept = f"round({fraction:g} * len(blocks))" if fraction is not None else ""
+    return [
+        "# the blocks not recomputed keep their saved activations in host memory",
+        "# (parameters and tensors under 1024 bytes stay on the device)",
+        "from autotune.workloads.activation_offload import offload_blocks",
+        "blocks = list(model.blocks)  # each transformer block, in forward order",
+        f"offload_blocks(blocks[{kept}:])",
+    ]
+
+
 def code_lines(config: dict[str, Any]) -> list[str]:
     """The ``fully_shard`` calls of the tuned config for a plain-torch training script."""
     parsed = Fsdp2Config.model_validate(config)
@@ -227,6 +244,7 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         ]
     elif parsed.activation_checkpointing:
         lines.append("model.gradient_checkpointing_enable()  # or checkpoint each block")
+    lines += _offload_lines(parsed)
     if shard.wrap == "block":
         lines += [
             "for block in model.blocks:  # each transformer block",
