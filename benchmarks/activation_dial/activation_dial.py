@@ -288,16 +288,6 @@ def under_limit(args: argparse.Namespace) -> dict[str, Any]:
         if rows
     }
     unlimited = final[fastest["candidate"].key]
-
-    def public(row: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "label": row["label"],
-            "samples_per_s": [round(rate, 3) for rate in row["samples_per_s"]],
-            "median": round(row["median"], 3),
-            "peak_MiB": round(row["peak_bytes"] / MiB, 1),
-            **({"error": row["error"]} if "error" in row else {}),
-        }
-
     result: dict[str, Any] = {
         "workload": args.workload,
         "global_batch": args.global_batch,
@@ -310,20 +300,36 @@ def under_limit(args: argparse.Namespace) -> dict[str, Any]:
         "best": {name: public(row) for name, row in best.items()},
     }
     if len(best) == 2:
-        aon, partial = best["all_or_nothing"], best["partial_or_selective"]
-        result["dial_gain"] = round(partial["median"] / aon["median"], 3)
-        result["bound"] = round(unlimited["median"] / aon["median"], 3)
-        ratios = [
-            p / a for p, a in zip(partial["samples_per_s"], aon["samples_per_s"], strict=False)
-        ]
-        result["dial_gain_per_round"] = [round(r, 3) for r in ratios]
-        print(
-            f"best all-or-nothing {aon['label']} {aon['median']:.2f}/s; best partial or "
-            f"selective {partial['label']} {partial['median']:.2f}/s: gain "
-            f"{result['dial_gain']:.3f} (per round {min(ratios):.2f}..{max(ratios):.2f}); "
-            f"bound (unlimited fastest / all-or-nothing) {result['bound']:.3f}",
-            flush=True,
-        )
+        result.update(_gain(best["all_or_nothing"], best["partial_or_selective"], unlimited))
+    return result
+
+
+def public(row: dict[str, Any]) -> dict[str, Any]:
+    """A measured row as the data file keeps it."""
+    return {
+        "label": row["label"],
+        "samples_per_s": [round(rate, 3) for rate in row["samples_per_s"]],
+        "median": round(row["median"], 3),
+        "peak_MiB": round(row["peak_bytes"] / MiB, 1),
+        **({"error": row["error"]} if "error" in row else {}),
+    }
+
+
+def _gain(aon: dict[str, Any], partial: dict[str, Any], unlimited: dict[str, Any]) -> dict:
+    """The dial's gain (best partial or selective over best all-or-nothing, medians and per
+    round) and its bound (the unlimited fastest over the best all-or-nothing), printed."""
+    result: dict[str, Any] = {}
+    result["dial_gain"] = round(partial["median"] / aon["median"], 3)
+    result["bound"] = round(unlimited["median"] / aon["median"], 3)
+    ratios = [p / a for p, a in zip(partial["samples_per_s"], aon["samples_per_s"], strict=False)]
+    result["dial_gain_per_round"] = [round(r, 3) for r in ratios]
+    print(
+        f"best all-or-nothing {aon['label']} {aon['median']:.2f}/s; best partial or "
+        f"selective {partial['label']} {partial['median']:.2f}/s: gain "
+        f"{result['dial_gain']:.3f} (per round {min(ratios):.2f}..{max(ratios):.2f}); "
+        f"bound (unlimited fastest / all-or-nothing) {result['bound']:.3f}",
+        flush=True,
+    )
     return result
 
 

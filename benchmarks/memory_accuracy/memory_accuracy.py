@@ -250,6 +250,13 @@ def parse_args() -> argparse.Namespace:
         choices=["deepspeed", "fsdp2"],
         help="the training backend whose candidates are probed (fsdp2: no --stages)",
     )
+    _grid_arguments(parser)
+    return parser.parse_args()
+
+
+def _grid_arguments(parser: argparse.ArgumentParser) -> None:
+    """The grid's axes past stage and precision: micro-batches, the activation dial's
+    shares and policies, and FSDP2's shardings and offloads."""
     parser.add_argument(
         "--micro-batches",
         type=int,
@@ -284,7 +291,6 @@ def parse_args() -> argparse.Namespace:
         choices=["none", "cpu"],
         help="FSDP2 parameter and optimizer offload probed (fsdp2 only)",
     )
-    return parser.parse_args()
 
 
 def measure_workload(
