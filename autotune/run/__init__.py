@@ -3,7 +3,13 @@ driver's hold on its study, the search loop (ask, screen, dispatch, record), aut
 sampler and cost model, the budget clock and the confirmation rounds."""
 
 from autotune.run._driver_session import continue_command
-from autotune.run._resolved_run import ResolvedRun, bind_space, check_nvme_path, resolve_run
+from autotune.run._resolved_run import (
+    ResolvedRun,
+    bind_space,
+    check_nvme_path,
+    resolve_run,
+    workload_space,
+)
 from autotune.run._tuner import RunSummary, Tuner
 from autotune.run.budget import ReservePolicy, SearchState, read_budget
 from autotune.run.cost_model import (
@@ -31,4 +37,5 @@ __all__ = [
     "measure_cpu_matmul_flops",
     "read_budget",
     "resolve_run",
+    "workload_space",
 ]

@@ -366,6 +366,15 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
     )
 
 
+def workload_space(
+    space: SpaceSpec, workload: Workload, hardware: Hardware, notes: list[str]
+) -> SpaceSpec:
+    """``space`` less what ``workload`` cannot do on ``hardware``, each drop a note: what
+    ``autotune run`` searches of it, and ``autotune space`` counts."""
+    space = _checkpointing_the_workload_does(space, workload, notes)
+    return _offload_where_it_frees_the_device(space, hardware, workload, False, notes)
+
+
 def _checkpointing_the_workload_does(
     space: SpaceSpec, workload: Workload, notes: list[str]
 ) -> SpaceSpec:

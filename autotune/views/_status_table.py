@@ -208,16 +208,18 @@ def space_facts(
 
     from autotune.backends import cpu_rank_libraries
     from autotune.hardware import detect
-    from autotune.run import bind_space, check_nvme_path
+    from autotune.run import bind_space, check_nvme_path, workload_space
     from autotune.space import load_space
     from autotune.workloads import get_workload
 
-    spec = load_space(space_ref)
     hardware = detect()
     hardware.check_ranks(gpus)
+    the_workload = get_workload(workload)
+    dropped: list[str] = []
+    spec = workload_space(load_space(space_ref), the_workload, hardware, dropped)
     batch = None if global_batch == "auto" else global_batch
     if global_batch is None:
-        batch = get_workload(workload).default_global_batch
+        batch = the_workload.default_global_batch
     bound = bind_space(
         spec,
         hardware,
@@ -225,7 +227,7 @@ def space_facts(
         global_batch=batch,  # type: ignore[arg-type]
         max_global_batch=max_global_batch,
         nvme_path=check_nvme_path(nvme_path),
-        workload=get_workload(workload) if spec.checkpoint_fraction is not None else None,
+        workload=the_workload if spec.checkpoint_fraction is not None else None,
     )
     candidates = list(bound.candidates())
     return SpaceFacts(
@@ -234,7 +236,7 @@ def space_facts(
         gpus=gpus,
         global_batch=batch,  # type: ignore[arg-type]
         max_global_batch=max_global_batch,
-        notes=list(bound.notes),
+        notes=[*dropped, *bound.notes],
         dropped_backends=list(bound.dropped_backends),
         dimensions={
             name: {str(value): n for value, n in counts.items()}

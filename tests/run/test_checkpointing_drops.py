@@ -163,3 +163,17 @@ def test_a_script_keeps_its_activations_where_its_code_does(
     assert {c.activation_offload for c in resolved.space.candidates()} == {"none"}
     dropped = [n for n in resolved.notes if "activation_offload" in n]
     assert len(dropped) == 1 and "runs its own model" in dropped[0]
+
+
+def test_autotune_space_counts_what_the_run_searches(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`autotune space` drops what `autotune run` drops here, with the run's note."""
+    from autotune.cli import main
+
+    resolved = _resolve(tmp_path, "gpt-tiny", "activation_offload: [none, cpu]\n")
+    monkeypatch.chdir(tmp_path)
+    code = main(["space", "--space", "space.yaml", "--gpus", "2", "--global-batch", "8"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    note = next(n for n in resolved.notes if n.startswith("activation_offload cpu dropped"))
+    assert f"note: {note}" in " ".join(out.split())
+    assert "act:cpu" not in out
