@@ -16,6 +16,10 @@ JSON with its command, machine and commit:
   block in full) and the best partial or selective are re-measured interleaved with the
   unlimited fastest. Their ratio is the dial's gain; the unlimited fastest over the best
   all-or-nothing bounds it (no recomputation can beat recomputing nothing).
+- ``studies``: what a short study picks under that limit. ``--repeats`` studies of
+  ``--budget`` (``autotune run --vram LIMIT --space benchmarks/spaces/activation_dial.yaml``,
+  as a user types it), each export re-measured interleaved with the under-limit run's best
+  all-or-nothing and best partial or selective; a pick is good at >= 0.97 of the fastest.
 
 Reproduce (about 2 and 4 minutes on 2 idle cores):
     python benchmarks/activation_dial/activation_dial.py order \
@@ -25,6 +29,9 @@ Reproduce (about 2 and 4 minutes on 2 idle cores):
     python benchmarks/activation_dial/activation_dial.py under-limit --workload dit-s-2 \
         --global-batch 16 --stages 0 1 3 --micro-batches 2 4 8 \
         --out benchmarks/activation_dial/data/activation_dial_under_limit_dit-s-2.json
+    python benchmarks/activation_dial/activation_dial.py studies --repeats 5 --budget 2m \
+        --limit-from benchmarks/activation_dial/data/activation_dial_under_limit_dit-s-2.json \
+        --out benchmarks/activation_dial/data/activation_dial_studies_dit-s-2.json
 """
 
 from __future__ import annotations
@@ -308,6 +315,7 @@ def public(row: dict[str, Any]) -> dict[str, Any]:
     """A measured row as the data file keeps it."""
     return {
         "label": row["label"],
+        "candidate": row["candidate"].model_dump(mode="json"),
         "samples_per_s": [round(rate, 3) for rate in row["samples_per_s"]],
         "median": round(row["median"], 3),
         "peak_MiB": round(row["peak_bytes"] / MiB, 1),
@@ -333,9 +341,76 @@ def _gain(aon: dict[str, Any], partial: dict[str, Any], unlimited: dict[str, Any
     return result
 
 
+SPACE = Path(__file__).resolve().parents[1] / "spaces" / "activation_dial.yaml"
+
+
+def studies(args: argparse.Namespace) -> dict[str, Any]:
+    """``--repeats`` studies of ``--budget`` under an under-limit run's limit, as a user
+    types them, each export then re-measured interleaved with that run's best
+    all-or-nothing and best partial or selective candidates."""
+    import tempfile
+
+    from autotune.candidate import Candidate
+    from benchmarks.autotune_cli import autotune_cli
+
+    limit = json.loads(args.limit_from.read_text())["result"]
+    root = Path(tempfile.mkdtemp(prefix="activation_dial_studies_"))
+    storage = f"sqlite:///{root}/studies.db"
+    run = [
+        *("--workload", limit["workload"], "--gpus", "2"),
+        *("--global-batch", str(limit["global_batch"]), "--vram", f"{limit['limit_MiB']}MiB"),
+        *("--space", str(SPACE), "--budget", args.budget),
+        *("--storage", storage, "--trials-dir", str(root / "trials")),
+    ]
+    exports = []
+    for repeat in range(args.repeats):
+        name = f"live-{repeat + 1}"
+        started = time.monotonic()
+        done = autotune_cli(Path.cwd(), "run", *run, "--study", name)
+        status = json.loads(
+            autotune_cli(
+                Path.cwd(), "status", "--storage", storage, "--study", name, "--json"
+            ).stdout
+        )
+        best = status.get("best") or {}
+        trial = next((t for t in status["trials"] if t["number"] == best.get("trial")), None)
+        lines = (done.stdout + done.stderr).splitlines()
+        exports.append(
+            {
+                "study": name,
+                "wall_s": round(time.monotonic() - started, 1),
+                "export": best.get("label"),
+                "candidate": trial["candidate"] if trial else None,
+                "trials": len(status["trials"]),
+                "stopped": next((x.strip() for x in lines if "search stopped:" in x), None),
+            }
+        )
+        print(json.dumps(exports[-1]), flush=True)
+    references = [limit["best"][name]["candidate"] for name in limit["best"]]
+    chosen = {}
+    for record in [*references, *(e["candidate"] for e in exports if e["candidate"])]:
+        candidate = Candidate.model_validate(record)
+        chosen.setdefault(candidate.key, candidate)
+    rows = _probe_rounds(limit["workload"], list(chosen.values()), args.rounds)
+    top = max(row["median"] for row in rows.values())
+    for record in exports:
+        if record["candidate"]:
+            row = rows[Candidate.model_validate(record["candidate"]).key]
+            record["score"] = round(row["median"] / top, 3)
+            record["peak_MiB"] = round(row["peak_bytes"] / MiB, 1)
+    return {
+        "limit_from": args.limit_from.name,
+        "limit_MiB": limit["limit_MiB"],
+        "budget": args.budget,
+        "studies": exports,
+        "remeasured": [public(row) for row in rows.values()],
+        "good_picks": sum(1 for e in exports if e.get("score", 0) >= 0.97),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["order", "selective-cost", "under-limit"])
+    parser.add_argument("what", choices=["order", "selective-cost", "under-limit", "studies"])
     parser.add_argument(
         "--rounds",
         type=int,
@@ -353,15 +428,21 @@ def main() -> None:
         "--screen-rounds", type=int, default=2, help="under-limit: rounds of each screen"
     )
     parser.add_argument("--top", type=int, default=2, help="under-limit: finalists of each group")
+    parser.add_argument("--limit-from", type=Path, help="studies: an under-limit run's data file")
+    parser.add_argument("--repeats", type=int, default=5, help="studies: how many")
+    parser.add_argument("--budget", default="2m", help="studies: each one's --budget")
     args = parser.parse_args()
     started = time.monotonic()
     if args.what == "order":
         result: Any = order()
     elif args.what == "selective-cost":
         result = selective_cost(args.rounds or 7)
-    else:
+    elif args.what == "under-limit":
         args.rounds = args.rounds or 5
         result = under_limit(args)
+    else:
+        args.rounds = args.rounds or 5
+        result = studies(args)
     record = {
         "command": " ".join(["python", *sys.argv]),
         "machine": _machine(),
