@@ -344,6 +344,30 @@ def _gain(aon: dict[str, Any], partial: dict[str, Any], unlimited: dict[str, Any
 SPACE = Path(__file__).resolve().parents[1] / "spaces" / "activation_dial.yaml"
 
 
+def _study(run: list[str], storage: str, name: str) -> dict[str, Any]:
+    """One study ``name`` of ``autotune run`` with ``run``'s flags: its export and stop."""
+    from benchmarks.autotune_cli import autotune_cli
+
+    started = time.monotonic()
+    done = autotune_cli(Path.cwd(), "run", *run, "--study", name)
+    status = json.loads(
+        autotune_cli(Path.cwd(), "status", "--storage", storage, "--study", name, "--json").stdout
+    )
+    best = status.get("best") or {}
+    trial = next((t for t in status["trials"] if t["number"] == best.get("trial")), None)
+    lines = (done.stdout + done.stderr).splitlines()
+    record = {
+        "study": name,
+        "wall_s": round(time.monotonic() - started, 1),
+        "export": best.get("label"),
+        "candidate": trial["candidate"] if trial else None,
+        "trials": len(status["trials"]),
+        "stopped": next((x.strip() for x in lines if "search stopped:" in x), None),
+    }
+    print(json.dumps(record), flush=True)
+    return record
+
+
 def studies(args: argparse.Namespace) -> dict[str, Any]:
     """``--repeats`` studies of ``--budget`` under an under-limit run's limit, as a user
     types them, each export then re-measured interleaved with that run's best
@@ -351,7 +375,6 @@ def studies(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
     from autotune.candidate import Candidate
-    from benchmarks.autotune_cli import autotune_cli
 
     limit = json.loads(args.limit_from.read_text())["result"]
     root = Path(tempfile.mkdtemp(prefix="activation_dial_studies_"))
@@ -362,30 +385,7 @@ def studies(args: argparse.Namespace) -> dict[str, Any]:
         *("--space", str(SPACE), "--budget", args.budget),
         *("--storage", storage, "--trials-dir", str(root / "trials")),
     ]
-    exports = []
-    for repeat in range(args.repeats):
-        name = f"live-{repeat + 1}"
-        started = time.monotonic()
-        done = autotune_cli(Path.cwd(), "run", *run, "--study", name)
-        status = json.loads(
-            autotune_cli(
-                Path.cwd(), "status", "--storage", storage, "--study", name, "--json"
-            ).stdout
-        )
-        best = status.get("best") or {}
-        trial = next((t for t in status["trials"] if t["number"] == best.get("trial")), None)
-        lines = (done.stdout + done.stderr).splitlines()
-        exports.append(
-            {
-                "study": name,
-                "wall_s": round(time.monotonic() - started, 1),
-                "export": best.get("label"),
-                "candidate": trial["candidate"] if trial else None,
-                "trials": len(status["trials"]),
-                "stopped": next((x.strip() for x in lines if "search stopped:" in x), None),
-            }
-        )
-        print(json.dumps(exports[-1]), flush=True)
+    exports = [_study(run, storage, f"live-{repeat + 1}") for repeat in range(args.repeats)]
     references = [limit["best"][name]["candidate"] for name in limit["best"]]
     chosen = {}
     for record in [*references, *(e["candidate"] for e in exports if e["candidate"])]:
