@@ -70,5 +70,11 @@ class ActivationProfile(BaseModel):
     offloaded_bytes: float = Field(
         default=0.0,
         description="Host bytes at most holding the saved activations offloaded from the "
-        "device (activation_offload cpu); the device's bytes above are without them.",
+        "device (activation_offload cpu), as pinned memory holds them; the device's bytes "
+        "above are without them.",
+    )
+    offload_transfer_bytes: float = Field(
+        default=0.0,
+        description="Bytes the offload copies to the host in one micro-batch's forward (and "
+        "back in its backward): what crosses the host link.",
     )

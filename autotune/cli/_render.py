@@ -201,7 +201,10 @@ def stop_reason(event: events.SearchStopped, continue_command: str = "") -> str:
                 f"probe takes about {format_duration(event.probe_estimate_s)})"
             )
         if continue_command:
-            more = format_duration(event.spent_s + event.reserve_s + 600)
+            # room for at least two more probes where one is what stopped the search
+            more = format_duration(
+                event.spent_s + event.reserve_s + max(600.0, 2 * event.probe_estimate_s)
+            )
             text += f"; to go on, give a larger total: {continue_command} --budget {more}"
         return text
     if event.kind == "settled":

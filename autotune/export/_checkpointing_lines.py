@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autotune.workloads.activation_offload import MIN_OFFLOAD_BYTES
+
 if TYPE_CHECKING:
     from autotune.candidate import Candidate
     from autotune.study import StudyConfig
@@ -40,7 +42,7 @@ def offload_action(candidate: Candidate, config: StudyConfig) -> list[str]:
 
     if not _offloads(candidate):
         return []
-    blocks = _block_count(config.workload)
+    blocks = _block_count(config.workload, partial=False)
     kept = "the blocks that are not recomputed"
     if blocks is not None:
         first = checkpointed_block_count(candidate.checkpoint_fraction, blocks)
@@ -50,7 +52,8 @@ def offload_action(candidate: Candidate, config: StudyConfig) -> list[str]:
         "one's forward under `autotune.workloads.activation_offload.offload_saved_tensors()` "
         "(`offload_blocks(blocks[k:])` there patches them, k the blocks recomputed), "
         "saved-tensor hooks that copy to pinned host memory and back, leaving parameters and "
-        "tensors under 1024 bytes on the device (torchtune's `OffloadActivations` pattern). "
+        f"tensors under {MIN_OFFLOAD_BYTES} bytes on the device (torchtune's "
+        "`OffloadActivations` pattern). "
         "torch's built-in `torch.autograd.graph.save_on_cpu(pin_memory=True)` around the same "
         "blocks is simpler, but it moves parameters too. Budget the host memory summary.md "
         "predicts per node."
@@ -125,14 +128,16 @@ def _partial_action(candidate: Candidate, config: StudyConfig, wrapping: str) ->
     )
 
 
-def _block_count(workload_ref: str) -> int | None:
-    """The blocks of the study's workload a checkpoint fraction counts; None where it is a
-    script or cannot be built here."""
+def _block_count(workload_ref: str, *, partial: bool = True) -> int | None:
+    """The blocks of the study's workload: those a checkpoint fraction counts (``partial``;
+    None where its switch recomputes all or none), else all of them (those offloaded); None
+    where it is a script or cannot be built here."""
     from autotune.errors import AutotuneError
     from autotune.workloads import get_workload
-    from autotune.workloads.checkpointing import partial_checkpointing_blocks
+    from autotune.workloads.checkpointing import block_count, partial_checkpointing_blocks
 
     try:
-        return partial_checkpointing_blocks(get_workload(workload_ref))
+        workload = get_workload(workload_ref)
+        return partial_checkpointing_blocks(workload) if partial else block_count(workload)
     except (AutotuneError, ImportError, OSError):
         return None

@@ -39,7 +39,9 @@ traced with the offload's own hooks (:mod:`autotune.workloads.activation_offload
 the meta device: each packed tensor leaves the device count as soon as nothing else holds
 it, and backward's unpacking allocates it again for the node that reads it, so the traced
 peak holds what a GPU holds (a block's tensors in flight included); the hooks' ledger gives
-the host's bytes (``ActivationProfile.offloaded_bytes``), extrapolated like the rest.
+the host's bytes (``ActivationProfile.offloaded_bytes``, pinned copies rounded as torch's
+host allocator rounds them) and the bytes copied (``offload_transfer_bytes``), extrapolated
+like the rest.
 """
 
 from __future__ import annotations
@@ -182,6 +184,7 @@ class _FakeModel:
             self.tracker = tracker
             batch = self.workload.make_batch(micro_batch_size, torch.device("cpu"))
             self.ledger.peak_host_bytes = self.ledger.host_bytes
+            packed_before = self.ledger.packed_bytes
             loss = self.workload.loss(self.model, batch)
             forward_peak = tracker.peak_bytes
             tracker.reset_peak()
@@ -190,18 +193,21 @@ class _FakeModel:
             del loss
             first = self.first_grad[0] if self.first_grad else kept_peak
             offloaded = float(self.ledger.peak_host_bytes)
+            transferred = float(self.ledger.packed_bytes - packed_before)
             results = {
                 (micro_batch_size, "kept"): ActivationProfile(
                     forward_peak_bytes=forward_peak,
                     backward_peak_bytes=kept_peak,
                     at_first_grad_bytes=first,
                     offloaded_bytes=offloaded,
+                    offload_transfer_bytes=transferred,
                 ),
                 (micro_batch_size, "dropped"): ActivationProfile(
                     forward_peak_bytes=forward_peak,
                     backward_peak_bytes=dropped_peak,
                     at_first_grad_bytes=first,
                     offloaded_bytes=offloaded,
+                    offload_transfer_bytes=transferred,
                 ),
             }
             if accumulate:
@@ -212,6 +218,7 @@ class _FakeModel:
                     backward_peak_bytes=max(kept_peak, tracker.peak_bytes),
                     at_first_grad_bytes=first,
                     offloaded_bytes=float(self.ledger.peak_host_bytes),
+                    offload_transfer_bytes=transferred,
                 )
             self.tracker = None
         return results

@@ -45,16 +45,12 @@ def build_model(
         held_in = backend.parameter_precision(spec.candidate)
         with device, _default_dtype(_target_dtype(held_in)):
             model = workload.build_model()
+    from autotune.workloads.activation_offload import apply_offload
     from autotune.workloads.checkpointing import apply_checkpointing
 
     candidate = spec.candidate
-    apply_checkpointing(
-        workload,
-        model,
-        candidate.checkpoint_fraction,
-        candidate.checkpoint_policy,
-        candidate.activation_offload,
-    )
+    apply_checkpointing(workload, model, candidate.checkpoint_fraction, candidate.checkpoint_policy)
+    apply_offload(workload, model, candidate.checkpoint_fraction, candidate.activation_offload)
     return model, _build_info(model, sharded is not None)
 
 

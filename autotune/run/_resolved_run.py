@@ -354,6 +354,7 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
         )
         global_batch = global_batch or workload.default_global_batch
     notes: list[str] = []
+    check_model_builds(workload, settings.workload)  # before the drops build it
     space = _checkpointing_the_workload_does(space, workload, notes)
     return _Inputs(
         workload=workload,
@@ -367,10 +368,11 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
 
 
 def workload_space(
-    space: SpaceSpec, workload: Workload, hardware: Hardware, notes: list[str]
+    space: SpaceSpec, workload: Workload, ref: str, hardware: Hardware, notes: list[str]
 ) -> SpaceSpec:
-    """``space`` less what ``workload`` cannot do on ``hardware``, each drop a note: what
-    ``autotune run`` searches of it, and ``autotune space`` counts."""
+    """``space`` less what ``workload`` (``ref``) cannot do on ``hardware``, each drop a
+    note: what ``autotune run`` searches of it, and ``autotune space`` counts."""
+    check_model_builds(workload, ref)  # before the drops build it
     space = _checkpointing_the_workload_does(space, workload, notes)
     return _offload_where_it_frees_the_device(space, hardware, workload, False, notes)
 

@@ -281,7 +281,7 @@ def offloaded_activation_bytes(workload: Workload) -> Callable[[Candidate, str],
             "cuda" if accelerator == "cuda" else "cpu",
             candidate.checkpoint_policy,
             candidate.activation_offload,
-        ).offloaded_bytes
+        ).offload_transfer_bytes
 
     return offloaded
 

@@ -216,7 +216,7 @@ def space_facts(
     hardware.check_ranks(gpus)
     the_workload = get_workload(workload)
     dropped: list[str] = []
-    spec = workload_space(load_space(space_ref), the_workload, hardware, dropped)
+    spec = workload_space(load_space(space_ref), the_workload, workload, hardware, dropped)
     batch = None if global_batch == "auto" else global_batch
     if global_batch is None:
         batch = the_workload.default_global_batch

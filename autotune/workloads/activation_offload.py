@@ -38,10 +38,19 @@ from typing import Any
 MIN_OFFLOAD_BYTES = 1024
 
 
+def pinned_bytes(nbytes: int) -> int:
+    """The pinned host memory a copy of ``nbytes`` holds: torch's caching host allocator
+    (``at::CachingHostAllocator``, ATen/core/CachingHostAllocator.h) rounds each request
+    up to the next power of two."""
+    return 1 << max(nbytes - 1, 0).bit_length()
+
+
 @dataclass
 class OffloadLedger:
-    """What the pack hook did: tensors and bytes moved to the host, the host bytes alive
-    now and at most, and the saved tensors it left on the device (parameters, small ones)."""
+    """What the pack hook did: tensors and bytes moved to the host (``packed_bytes``, what
+    crosses the host link), the host memory they hold now and at most (pinned copies
+    rounded as the host allocator rounds them), and the saved tensors it left on the
+    device (parameters, small ones)."""
 
     packed: int = 0
     packed_bytes: int = 0
@@ -50,33 +59,44 @@ class OffloadLedger:
     skipped_parameters: int = 0
     skipped_small: int = 0
 
-    def _added(self, nbytes: int) -> None:
+    def _added(self, nbytes: int, held_bytes: int) -> None:
         self.packed += 1
         self.packed_bytes += nbytes
-        self.host_bytes += nbytes
+        self.host_bytes += held_bytes
         self.peak_host_bytes = max(self.peak_host_bytes, self.host_bytes)
 
-    def _released(self, nbytes: int) -> None:
-        self.host_bytes -= nbytes
+    def _released(self, held_bytes: int) -> None:
+        self.host_bytes -= held_bytes
 
 
 class _Packed:
-    """A saved tensor's host copy and the device it returns to."""
+    """A saved tensor's host copy, the device it returns to, and whether the copy is
+    pinned (its way back then does not block)."""
 
-    __slots__ = ("__weakref__", "device", "host")
+    __slots__ = ("__weakref__", "device", "host", "pinned")
 
-    def __init__(self, host: Any, device: Any) -> None:
+    def __init__(self, host: Any, device: Any, pinned: bool) -> None:
         self.host = host
         self.device = device
+        self.pinned = pinned
 
 
 def is_parameter(tensor: Any) -> bool:
-    """``tensor`` is a parameter or a view of one: an ``nn.Parameter``, or a leaf that
-    requires grad (what a sharding library may hand a layer in a parameter's place)."""
+    """``tensor`` is a parameter or a view of one: an ``nn.Parameter``, a leaf that
+    requires grad (what a sharding library may hand a layer in a parameter's place), or
+    autocast's cast of one (``ToCopyBackward0`` straight from the parameter's gradient
+    accumulator: the device holds it for the whole forward anyway)."""
     import torch
 
     base = tensor._base if tensor._base is not None else tensor
-    return isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad)
+    if isinstance(base, torch.nn.Parameter) or (base.is_leaf and base.requires_grad):
+        return True
+    grad_fn = base.grad_fn
+    return (
+        grad_fn is not None
+        and type(grad_fn).__name__ == "ToCopyBackward0"
+        and any(type(fn).__name__ == "AccumulateGrad" for fn, _ in grad_fn.next_functions if fn)
+    )
 
 
 @contextmanager
@@ -102,9 +122,11 @@ def offload_saved_tensors(
         pinned = host == "cpu" and tensor.device.type == "cuda"
         copy = torch.empty_like(tensor, device=host, pin_memory=pinned)
         copy.copy_(tensor, non_blocking=pinned)
-        packed = _Packed(copy, tensor.device)
-        ledger._added(nbytes)
-        weakref.finalize(packed, ledger._released, nbytes)
+        packed = _Packed(copy, tensor.device, pinned)
+        # a trace (host meta) stands for a GPU's pinned copies
+        held = pinned_bytes(nbytes) if pinned or host == "meta" else nbytes
+        ledger._added(nbytes, held)
+        weakref.finalize(packed, ledger._released, held)
         return packed
 
     def unpack(saved: Any) -> Any:
@@ -112,7 +134,7 @@ def offload_saved_tensors(
             return saved
         if saved.host.is_meta:  # a trace: the shape comes back, allocated on the device
             return torch.empty_like(saved.host, device=saved.device)
-        return saved.host.to(saved.device, non_blocking=saved.host.is_pinned())
+        return saved.host.to(saved.device, non_blocking=saved.pinned)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield ledger
@@ -132,3 +154,15 @@ def offload_blocks(
     instances' ``forward``, as checkpointing does, so module hooks stay around it)."""
     for block in blocks:
         block.forward = functools.partial(_offloaded_forward, block.forward, host, ledger)
+
+
+def apply_offload(workload: Any, model: Any, fraction: float, offload: str = "none") -> None:
+    """Keep the saved activations of ``model``'s blocks that ``fraction`` does not recompute
+    (the last ones: :func:`autotune.workloads.checkpointing.apply_checkpointing` recomputes
+    the first) on ``offload`` (a candidate's ``activation_offload``: none, or ``cpu``)."""
+    from autotune.workloads.checkpointing import checkpointed_block_count
+
+    if offload == "none" or fraction >= 1:
+        return
+    blocks = workload.checkpoint_blocks(model)
+    offload_blocks(blocks[checkpointed_block_count(fraction, len(blocks)) :], host=offload)

@@ -119,24 +119,15 @@ def recompute(workload: Any, model: Any, blocks: int | None, policy: str = "full
     workload.enable_activation_checkpointing(model, **options)
 
 
-def apply_checkpointing(
-    workload: Any, model: Any, fraction: float, policy: str = "full", offload: str = "none"
-) -> None:
+def apply_checkpointing(workload: Any, model: Any, fraction: float, policy: str = "full") -> None:
     """Recompute ``fraction`` of ``model``'s blocks in backward with ``policy``, as a
     candidate's ``checkpoint_fraction`` and ``checkpoint_policy`` say: none at 0, every
     block at 1 (the workload's own switch), else the first ones, counted by
-    :func:`checkpointed_block_count`; the blocks that are not recomputed keep their saved
-    activations on ``offload`` (``activation_offload``: none, or the host's ``cpu``)."""
+    :func:`checkpointed_block_count`."""
+    if fraction <= 0:
+        return
     if fraction >= 1:
         recompute(workload, model, None, policy)
         return
-    if fraction <= 0 and offload == "none":
-        return
-    blocks = workload.checkpoint_blocks(model)
-    count = checkpointed_block_count(fraction, len(blocks))
-    if count:
-        recompute(workload, model, count, policy)
-    if offload != "none":
-        from autotune.workloads.activation_offload import offload_blocks
-
-        offload_blocks(blocks[count:], host=offload)
+    count = checkpointed_block_count(fraction, len(workload.checkpoint_blocks(model)))
+    recompute(workload, model, count, policy)

@@ -39,6 +39,7 @@ def measure(args: argparse.Namespace, offload: str) -> dict[str, object]:
     from autotune.candidate import Candidate
     from autotune.memory import MemoryModel
     from autotune.workloads import get_workload
+    from autotune.workloads.activation_offload import apply_offload
     from autotune.workloads.checkpointing import apply_checkpointing
 
     workload = get_workload(args.workload)
@@ -51,7 +52,8 @@ def measure(args: argparse.Namespace, offload: str) -> dict[str, object]:
             model = workload.build_model()
     finally:
         torch.set_default_dtype(previous)
-    apply_checkpointing(workload, model, args.fraction, "full", offload)
+    apply_checkpointing(workload, model, args.fraction)
+    apply_offload(workload, model, args.fraction, offload)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     batch = workload.make_batch(args.micro_batch, device)

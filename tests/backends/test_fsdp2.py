@@ -397,7 +397,7 @@ def test_a_share_of_the_blocks_is_the_scripts_to_wrap_and_accelerate_recomputes_
     assert config["activation_checkpointing"] is True and config["checkpoint_fraction"] == 0.5
     assert "checkpoint_fraction" not in FSDP2.render_config(_fsdp2(activation_checkpointing=True))
     code = "\n".join(FSDP2.code_lines(config))
-    assert "for block in blocks[: round(0.5 * len(blocks))]:" in code
+    assert "for block in blocks[: max(1, int(0.5 * len(blocks) + 0.5))]:" in code
     assert "gradient_checkpointing_enable" not in code
     compile(code.replace("torch.optim", "optim"), "<summary>", "exec")
     from autotune.backends.fsdp2._export_text import accelerate_config
@@ -419,9 +419,26 @@ def test_an_activation_offload_reaches_the_config_and_the_code_lines() -> None:
     keep their activations on the device read as before), and the code wraps the blocks
     after the recomputed ones, or every block where none is recomputed."""
     assert "activation_offload" not in FSDP2.render_config(_fsdp2(checkpoint_fraction=0.5))
-    for fraction, kept in ((0.5, "blocks[round(0.5 * len(blocks)):]"), (0.0, "blocks[:]")):
+    for fraction, kept in (
+        (0.5, "blocks[max(1, int(0.5 * len(blocks) + 0.5)):]"),
+        (0.0, "blocks[:]"),
+    ):
         config = FSDP2.render_config(_fsdp2(checkpoint_fraction=fraction, activation_offload="cpu"))
         assert config["activation_offload"] == "cpu"
         code = "\n".join(FSDP2.code_lines(config))
         assert f"offload_blocks({kept})" in code
         compile(code.replace("torch.optim", "optim"), "<summary>", "exec")
+
+
+@pytest.mark.parametrize(
+    ("fraction", "blocks"), [(0.375, 12), (0.25, 2), (0.5, 5), (0.1, 4), (1.0, 7)]
+)
+def test_the_code_lines_count_the_blocks_the_probes_recomputed(
+    fraction: float, blocks: int
+) -> None:
+    """Where Python's round (halves to even, and to 0) and the probes' count differ."""
+    from autotune.backends.fsdp2._export_text import recomputed_count
+    from autotune.workloads.checkpointing import checkpointed_block_count
+
+    count = eval(recomputed_count(fraction), {"blocks": list(range(blocks))})
+    assert count == checkpointed_block_count(fraction, blocks)

@@ -61,14 +61,30 @@ def test_the_traced_host_bytes_are_what_the_hooks_pack_on_a_real_model() -> None
     model.train()
     workload.loss(model, workload.make_batch(2, torch.device("cpu"))).backward()
     assert ledger.packed > 0
+    assert traced.offload_transfer_bytes == ledger.packed_bytes
+    # gpt-tiny's saved tensors are powers of two: pinned copies hold what they carry
     assert traced.offloaded_bytes == ledger.peak_host_bytes == ledger.packed_bytes
+
+
+def test_the_trace_holds_the_host_as_pinned_memory_rounds_it() -> None:
+    """A trace stands for a GPU, whose pinned host copies torch's host allocator rounds up
+    to a power of two: 8 x 48 fp32 activations (1536 bytes) hold 2048 on the host."""
+    from autotune.workloads.activation_offload import OffloadLedger, offload_saved_tensors
+
+    layer = torch.nn.Sequential(torch.nn.Linear(48, 48), torch.nn.Tanh())
+    ledger = OffloadLedger()
+    with offload_saved_tensors("meta", ledger):
+        out = layer(torch.randn(8, 48))
+    assert ledger.packed == 2  # the linear's input and the tanh's output
+    assert ledger.packed_bytes == 2 * 1536 and ledger.peak_host_bytes == 2 * 2048
+    del out
 
 
 def test_a_share_with_offload_extrapolates_to_the_whole_trace() -> None:
     workload = get_workload("gpt-tiny").with_layers(12)
     whole = trace_once(workload, 2, "fp32", (6, 12), "dropped", "cpu", "full", "cpu")
     line = profile(workload, 2, "fp32", 0.5, "dropped", "cpu", "full", "cpu")
-    for field in (*FIELDS, "offloaded_bytes"):
+    for field in (*FIELDS, "offloaded_bytes", "offload_transfer_bytes"):
         assert getattr(line, field) == pytest.approx(getattr(whole, field), rel=1e-6)
 
 

@@ -177,3 +177,25 @@ def test_autotune_space_counts_what_the_run_searches(tmp_path: Path, monkeypatch
     note = next(n for n in resolved.notes if n.startswith("activation_offload cpu dropped"))
     assert f"note: {note}" in " ".join(out.split())
     assert "act:cpu" not in out
+
+
+@pytest.mark.parametrize(
+    "space", ["activation_offload: [none, cpu]\n", "checkpoint_fraction: [0, 0.5]\n"]
+)
+def test_a_model_that_does_not_build_says_so_in_one_line(tmp_path: Path, space: str) -> None:
+    """The drops build the model to count its blocks: a build that fails is the user's
+    one-line error there too, not a traceback."""
+    from autotune.errors import WorkloadError
+
+    (tmp_path / "wl.py").write_text(
+        "from autotune.workloads import get_workload\n"
+        "class Broken(type(get_workload('gpt-tiny'))):\n"
+        "    def build_model(self):\n"
+        "        raise RuntimeError('no such layer: attn2')\n"
+        "def make():\n"
+        "    workload = get_workload('gpt-tiny')\n"
+        "    workload.__class__ = Broken\n"
+        "    return workload\n"
+    )
+    with pytest.raises(WorkloadError, match=r"build_model\(\) failed on the meta device"):
+        _resolve(tmp_path, f"{tmp_path}/wl.py:make", space, _cuda())

@@ -48,6 +48,34 @@ def test_the_hooks_move_activations_and_leave_parameters_and_small_tensors() -> 
         assert torch.equal(a.grad, b.grad)
 
 
+def test_autocasts_copies_of_the_weights_stay_on_the_device() -> None:
+    """Under autocast a linear layer saves its weight cast to bf16 (a tensor autograd made
+    from the parameter): a parameter's stand-in, not an activation to move."""
+    from autotune.workloads.activation_offload import OffloadLedger, offload_saved_tensors
+
+    block = _Block()
+    inputs = torch.randn(8, 64)
+    ledger = OffloadLedger()
+    with torch.autocast("cpu", dtype=torch.bfloat16), offload_saved_tensors("cpu", ledger):
+        block(inputs).float().sum().backward()
+    # the two bf16 weights (and their transposes) are casts of parameters: left; the
+    # activations (bf16 input and first output, the tanh's output) moved
+    assert ledger.packed == 3, ledger
+    assert ledger.skipped_parameters >= 2
+
+
+def test_pinned_host_copies_are_counted_as_the_host_allocator_rounds_them() -> None:
+    from autotune.workloads.activation_offload import pinned_bytes
+
+    assert [pinned_bytes(n) for n in (1, 1024, 1025, 6 * 2**20, 24 * 2**20)] == [
+        1,
+        1024,
+        2048,
+        8 * 2**20,
+        32 * 2**20,
+    ]
+
+
 def test_no_offload_packs_nothing() -> None:
     from autotune.workloads.activation_offload import OffloadLedger, offload_saved_tensors
 
@@ -74,7 +102,8 @@ def test_the_kept_blocks_offload_and_train_as_without(name: str, fraction: float
     def trained(offload: str) -> tuple[torch.nn.Module, list[torch.Tensor]]:
         torch.manual_seed(0)
         model = workload.build_model()
-        apply_checkpointing(workload, model, fraction, "full", offload)
+        apply_checkpointing(workload, model, fraction)
+        activation_offload.apply_offload(workload, model, fraction, offload)
         for block in workload.checkpoint_blocks(model):  # count what the hooks moved
             forward = block.forward
             if getattr(forward, "func", None) is activation_offload._offloaded_forward:

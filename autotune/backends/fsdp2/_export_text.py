@@ -18,6 +18,7 @@ import yaml
 from autotune.backends._process_group import CPU_ONLY, CUDA_WITH_HOST
 from autotune.backends._shell_text import export_lines, printable
 from autotune.backends.fsdp2._config import Fsdp2Config
+from autotune.workloads.activation_offload import MIN_OFFLOAD_BYTES
 
 if TYPE_CHECKING:
     from autotune.candidate import Candidate
@@ -185,6 +186,13 @@ def config_usage_lines(ranks: int, script_name: str | None) -> list[str]:
     ]
 
 
+def recomputed_count(fraction: float) -> str:
+    """The code of how many of ``blocks`` a share recomputes, as the probes counted them
+    (:func:`autotune.workloads.checkpointing.checkpointed_block_count`: halves rounded
+    up, at least one), not Python's ``round``, which rounds halves to even and to 0."""
+    return f"max(1, int({fraction:g} * len(blocks) + 0.5))"
+
+
 def _offload_lines(parsed: Fsdp2Config) -> list[str]:
     """The lines that keep the blocks that are not recomputed (the complement of the
     checkpointing lines' share; every block where none is) offloading their saved
@@ -192,10 +200,10 @@ def _offload_lines(parsed: Fsdp2Config) -> list[str]:
     if parsed.activation_offload is None:
         return []
     fraction = parsed.checkpoint_fraction
-    kept = f"round({fraction:g} * len(blocks))" if fraction is not None else ""
+    kept = recomputed_count(fraction) if fraction is not None else ""
     return [
         "# the blocks not recomputed keep their saved activations in host memory",
-        "# (parameters and tensors under 1024 bytes stay on the device)",
+        f"# (parameters and tensors under {MIN_OFFLOAD_BYTES} bytes stay on the device)",
         "from autotune.workloads.activation_offload import offload_blocks",
         "blocks = list(model.blocks)  # each transformer block, in forward order",
         f"offload_blocks(blocks[{kept}:])",
@@ -238,7 +246,7 @@ def code_lines(config: dict[str, Any]) -> list[str]:
         lines += [
             f"# recompute the first {fraction:.2g} of the blocks in backward",
             "blocks = list(model.blocks)  # each transformer block, in forward order",
-            f"for block in blocks[: round({fraction:g} * len(blocks))]:",
+            f"for block in blocks[: {recomputed_count(fraction)}]:",
             "    block.forward = functools.partial(",
             f"        torch.utils.checkpoint.checkpoint, block.forward, {options})",
         ]
