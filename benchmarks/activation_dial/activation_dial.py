@@ -27,8 +27,10 @@ Reproduce (about 2 and 4 minutes on 2 idle cores):
     python benchmarks/activation_dial/activation_dial.py selective-cost \
         --out benchmarks/activation_dial/data/activation_dial_selective_cost.json
     python benchmarks/activation_dial/activation_dial.py under-limit --workload dit-s-2 \
-        --global-batch 16 --stages 0 1 3 --micro-batches 2 4 8 \
+        --global-batch 16 --stages 0 --micro-batches 2 4 8 --screen-rounds 1 --top 1 \
         --out benchmarks/activation_dial/data/activation_dial_under_limit_dit-s-2.json
+        # ZeRO-0 only: on CPU ranks ZeRO-1 and 3 peak at 3x ZeRO-0's (DeepSpeed's CPU
+        # buffers), so under a limit set by ZeRO-0 none of theirs fits
     python benchmarks/activation_dial/activation_dial.py studies --repeats 5 --budget 2m \
         --limit-from benchmarks/activation_dial/data/activation_dial_under_limit_dit-s-2.json \
         --out benchmarks/activation_dial/data/activation_dial_studies_dit-s-2.json
@@ -46,6 +48,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+# run by path, this folder is first on sys.path; the repository root makes the
+# benchmarks importable as the package ``benchmarks`` (as the tests import them)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 MiB = 2**20
 # (workload, blocks, micro-batch): shapes where the blocks or the loss lead the peak
@@ -278,6 +284,9 @@ def under_limit(args: argparse.Namespace) -> dict[str, Any]:
     chosen, predictions = _dial_candidates(
         args.workload, args.global_batch, args.stages, args.micro_batches, limit
     )
+    if not chosen:
+        print(f"no candidate is predicted to fit {limit / MiB:.0f} MiB", flush=True)
+        return {"workload": args.workload, "limit_MiB": round(limit / MiB, 1), "fits": []}
     dial = _probe_rounds(args.workload, chosen, args.screen_rounds)
     fitting = [row for row in dial.values() if row["median"] and row["peak_bytes"] <= limit]
     groups = {

@@ -83,8 +83,10 @@ def one_trial_study(
     gpus: int = 2,
     global_batch: int = 16,
     threads_per_rank: int = 4,
+    script: Any = None,
 ) -> optuna.Study:
-    """A study on ``workload`` whose one trial, ``candidate``, measured 30 samples/s."""
+    """A study on ``workload`` (of ``script``, a ScriptConfig, where given) whose one trial,
+    ``candidate``, measured 30 samples/s."""
     from autotune.study.storage import StudyConfig
 
     study = optuna.create_study(direction="maximize", study_name="one")
@@ -96,6 +98,7 @@ def one_trial_study(
         global_batch=global_batch,
         vram_limit_bytes=8 * 2**30,
         threads_per_rank=threads_per_rank,
+        script=script,
     )
     study.set_user_attr("autotune_config", config.model_dump(mode="json"))
     study.add_trial(measured_trial(candidate, "ok", 30.0))
