@@ -192,33 +192,28 @@ class _FakeModel:
             kept_peak, dropped_peak = tracker.peak_bytes, tracker.peak_without_held_bytes
             del loss
             first = self.first_grad[0] if self.first_grad else kept_peak
-            offloaded = float(self.ledger.peak_host_bytes)
+            common = {"forward_peak_bytes": forward_peak, "at_first_grad_bytes": first}
             transferred = float(self.ledger.packed_bytes - packed_before)
+            offload = {
+                "offloaded_bytes": float(self.ledger.peak_host_bytes),
+                "offload_transfer_bytes": transferred,
+            }
             results = {
                 (micro_batch_size, "kept"): ActivationProfile(
-                    forward_peak_bytes=forward_peak,
-                    backward_peak_bytes=kept_peak,
-                    at_first_grad_bytes=first,
-                    offloaded_bytes=offloaded,
-                    offload_transfer_bytes=transferred,
+                    backward_peak_bytes=kept_peak, **common, **offload
                 ),
                 (micro_batch_size, "dropped"): ActivationProfile(
-                    forward_peak_bytes=forward_peak,
-                    backward_peak_bytes=dropped_peak,
-                    at_first_grad_bytes=first,
-                    offloaded_bytes=offloaded,
-                    offload_transfer_bytes=transferred,
+                    backward_peak_bytes=dropped_peak, **common, **offload
                 ),
             }
             if accumulate:
                 tracker.reset_peak()
                 self.workload.loss(self.model, batch).backward()
                 results[(micro_batch_size, "accumulate")] = ActivationProfile(
-                    forward_peak_bytes=forward_peak,
                     backward_peak_bytes=max(kept_peak, tracker.peak_bytes),
-                    at_first_grad_bytes=first,
                     offloaded_bytes=float(self.ledger.peak_host_bytes),
                     offload_transfer_bytes=transferred,
+                    **common,
                 )
             self.tracker = None
         return results
