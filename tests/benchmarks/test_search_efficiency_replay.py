@@ -134,7 +134,7 @@ def test_the_earlier_rule_replays_without_the_simplicity_order() -> None:
         strategies.RULE_IN_USE[0] = strategies.RULES[0]
     earlier, tuners = seen
     assert all(parts == [] for parts in earlier)
-    assert tuners and all(len(parts) == 7 for parts in tuners)
+    assert tuners and all(len(parts) == 8 for parts in tuners)  # Candidate.moving_parts
 
 
 def test_a_script_table_replays_on_the_model_its_probes_reported() -> None:
