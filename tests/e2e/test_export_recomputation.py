@@ -22,19 +22,24 @@ from tests.support.studies import one_trial_study
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize(("workload", "policy"), [("gpt-tiny", "full"), ("dit-tiny", "selective")])
-def test_the_exported_lines_recompute_the_named_blocks_under_launch_sh(
-    tmp_path: Path, workload: str, policy: str
-) -> None:
-    best = Candidate(
+def _winner(fraction: float, policy: str = "full") -> Candidate:
+    """fp32 ZeRO-0 at mb4x2 on 2 ranks, recomputing ``fraction`` of its blocks."""
+    return Candidate(
         precision="fp32",
         zero_stage=0,
         micro_batch_size=4,
         gradient_accumulation_steps=2,
         data_parallel_size=2,
-        checkpoint_fraction=0.5,
+        checkpoint_fraction=fraction,
         checkpoint_policy=policy,
     )
+
+
+@pytest.mark.parametrize(("workload", "policy"), [("gpt-tiny", "full"), ("dit-tiny", "selective")])
+def test_the_exported_lines_recompute_the_named_blocks_under_launch_sh(
+    tmp_path: Path, workload: str, policy: str
+) -> None:
+    best = _winner(0.5, policy)
     out = tmp_path / "export"
     export(one_trial_study(workload, best, accelerator="cpu", threads_per_rank=1), out)
     summary = (out / "summary.md").read_text()
@@ -89,14 +94,7 @@ def test_a_scripts_share_reaches_it_through_launch_sh(tmp_path: Path) -> None:
         "if os.environ.get('RANK') == '0':\n"
         "    print(f'SHARE {args.ckpt_share} MB {config[\"train_micro_batch_size_per_gpu\"]}')\n"
     )
-    best = Candidate(
-        precision="fp32",
-        zero_stage=0,
-        micro_batch_size=4,
-        gradient_accumulation_steps=2,
-        data_parallel_size=2,
-        checkpoint_fraction=0.25,
-    )
+    best = _winner(0.25)
     config = ScriptConfig(
         path=str(script),
         args=["--deepspeed_config", "ds_config.json", "--ckpt-share", "0"],
