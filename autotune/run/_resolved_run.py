@@ -330,18 +330,16 @@ class _Inputs:
 
 def _inputs(settings: RunSettings, space: SpaceSpec, per_trial: int, hardware: Hardware) -> _Inputs:
     """What the script or the workload brings, its space less what it cannot do here."""
-    inputs = (
-        _script_inputs(settings, space, per_trial)
-        if settings.script is not None
-        else _workload_inputs(settings, space)
-    )
+    if settings.script is None:
+        return _workload_inputs(settings, space, hardware)
+    inputs = _script_inputs(settings, space, per_trial)
     inputs.space = _offload_where_it_frees_the_device(
-        inputs.space, hardware, inputs.workload, settings.script is not None, inputs.notes
+        inputs.space, hardware, inputs.workload, True, inputs.notes
     )
     return inputs
 
 
-def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
+def _workload_inputs(settings: RunSettings, space: SpaceSpec, hardware: Hardware) -> _Inputs:
     from autotune.space import base_global_batch, load_base_config
     from autotune.workloads import absolute_workload_ref, get_workload, workload_study_name
 
@@ -354,8 +352,7 @@ def _workload_inputs(settings: RunSettings, space: SpaceSpec) -> _Inputs:
         )
         global_batch = global_batch or workload.default_global_batch
     notes: list[str] = []
-    check_model_builds(workload, settings.workload)  # before the drops build it
-    space = _checkpointing_the_workload_does(space, workload, notes)
+    space = workload_space(space, workload, settings.workload, hardware, notes)
     return _Inputs(
         workload=workload,
         ref=absolute_workload_ref(settings.workload),
