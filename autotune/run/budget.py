@@ -168,8 +168,8 @@ MAX_RESERVE_SHARE = 0.4  # the round's reserve at most; the search keeps the res
 
 def planned_probes(contenders: int) -> int:
     """Probes the round is planned for (:mod:`autotune.study.confirmation`'s constants):
-    ``ROUNDS`` of every contender (at most ``MAX_CONTENDERS``) and ``TIE_ROUNDS`` of the
-    best two."""
+    ``ROUNDS`` of every contender (at most ``MAX_CONTENDERS``) and ``TIE_ROUNDS`` more while
+    tied, counted as rounds of two (racing leaves the close calls)."""
     every = min(max(contenders, 2), confirm.MAX_CONTENDERS)
     return confirm.ROUNDS * every + 2 * confirm.TIE_ROUNDS
 

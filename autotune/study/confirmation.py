@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from autotune.candidate import simpler_because
 from autotune.study._contenders import MAX_CONTENDERS, TOP_CONTENDERS, contenders, pick_contenders
 from autotune.study._probe_statistics import ESTIMATE_OF, estimate_of, f_quantile, step_interval
-from autotune.study._round_loop import MAX_TIE_ROUNDS, ROUNDS, TIE_ROUNDS, run_rounds
+from autotune.study._round_loop import ROUNDS, TIE_ROUNDS, run_rounds
 from autotune.training_goal import TrainingGoal
 
 if TYPE_CHECKING:
@@ -43,7 +43,6 @@ __all__ = [
     "CONFIRMATION_ATTR",
     "ESTIMATE_OF",
     "MAX_CONTENDERS",
-    "MAX_TIE_ROUNDS",
     "ROUNDS",
     "TIE_ROUNDS",
     "TOP_CONTENDERS",
@@ -174,8 +173,10 @@ class Confirmation(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     contenders: list[Contender]
-    rounds: int = 0
-    tie_rounds: int = Field(default=0, description="Extra rounds of the two closest.")
+    rounds: int = Field(default=0, description="Rounds of every contender still in the race.")
+    tie_rounds: int = Field(
+        default=0, description="Rounds of the two closest, where a whole round no longer fit."
+    )
     seconds: float = 0.0
     winner: int | None = Field(default=None, description="Trial number of the winner.")
     after_trial: int = Field(default=-1, description="Last trial number when it was decided.")

@@ -167,8 +167,8 @@ def test_when_no_round_of_every_contender_fits_the_best_two_get_the_reserve() ->
     assert [len(c.samples_per_s) for c in verdict.contenders if c.trial != 2] == [2, 2]
 
 
-def test_tie_rounds_go_on_while_the_budget_has_room() -> None:
-    alternating = [100.0, 90.0, 110.0] * 5
+def test_rounds_go_on_while_tied_up_to_the_plan() -> None:
+    alternating = [100.0, 90.0, 110.0] * 10
     rates = {0: list(alternating), 1: [x - 1 for x in alternating]}
     verdict = confirm.Confirmation(
         contenders=[
@@ -178,9 +178,27 @@ def test_tie_rounds_go_on_while_the_budget_has_room() -> None:
     )
     one_round, calls = _scripted_round(verdict, rates, probes=100)
     confirm.run_rounds(verdict, one_round)
-    assert verdict.rounds == confirm.ROUNDS and verdict.tie
-    assert verdict.tie_rounds == confirm.MAX_TIE_ROUNDS > confirm.TIE_ROUNDS
-    assert len(calls) == confirm.ROUNDS + confirm.MAX_TIE_ROUNDS
+    # the two stay within each other's noise: every round probes both, up to the plan's
+    assert verdict.tie and verdict.rounds == confirm.ROUNDS + confirm.TIE_ROUNDS
+    assert verdict.tie_rounds == 0 and calls == [[0, 1]] * len(calls)
+    assert len(calls) == confirm.ROUNDS + confirm.TIE_ROUNDS
+
+
+def test_while_tied_every_contender_in_the_race_is_probed_then_the_closest_two():
+    """Three contenders stay within each other's noise after the first rounds: the rounds
+    after them probe all three while a whole round fits; then the closest two get the rest."""
+    scattered = [100.0, 85.0, 115.0, 92.0, 108.0] * 4
+    rates = {t: [x - t for x in scattered] for t in range(3)}
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=t, label=str(t), samples_per_s=[100.0 - t]) for t in range(3)
+        ]
+    )
+    one_round, calls = _scripted_round(verdict, rates, probes=3 * (confirm.ROUNDS + 2) + 2)
+    confirm.run_rounds(verdict, one_round)
+    assert calls[: confirm.ROUNDS + 2] == [[0, 1, 2]] * (confirm.ROUNDS + 2)
+    assert verdict.rounds == confirm.ROUNDS + 2 and verdict.tie_rounds == 1
+    assert len(calls[-1]) == 2 and len(calls) == confirm.ROUNDS + 3
 
 
 def test_a_contender_out_of_the_winners_noise_leaves_the_race_and_its_time_goes_to_the_tie():
@@ -202,8 +220,8 @@ def test_a_contender_out_of_the_winners_noise_leaves_the_race_and_its_time_goes_
     confirm.run_rounds(verdict, one_round)
     assert calls[0] == calls[1] == [0, 1, 2]  # interleaved, in the same order
     assert all(2 not in call for call in calls[2:]), calls
-    # 12 probes: two rounds of three, then three rounds of the two (one a tie round's)
-    assert verdict.rounds == confirm.ROUNDS and verdict.tie_rounds == 2
+    # 12 probes: two rounds of three, then three rounds of the two left in the race
+    assert verdict.rounds == 5 and verdict.tie_rounds == 0
     assert sum(map(len, calls)) == 12
     assert verdict.winner == 0 and verdict.left_race == [2]
     assert "trial(s) 2 left the rounds early, out of the winner's noise" in verdict.describe()
