@@ -67,6 +67,13 @@ class ActivationProfile(BaseModel):
     forward_peak_bytes: float
     backward_peak_bytes: float
     at_first_grad_bytes: float
+    after_blocks_backward_peak_bytes: float = Field(
+        description="The most backward holds once every block (the workload's shard units) "
+        "has its gradients: what runs before the blocks in forward (a GPT's embeddings), "
+        "with the gradients of the parameters outside the blocks held and the blocks' "
+        "dropped; the whole backward's peak so counted where a block parameter gets no "
+        "gradient or there are no blocks."
+    )
     offloaded_bytes: float = Field(
         default=0.0,
         description="Host bytes at most holding the saved activations offloaded from the "

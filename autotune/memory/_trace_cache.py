@@ -49,6 +49,7 @@ TRACING_MODULES = (
     "autotune.workloads.base",
     "autotune.workloads.checkpointing",
     "autotune.workloads.activation_offload",
+    "autotune.workloads.blocks",
 )
 # Each file (by path) read once per process; what this process stores is added to its copy.
 _read: dict[str, dict[str, Any]] = {}

@@ -11,7 +11,10 @@ of trace exist, as DeepSpeed's stages treat gradients differently:
   into a reduction bucket).
 
 One traced forward and backward gives both (the dropped count is the kept one less the
-gradients held), and ``accumulate`` adds a second micro-batch to it.
+gradients held), and ``accumulate`` adds a second micro-batch to it. The same pass gives the
+most backward holds once every block (the workload's shard units) has its gradients, with
+the gradients outside the blocks held: a backend that shards per block reduces the blocks'
+gradients as they come and keeps the rest until backward ends.
 
 A trace is made for the accelerator the ranks run on (``target``). For ``cpu`` it runs the
 CPU kernels the CPU ranks run. For ``cuda`` attention and dropout keep what CUDA's kernels
@@ -94,6 +97,7 @@ class _FakeModel:
         self.mode = FakeTensorMode()
         self.first_grad: list[int] = []
         self.held: set[int] = set()
+        self.pending_block_grads: set[int] = set()
         self.tracker: Any = None
         self.results: dict[tuple[int, str], ActivationProfile] = {}
         self.ledger = OffloadLedger()
@@ -105,6 +109,8 @@ class _FakeModel:
                 self.model = workload.build_model()
             finally:
                 torch.set_default_dtype(previous)
+            # Read before recomputation or offload wrap any block.
+            self.block_parameters = _block_parameter_ids(workload, self.model)
             if checkpointing is not False:
                 from autotune.workloads.checkpointing import recompute
 
@@ -134,7 +140,11 @@ class _FakeModel:
             self.first_grad.append(tracker.live_bytes)
         if id(parameter) not in self.held:
             self.held.add(id(parameter))
-            tracker.hold(parameter.grad)
+            tracker.hold(parameter.grad, in_block=id(parameter) in self.block_parameters)
+        if self.pending_block_grads:
+            self.pending_block_grads.discard(id(parameter))
+            if not self.pending_block_grads:
+                tracker.start_after_blocks()
 
     def trace(self, micro_batch_size: int, kind: Kind) -> ActivationProfile:
         from torch._subclasses.fake_tensor import DynamicOutputShapeException
@@ -159,6 +169,14 @@ class _FakeModel:
                 parameter.grad = None
         return self.results[key]
 
+    def _without_gradients(self) -> None:
+        """Every parameter without a gradient: none held, every block's to come."""
+        self.first_grad = []
+        self.held = set()
+        self.pending_block_grads = set(self.block_parameters)
+        for parameter in self.parameters:
+            parameter.grad = None
+
     def _trace(
         self, micro_batch_size: int, accumulate: bool
     ) -> dict[tuple[int, str], ActivationProfile]:
@@ -168,10 +186,7 @@ class _FakeModel:
         the gradients held so far. ``accumulate`` runs a second micro-batch on top."""
         import torch
 
-        self.first_grad = []
-        self.held = set()
-        for parameter in self.parameters:
-            parameter.grad = None
+        self._without_gradients()
         with (
             self.mode,
             _static_expert_shapes(),
@@ -192,7 +207,11 @@ class _FakeModel:
             kept_peak, dropped_peak = tracker.peak_bytes, tracker.peak_without_held_bytes
             del loss
             first = self.first_grad[0] if self.first_grad else kept_peak
-            common = {"forward_peak_bytes": forward_peak, "at_first_grad_bytes": first}
+            common = {
+                "forward_peak_bytes": forward_peak,
+                "at_first_grad_bytes": first,
+                "after_blocks_backward_peak_bytes": tracker.after_blocks_peak_bytes(),
+            }
             transferred = float(self.ledger.packed_bytes - packed_before)
             offload = {
                 "offloaded_bytes": float(self.ledger.peak_host_bytes),
@@ -219,29 +238,63 @@ class _FakeModel:
         return results
 
 
+def _block_parameter_ids(workload: Workload, model: Any) -> frozenset[int]:
+    """Ids of the parameters in the workload's shard units (its blocks)."""
+    from autotune.workloads.blocks import shard_units
+
+    return frozenset(id(p) for unit in shard_units(workload, model) for p in unit.parameters())
+
+
 def _grad_aware_tracker() -> Any:
     """A :class:`~autotune.probe._memtrack.TensorMemoryTracker` that also keeps the peak of live
-    bytes less the gradients it was told are held (:meth:`hold`)."""
+    bytes less the gradients it was told are held (:meth:`hold`), and the peak less the
+    blocks' held gradients from the moment every block has its gradients
+    (:meth:`start_after_blocks`)."""
     from autotune.probe import TensorMemoryTracker
 
     class GradAwareTracker(TensorMemoryTracker):
         def __init__(self) -> None:
             super().__init__()
             self.held_bytes = 0
+            self.held_block_bytes = 0
             self.peak_without_held_bytes = 0
+            self.peak_without_block_grads_bytes = 0
+            self.after_blocks_bytes: int | None = None
 
-        def hold(self, tensor: Any) -> None:
-            self.held_bytes += tensor.untyped_storage().nbytes()
+        def hold(self, tensor: Any, *, in_block: bool = False) -> None:
+            nbytes = tensor.untyped_storage().nbytes()
+            self.held_bytes += nbytes
+            if in_block:
+                self.held_block_bytes += nbytes
+
+        def start_after_blocks(self) -> None:
+            self.after_blocks_bytes = self.live_bytes - self.held_block_bytes
+
+        def after_blocks_peak_bytes(self) -> int:
+            """The peak since :meth:`start_after_blocks`; where it never came (no blocks, or
+            a block parameter without a gradient), the peak since :meth:`reset_peak`, both
+            less the blocks' held gradients."""
+            if self.after_blocks_bytes is None:
+                return self.peak_without_block_grads_bytes
+            return self.after_blocks_bytes
 
         def _track(self, tensor: Any) -> None:
             super()._track(tensor)
             self.peak_without_held_bytes = max(
                 self.peak_without_held_bytes, self.live_bytes - self.held_bytes
             )
+            without_block_grads = self.live_bytes - self.held_block_bytes
+            self.peak_without_block_grads_bytes = max(
+                self.peak_without_block_grads_bytes, without_block_grads
+            )
+            if self.after_blocks_bytes is not None:
+                self.after_blocks_bytes = max(self.after_blocks_bytes, without_block_grads)
 
         def reset_peak(self) -> None:
             super().reset_peak()
             self.peak_without_held_bytes = self.live_bytes - self.held_bytes
+            self.peak_without_block_grads_bytes = self.live_bytes - self.held_block_bytes
+            self.after_blocks_bytes = None
 
     return GradAwareTracker()
 

@@ -22,8 +22,9 @@ FACTS = ModelFacts(
     largest_block_params=200_000,
 )  # fmt: skip
 NO_ACTIVATIONS = ActivationProfile(
-    forward_peak_bytes=0, backward_peak_bytes=0, at_first_grad_bytes=0
-)
+    forward_peak_bytes=0, backward_peak_bytes=0, at_first_grad_bytes=0,
+    after_blocks_backward_peak_bytes=0,
+)  # fmt: skip
 
 
 def _fsdp2(**fields: object) -> Candidate:
@@ -93,8 +94,10 @@ def test_deepspeed_candidates_keep_their_key_and_take_no_fsdp_knobs() -> None:
     )
 
 
-def _phases(candidate: Candidate) -> tuple[dict[str, Breakdown], Breakdown]:
-    return FSDP2.transient_phases(candidate, FACTS, NO_ACTIVATIONS, {}, Breakdown())
+def _phases(
+    candidate: Candidate, act: ActivationProfile = NO_ACTIVATIONS
+) -> tuple[dict[str, Breakdown], Breakdown]:
+    return FSDP2.transient_phases(candidate, FACTS, act, {}, Breakdown())
 
 
 def test_memory_terms_follow_the_sharding() -> None:
@@ -133,6 +136,38 @@ def test_memory_terms_follow_the_sharding() -> None:
     # every unreduced gradient kept in fp32 (the reduce dtype); the block's is copied from
     # it, not cast again
     assert accumulating - single == 4 * FACTS.params - 4 * 200_000
+
+
+def test_the_roots_backward_holds_every_blocks_gradient_shards() -> None:
+    """After the blocks' backward, before the root's deferred post-backward: the root
+    gathered (bf16, 200k), every block's fp32 shards (800k over 2 ranks), the last block's
+    fp32 reduce-scatter input (the largest block, 200k) and what backward holds from there."""
+    after = ActivationProfile(
+        forward_peak_bytes=0, backward_peak_bytes=5_000_000, at_first_grad_bytes=0,
+        after_blocks_backward_peak_bytes=3_000_000,
+    )  # fmt: skip
+    phases = _phases(_fsdp2(), after)[0]
+    root = phases["root backward"]
+    assert (root.params, root.grads) == (2 * 200_000, 4 * 800_000 / 2 + 4 * 200_000)
+    assert root.activations == 3_000_000
+    assert root.total == 5_800_000
+    assert phases["backward"].activations == 5_000_000  # a block's: the whole backward's
+    kept = _phases(_fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False)), after)[0]
+    assert kept["root backward"] == root  # every block resharded by its post-backward
+    assert "root backward" not in _phases(_fsdp2(fsdp=FsdpKnobs(wrap="model")), after)[0]
+    # accumulated unreduced: the root's earlier gradients (fp32, the reduce dtype) remain;
+    # reduced after each: every shard, this micro-batch's added into them
+    unreduced = _phases(_fsdp2(gradient_accumulation_steps=2), after)[0]["root backward"]
+    assert unreduced.grads - root.grads == 4 * 200_000
+    each = _fsdp2(gradient_accumulation_steps=2, fsdp=FsdpKnobs(sync_each_micro_batch=True))
+    synced = _phases(each, after)[0]["root backward"]
+    assert synced.grads - root.grads == 4 * 200_000 / 2
+    # offloaded, the shards are on the host by then; the input stays on the device
+    offloaded = _fsdp2(offload_optimizer="cpu", offload_param="cpu")
+    assert _phases(offloaded, after)[0]["root backward"].grads == 4 * 200_000
+    steady = FSDP2.model_states(offloaded, FACTS)[1]
+    host = FSDP2.host_phases(offloaded, FACTS, steady)["root backward"]
+    assert host.total == steady.total + 4 * 800_000 / 2
 
 
 def test_one_rank_gathers_into_no_flat_buffer() -> None:

@@ -41,6 +41,15 @@ def test_trace_matches_what_the_probe_tracker_measured() -> None:
     assert act.backward_peak_bytes / 2**20 == pytest.approx(10.69, abs=0.02)
 
 
+def test_backward_after_the_blocks_holds_the_embeddings_gradients() -> None:
+    # gpt-tiny's tied embedding (4096 x 128 fp32, 2 MiB): its lm_head gradient waits for
+    # the embedding's own, then the two are summed, all after the blocks' backward
+    act = trace_once(get_workload("gpt-tiny"), 2, "fp32", False, "dropped")
+    embedding = 4096 * 128 * 4
+    assert 3 * embedding < act.after_blocks_backward_peak_bytes < act.backward_peak_bytes
+    assert act.after_blocks_backward_peak_bytes / 2**20 == pytest.approx(6.03, abs=0.02)
+
+
 def test_checkpointing_and_micro_batch_move_activations() -> None:
     wl = get_workload("gpt-tiny")
     plain, checkpointed = profile(wl, 4, "fp32", False), profile(wl, 4, "fp32", True)
@@ -53,7 +62,7 @@ def test_layer_extrapolation_matches_the_full_trace() -> None:
     wl = get_workload("gpt2").with_layers(6)
     direct = trace_once(wl, 1, "bf16", False, "dropped")
     extrapolated = profile(wl, 1, "bf16", False, "dropped")  # traced at 1 and 2 layers
-    for field in ("forward_peak_bytes", "backward_peak_bytes"):
+    for field in ("forward_peak_bytes", "backward_peak_bytes", "after_blocks_backward_peak_bytes"):
         assert getattr(extrapolated, field) == pytest.approx(getattr(direct, field), rel=0.02)
 
 

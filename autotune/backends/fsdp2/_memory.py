@@ -27,6 +27,14 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   reduce-scatter until the last, ``set_requires_gradient_sync``), already in the reduce
   dtype, so that the last casts none; reduced after each micro-batch
   (``sync_each_micro_batch``), they keep only the fp32 gradient shards (4P/N);
+- backward after the blocks (the root's own backward: a GPT's embeddings, the tied one's
+  gradient): every block resharded and its gradients reduced to fp32 shards (4/N bytes a
+  block parameter; on the host with CPU offload), the root gathered with its unsharded
+  gradients (the root's inputs need no gradient, so its ``post_backward`` waits for the
+  final callback of autograd, ``FSDPState._root_post_backward_final_callback``), the last
+  block's reduce-scatter input, which FSDP2 keeps until the next reduce-scatter or the
+  final callback (``FSDPCommContext.reduce_scatter_states``), and the activations
+  backward holds from there on (``ActivationProfile.after_blocks_backward_peak_bytes``);
 - the end of backward: the last unit (the root, or the whole model as one unit) resharded,
   its unsharded gradients and reduce-scatter input, and the fp32 gradient shards (4P/N; on
   the host with CPU offload);
@@ -72,8 +80,7 @@ def fsdp_transient_phases(
     del knobs
     assert candidate.fsdp is not None
     p, n = float(facts.params), float(candidate.data_parallel_size)
-    width = _WIDTH[candidate.precision]
-    reduce_width = 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
+    width, reduce_width = _widths(candidate)
     unit, last_unit = _unit_params(candidate, facts)
     root, kept = _gathered_bytes(candidate, facts, width)
     reduced_each = _reduced_each(candidate)
@@ -113,6 +120,7 @@ def fsdp_transient_phases(
             grads=max(running + width * unit, reducing * unit) + earlier,
             activations=act.backward_peak_bytes,
         )
+        phases["root backward"] = _root_backward(candidate, facts, act)
     else:  # one unit: gathered from the start of backward to its end
         phases["backward"] = Breakdown(
             params=root, grads=earlier, activations=act.backward_peak_bytes
@@ -133,7 +141,17 @@ def fsdp_host_phases(
         return {}
     grad_shards = 4.0 * facts.params / candidate.data_parallel_size
     before_reduction = host.plus(Breakdown(grads=grad_shards if _reduced_each(candidate) else 0.0))
-    return {"forward": before_reduction, "backward": before_reduction}
+    # after the blocks' backward, their shards of this micro-batch too (added into the
+    # earlier ones' where those are kept)
+    block_shards = 4.0 * facts.block_params / candidate.data_parallel_size
+    after_blocks = host.plus(
+        Breakdown(grads=grad_shards if _reduced_each(candidate) else block_shards)
+    )
+    return {
+        "forward": before_reduction,
+        "backward": before_reduction,
+        "root backward": after_blocks,
+    }
 
 
 def all_gathers(candidate: Candidate, torch_version: str | None = None) -> bool:
@@ -149,6 +167,46 @@ def _reduced_each(candidate: Candidate) -> bool:
     """Whether earlier micro-batches of a step leave gradient shards (reduced after each)."""
     assert candidate.fsdp is not None
     return candidate.gradient_accumulation_steps > 1 and candidate.fsdp.sync_each_micro_batch
+
+
+def _widths(candidate: Candidate) -> tuple[float, float]:
+    """Bytes of a gathered parameter and of a gradient in the reduce-scatter."""
+    assert candidate.fsdp is not None
+    width = _WIDTH[candidate.precision]
+    return width, 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
+
+
+def _root_backward(candidate: Candidate, facts: ModelFacts, act: ActivationProfile) -> Breakdown:
+    """The device in the root's own backward, after every block's: the root gathered, the
+    gradients :func:`_after_blocks_gradients` counts, the last block's reduce-scatter input
+    (the largest block's) and what backward holds after the blocks (the root's unsharded
+    gradients with it)."""
+    width, reduce_width = _widths(candidate)
+    return Breakdown(
+        params=width * (facts.params - facts.block_params),
+        grads=_after_blocks_gradients(candidate, facts, width, reduce_width)
+        + reduce_width * facts.largest_block_params,
+        activations=act.after_blocks_backward_peak_bytes,
+    )
+
+
+def _after_blocks_gradients(
+    candidate: Candidate, facts: ModelFacts, width: float, reduce_width: float
+) -> float:
+    """Gradient bytes on the device once every block is reduced, before the root is: the
+    blocks' fp32 shards (none on the device with CPU offload), every shard where earlier
+    micro-batches were reduced after each (this one's added into them), and the root's
+    unsharded gradients of earlier micro-batches where none were."""
+    n = float(candidate.data_parallel_size)
+    if candidate.fsdp_cpu_offload:
+        shards = 0.0
+    elif _reduced_each(candidate):
+        shards = 4.0 * facts.params / n
+    else:
+        shards = 4.0 * facts.block_params / n
+    unsharded = candidate.gradient_accumulation_steps > 1 and not _reduced_each(candidate)
+    root_params = float(facts.params - facts.block_params)
+    return shards + (max(reduce_width, width) * root_params if unsharded else 0.0)
 
 
 def _kept_share(candidate: Candidate, gathered: float) -> float:
