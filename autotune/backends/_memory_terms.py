@@ -67,6 +67,12 @@ class ActivationProfile(BaseModel):
     forward_peak_bytes: float
     backward_peak_bytes: float
     at_first_grad_bytes: float
+    in_blocks_backward_peak_bytes: float = Field(
+        description="The backward peak (counted as backward_peak_bytes is) before every "
+        "block (the workload's shard units) has its gradients: backward's start and the "
+        "blocks' backward, not what runs after the blocks (a GPT's embeddings); the whole "
+        "backward's peak where a block parameter gets no gradient or there are no blocks."
+    )
     after_blocks_backward_peak_bytes: float = Field(
         description="The most backward holds once every block (the workload's shard units) "
         "has its gradients: what runs before the blocks in forward (a GPT's embeddings), "

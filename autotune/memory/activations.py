@@ -11,10 +11,11 @@ of trace exist, as DeepSpeed's stages treat gradients differently:
   into a reduction bucket).
 
 One traced forward and backward gives both (the dropped count is the kept one less the
-gradients held), and ``accumulate`` adds a second micro-batch to it. The same pass gives the
-most backward holds once every block (the workload's shard units) has its gradients, with
-the gradients outside the blocks held: a backend that shards per block reduces the blocks'
-gradients as they come and keeps the rest until backward ends.
+gradients held), and ``accumulate`` adds a second micro-batch to it. The same pass splits
+backward where every block (the workload's shard units) has its gradients: the peak before
+(counted as the whole backward's is), and the most backward holds after, with the gradients
+outside the blocks held: a backend that shards per block reduces the blocks' gradients as
+they come and keeps the rest until backward ends.
 
 A trace is made for the accelerator the ranks run on (``target``). For ``cpu`` it runs the
 CPU kernels the CPU ranks run. For ``cuda`` attention and dropout keep what CUDA's kernels
@@ -205,6 +206,7 @@ class _FakeModel:
             tracker.reset_peak()
             loss.backward()
             kept_peak, dropped_peak = tracker.peak_bytes, tracker.peak_without_held_bytes
+            in_blocks = dict(zip(("kept", "dropped"), tracker.in_blocks_peaks_bytes(), strict=True))
             del loss
             first = self.first_grad[0] if self.first_grad else kept_peak
             common = {
@@ -218,24 +220,39 @@ class _FakeModel:
                 "offload_transfer_bytes": transferred,
             }
             results = {
-                (micro_batch_size, "kept"): ActivationProfile(
-                    backward_peak_bytes=kept_peak, **common, **offload
-                ),
-                (micro_batch_size, "dropped"): ActivationProfile(
-                    backward_peak_bytes=dropped_peak, **common, **offload
-                ),
+                (micro_batch_size, kind): ActivationProfile(
+                    backward_peak_bytes=peak,
+                    in_blocks_backward_peak_bytes=in_blocks[kind],
+                    **common,
+                    **offload,
+                )
+                for kind, peak in (("kept", kept_peak), ("dropped", dropped_peak))
             }
             if accumulate:
-                tracker.reset_peak()
-                self.workload.loss(self.model, batch).backward()
-                results[(micro_batch_size, "accumulate")] = ActivationProfile(
-                    backward_peak_bytes=max(kept_peak, tracker.peak_bytes),
-                    offloaded_bytes=float(self.ledger.peak_host_bytes),
-                    offload_transfer_bytes=transferred,
-                    **common,
+                results[(micro_batch_size, "accumulate")] = self._second_micro_batch(
+                    tracker, batch, results[(micro_batch_size, "kept")]
                 )
             self.tracker = None
         return results
+
+    def _second_micro_batch(
+        self, tracker: Any, batch: Any, kept: ActivationProfile
+    ) -> ActivationProfile:
+        """``kept`` with a second micro-batch run on the first's gradients: its blocks get
+        their gradients again (added into the first's) before its backward leaves them."""
+        self.pending_block_grads = set(self.block_parameters)
+        tracker.reset_peak()
+        self.workload.loss(self.model, batch).backward()
+        in_blocks = tracker.in_blocks_peaks_bytes()[0]
+        return kept.model_copy(
+            update={
+                "backward_peak_bytes": float(max(kept.backward_peak_bytes, tracker.peak_bytes)),
+                "in_blocks_backward_peak_bytes": float(
+                    max(kept.in_blocks_backward_peak_bytes, in_blocks)
+                ),
+                "offloaded_bytes": float(self.ledger.peak_host_bytes),
+            }
+        )
 
 
 def _block_parameter_ids(workload: Workload, model: Any) -> frozenset[int]:
@@ -247,9 +264,9 @@ def _block_parameter_ids(workload: Workload, model: Any) -> frozenset[int]:
 
 def _grad_aware_tracker() -> Any:
     """A :class:`~autotune.probe._memtrack.TensorMemoryTracker` that also keeps the peak of live
-    bytes less the gradients it was told are held (:meth:`hold`), and the peak less the
-    blocks' held gradients from the moment every block has its gradients
-    (:meth:`start_after_blocks`)."""
+    bytes less the gradients it was told are held (:meth:`hold`), both peaks as they were
+    when every block has its gradients (:meth:`start_after_blocks`), and the peak less the
+    blocks' held gradients from that moment on."""
     from autotune.probe import TensorMemoryTracker
 
     class GradAwareTracker(TensorMemoryTracker):
@@ -260,6 +277,7 @@ def _grad_aware_tracker() -> Any:
             self.peak_without_held_bytes = 0
             self.peak_without_block_grads_bytes = 0
             self.after_blocks_bytes: int | None = None
+            self.in_blocks_peaks: tuple[int, int] | None = None
 
         def hold(self, tensor: Any, *, in_block: bool = False) -> None:
             nbytes = tensor.untyped_storage().nbytes()
@@ -268,7 +286,13 @@ def _grad_aware_tracker() -> Any:
                 self.held_block_bytes += nbytes
 
         def start_after_blocks(self) -> None:
+            self.in_blocks_peaks = (self.peak_bytes, self.peak_without_held_bytes)
             self.after_blocks_bytes = self.live_bytes - self.held_block_bytes
+
+        def in_blocks_peaks_bytes(self) -> tuple[int, int]:
+            """Both peaks until :meth:`start_after_blocks`, or since :meth:`reset_peak`
+            where it never came (no blocks, or a block parameter without a gradient)."""
+            return self.in_blocks_peaks or (self.peak_bytes, self.peak_without_held_bytes)
 
         def after_blocks_peak_bytes(self) -> int:
             """The peak since :meth:`start_after_blocks`; where it never came (no blocks, or
@@ -295,6 +319,7 @@ def _grad_aware_tracker() -> Any:
             self.peak_without_held_bytes = self.live_bytes - self.held_bytes
             self.peak_without_block_grads_bytes = self.live_bytes - self.held_block_bytes
             self.after_blocks_bytes = None
+            self.in_blocks_peaks = None
 
     return GradAwareTracker()
 

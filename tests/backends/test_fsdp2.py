@@ -23,7 +23,7 @@ FACTS = ModelFacts(
 )  # fmt: skip
 NO_ACTIVATIONS = ActivationProfile(
     forward_peak_bytes=0, backward_peak_bytes=0, at_first_grad_bytes=0,
-    after_blocks_backward_peak_bytes=0,
+    in_blocks_backward_peak_bytes=0, after_blocks_backward_peak_bytes=0,
 )  # fmt: skip
 
 
@@ -144,14 +144,13 @@ def test_the_roots_backward_holds_every_blocks_gradient_shards() -> None:
     fp32 reduce-scatter input (the largest block, 200k) and what backward holds from there."""
     after = ActivationProfile(
         forward_peak_bytes=0, backward_peak_bytes=5_000_000, at_first_grad_bytes=0,
-        after_blocks_backward_peak_bytes=3_000_000,
+        in_blocks_backward_peak_bytes=5_000_000, after_blocks_backward_peak_bytes=3_000_000,
     )  # fmt: skip
     phases = _phases(_fsdp2(), after)[0]
     root = phases["root backward"]
     assert (root.params, root.grads) == (2 * 200_000, 4 * 800_000 / 2 + 4 * 200_000)
     assert root.activations == 3_000_000
     assert root.total == 5_800_000
-    assert phases["backward"].activations == 5_000_000  # a block's: the whole backward's
     kept = _phases(_fsdp2(fsdp=FsdpKnobs(reshard_after_forward=False)), after)[0]
     assert kept["root backward"] == root  # every block resharded by its post-backward
     assert "root backward" not in _phases(_fsdp2(fsdp=FsdpKnobs(wrap="model")), after)[0]
@@ -168,6 +167,25 @@ def test_the_roots_backward_holds_every_blocks_gradient_shards() -> None:
     steady = FSDP2.model_states(offloaded, FACTS)[1]
     host = FSDP2.host_phases(offloaded, FACTS, steady)["root backward"]
     assert host.total == steady.total + 4 * 800_000 / 2
+
+
+def test_a_blocks_backward_holds_the_activations_until_the_blocks_are_done() -> None:
+    """Per block, the block moment holds what backward holds until every block has its
+    gradients, not the peak after them (the root's own backward, its own moment); as one
+    unit the model is gathered through the whole backward, whose peak it holds."""
+    act = ActivationProfile(
+        forward_peak_bytes=0, backward_peak_bytes=5_000_000, at_first_grad_bytes=0,
+        in_blocks_backward_peak_bytes=2_000_000, after_blocks_backward_peak_bytes=4_000_000,
+    )  # fmt: skip
+    for knobs in (FsdpKnobs(), FsdpKnobs(reshard_after_forward=False)):
+        phases = _phases(_fsdp2(fsdp=knobs), act)[0]
+        assert phases["backward"].activations == 2_000_000
+        assert phases["backward"] == _phases(_fsdp2(fsdp=knobs))[0]["backward"].plus(
+            Breakdown(activations=2_000_000)
+        )
+        assert phases["root backward"].activations == 4_000_000
+    whole = _phases(_fsdp2(fsdp=FsdpKnobs(wrap="model")), act)[0]
+    assert whole["backward"].activations == 5_000_000
 
 
 def test_one_rank_gathers_into_no_flat_buffer() -> None:

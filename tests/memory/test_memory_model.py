@@ -50,6 +50,30 @@ def test_backward_after_the_blocks_holds_the_embeddings_gradients() -> None:
     assert act.after_blocks_backward_peak_bytes / 2**20 == pytest.approx(6.03, abs=0.02)
 
 
+def test_backward_in_the_blocks_peaks_apart_from_after_them() -> None:
+    # gpt-tiny at 8 tokens: the tied embedding's gradients (2 MiB each) after the blocks
+    # outweigh the blocks' activations, so the whole backward peaks after the blocks and
+    # the peak until every block has its gradients is lower; at 64 tokens the blocks lead
+    from autotune.workloads.config_recipe import recipe
+    from autotune.workloads.transformers_lm import CausalLMWorkload
+
+    config = recipe(
+        "GPT2Config", "gpt2", "n_layer", n_layer=2, n_embd=128, n_head=4, n_positions=8,
+        vocab_size=4096, bos_token_id=0, eos_token_id=0, use_cache=False,
+    )  # fmt: skip
+    short = CausalLMWorkload("gpt-tiny-8", config, seq_len=8, default_global_batch=16)
+    act = trace_once(short, 2, "fp32", False, "dropped")
+    assert act.in_blocks_backward_peak_bytes / 2**20 == pytest.approx(2.78, abs=0.02)
+    assert act.at_first_grad_bytes < act.in_blocks_backward_peak_bytes
+    assert act.in_blocks_backward_peak_bytes < act.backward_peak_bytes
+    assert act.backward_peak_bytes <= act.after_blocks_backward_peak_bytes
+    kept = trace_once(short, 2, "fp32", False, "kept")  # the blocks' gradients held too
+    assert act.in_blocks_backward_peak_bytes < kept.in_blocks_backward_peak_bytes
+    assert kept.in_blocks_backward_peak_bytes < kept.backward_peak_bytes
+    usual = trace_once(get_workload("gpt-tiny"), 2, "fp32", False, "dropped")
+    assert usual.in_blocks_backward_peak_bytes == usual.backward_peak_bytes
+
+
 def test_checkpointing_and_micro_batch_move_activations() -> None:
     wl = get_workload("gpt-tiny")
     plain, checkpointed = profile(wl, 4, "fp32", False), profile(wl, 4, "fp32", True)
@@ -62,7 +86,13 @@ def test_layer_extrapolation_matches_the_full_trace() -> None:
     wl = get_workload("gpt2").with_layers(6)
     direct = trace_once(wl, 1, "bf16", False, "dropped")
     extrapolated = profile(wl, 1, "bf16", False, "dropped")  # traced at 1 and 2 layers
-    for field in ("forward_peak_bytes", "backward_peak_bytes", "after_blocks_backward_peak_bytes"):
+    fields = (
+        "forward_peak_bytes",
+        "backward_peak_bytes",
+        "in_blocks_backward_peak_bytes",
+        "after_blocks_backward_peak_bytes",
+    )
+    for field in fields:
         assert getattr(extrapolated, field) == pytest.approx(getattr(direct, field), rel=0.02)
 
 

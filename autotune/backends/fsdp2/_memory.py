@@ -26,7 +26,10 @@ gradient shards in fp32 until the optimizer steps (PyTorch's FSDP2 design, torch
   accumulation the micro-batches before the last keep every unsharded gradient (no
   reduce-scatter until the last, ``set_requires_gradient_sync``), already in the reduce
   dtype, so that the last casts none; reduced after each micro-batch
-  (``sync_each_micro_batch``), they keep only the fp32 gradient shards (4P/N);
+  (``sync_each_micro_batch``), they keep only the fp32 gradient shards (4P/N); with the
+  activations backward holds until every block has its gradients
+  (``ActivationProfile.in_blocks_backward_peak_bytes``): what comes after runs in the root
+  backward below, every block resharded by then;
 - backward after the blocks (the root's own backward: a GPT's embeddings, the tied one's
   gradient): every block resharded and its gradients reduced to fp32 shards (4/N bytes a
   block parameter; on the host with CPU offload), the root gathered with its unsharded
@@ -118,7 +121,7 @@ def fsdp_transient_phases(
         phases["backward"] = Breakdown(
             params=root + others_kept + prefetched,
             grads=max(running + width * unit, reducing * unit) + earlier,
-            activations=act.backward_peak_bytes,
+            activations=act.in_blocks_backward_peak_bytes,  # the root's after: its own moment
         )
         phases["root backward"] = _root_backward(candidate, facts, act)
     else:  # one unit: gathered from the start of backward to its end
