@@ -161,4 +161,6 @@ class ConfirmationRounds:
         if result.status == "ok":
             contender.samples_per_s.append(result.samples_per_s)
             contender.step_spreads.append(round(result.spread, 4))
+        else:
+            contender.failed_probes += 1
         return 0.0 if result.cold_start else result.wall_s

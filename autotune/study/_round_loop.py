@@ -12,10 +12,10 @@ if TYPE_CHECKING:
     from autotune.study.confirmation import Confirmation
 
 ROUNDS = 3  # whole rounds of every contender still in the race, always
-# Rounds after those while the winner overlaps another: the round's plan holds them
-# (autotune.run.budget.planned_probes) and the loop runs no more. Close candidates at a
-# probe-to-probe noise of 5-8% need tens of probes each to rank: benchmarks/RESULTS.md,
-# "A short study in seconds".
+# Rounds after those while the winner overlaps another, at most: the round's plan holds
+# them as rounds of two (autotune.run.budget.planned_probes). Candidates within a few
+# percent of each other at a probe's noise need tens of probes each to rank:
+# benchmarks/RESULTS.md, "A short study in seconds".
 TIE_ROUNDS = 20
 
 

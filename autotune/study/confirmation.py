@@ -92,6 +92,11 @@ class Contender(BaseModel):
         default_factory=list,
         description="Each re-probe's own spread over its timed steps, (max - min) / median.",
     )
+    failed_probes: int = Field(
+        default=0,
+        description="Re-probes of it that failed (out of memory, an error, a timeout): it "
+        "leaves the race and wins only where every contender has failed.",
+    )
     moving_parts: list[int | float] = Field(
         default_factory=list,
         description="Its place in the simplicity order (Candidate.moving_parts; lower is "
@@ -145,17 +150,18 @@ class Contender(BaseModel):
     def describe(self, goal: TrainingGoal | None = None) -> str:
         """Its estimate and how its probes ranged; per GPU too where ``goal`` ranks by it."""
         count = len(self.samples_per_s)
+        failed = f"; {self.failed_probes} re-probe(s) failed" if self.failed_probes else ""
         factor = (goal or TrainingGoal()).factor(
             self.gpus, (goal or TrainingGoal()).tier(self.estimate)
         )
         per_gpu = f", {self.estimate * factor:.1f} per GPU" if factor != 1.0 else ""
         if count < 2:
-            return f"{self.label}: {self.estimate:.1f} samples/s{per_gpu} (1 probe)"
+            return f"{self.label}: {self.estimate:.1f} samples/s{per_gpu} (1 probe{failed})"
         return (
             f"{self.label}: {self.estimate:.1f} samples/s ±{self.half_width:.1f}{per_gpu} "
             f"(lower of median and mean of {count} probes, 95% interval; they ranged "
             f"{min(self.samples_per_s):.1f}..{max(self.samples_per_s):.1f}, spread "
-            f"±{100 * self.spread:.0f}%)"
+            f"±{100 * self.spread:.0f}%{failed})"
         )
 
 
@@ -175,7 +181,9 @@ class Confirmation(BaseModel):
     contenders: list[Contender]
     rounds: int = Field(default=0, description="Rounds of every contender still in the race.")
     tie_rounds: int = Field(
-        default=0, description="Rounds of the two closest, where a whole round no longer fit."
+        default=0,
+        description="Rounds of the two closest, where a whole round no longer fit (in "
+        "rounds stored before the round's plan grew to 20, every extra round of two).",
     )
     seconds: float = 0.0
     winner: int | None = Field(default=None, description="Trial number of the winner.")
@@ -208,12 +216,17 @@ class Confirmation(BaseModel):
         for contender in self.contenders:
             contender.summarize()
         goal = self.ranking
-        ranked = sorted(self.contenders, key=lambda c: goal.score(c.estimate, c.gpus), reverse=True)
+        ranked = sorted(
+            self.contenders,
+            key=lambda c: (c.failed_probes == 0, goal.score(c.estimate, c.gpus)),
+            reverse=True,
+        )
         self.steadier_over = self.simpler_over = None
         if ranked:
             leader = ranked[0]
-            simpler = [c for c in ranked[1:] if simpler_within_noise(c, leader, goal)]
-            steadier = [c for c in ranked[1:] if markedly_steadier(c, leader, goal)]
+            sound = [c for c in ranked[1:] if not c.failed_probes]
+            simpler = [c for c in sound if simpler_within_noise(c, leader, goal)]
+            steadier = [c for c in sound if markedly_steadier(c, leader, goal)]
             if simpler:
                 chosen = min(simpler, key=lambda c: c.moving_parts)  # ties: the higher estimate
                 self.simpler_over = leader.trial
@@ -228,21 +241,27 @@ class Confirmation(BaseModel):
 
     def racing(self) -> list[int]:
         """The contenders worth another round, in their order: all before the first
-        decision; then the winner and every contender whose 95% interval still reaches its
-        own (racing, as in Maron and Moore, "Hoeffding races", NIPS 1993: a contender out of
-        the winner's noise cannot win, not even as the steadier one)."""
-        everyone = [c.trial for c in self.contenders]
+        decision; then the winner and every contender none of whose re-probes failed, of
+        those until the winner has the probes to race (:data:`MIN_PROBES_TO_RACE`), then
+        of those whose 95% interval still reaches its own (racing, as in Maron and Moore,
+        "Hoeffding races", NIPS 1993: a contender out of the winner's noise cannot win,
+        not even as the steadier one)."""
         if self.winner is None:
-            return everyone
+            return [c.trial for c in self.contenders]
         winner = next(c for c in self.contenders if c.trial == self.winner)
-        if len(winner.samples_per_s) < MIN_PROBES_TO_RACE:
-            return everyone
+        ready = len(winner.samples_per_s) >= MIN_PROBES_TO_RACE
         return [
             c.trial
             for c in self.contenders
             if c is winner
-            or len(c.samples_per_s) < MIN_PROBES_TO_RACE
-            or c.overlaps(winner, self.ranking)
+            or (
+                not c.failed_probes
+                and (
+                    not ready
+                    or len(c.samples_per_s) < MIN_PROBES_TO_RACE
+                    or c.overlaps(winner, self.ranking)
+                )
+            )
         ]
 
     @property
@@ -260,7 +279,11 @@ class Confirmation(BaseModel):
         if len(self.contenders) < 2:
             return []
         winner = self.contenders[0]
-        near = [c for c in self.contenders[1:] if c.overlaps(winner, self.ranking)]
+        near = [
+            c
+            for c in self.contenders[1:]
+            if not c.failed_probes and c.overlaps(winner, self.ranking)
+        ]
         if not near:
             return []
         over = self.simpler_over if self.simpler_over is not None else self.steadier_over

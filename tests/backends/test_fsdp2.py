@@ -169,6 +169,26 @@ def test_the_roots_backward_holds_every_blocks_gradient_shards() -> None:
     assert host.total == steady.total + 4 * 800_000 / 2
 
 
+def test_an_earlier_micro_batchs_root_backward_holds_every_unsharded_gradient() -> None:
+    """Accumulated unreduced, a micro-batch before the last runs the root's backward beside
+    every block's unsharded gradients (fp32, the reduce dtype, wider than bf16), the root
+    gathered (bf16) and the activations after the blocks, with no reduce-scatter input;
+    from the third micro-batch on the root's own earlier gradients too. Reduced after
+    each, or with one micro-batch, there is no such moment."""
+    after = ActivationProfile(
+        forward_peak_bytes=0, backward_peak_bytes=5_000_000, at_first_grad_bytes=0,
+        in_blocks_backward_peak_bytes=2_000_000, after_blocks_backward_peak_bytes=3_000_000,
+    )  # fmt: skip
+    name = "root backward, earlier micro-batch"
+    two = _phases(_fsdp2(gradient_accumulation_steps=2), after)[0][name]
+    assert (two.params, two.grads, two.activations) == (2 * 200_000, 4 * 800_000, 3_000_000)
+    three = _phases(_fsdp2(gradient_accumulation_steps=3), after)[0][name]
+    assert three.grads - two.grads == 4 * 200_000
+    each = _fsdp2(gradient_accumulation_steps=2, fsdp=FsdpKnobs(sync_each_micro_batch=True))
+    assert name not in _phases(each, after)[0]
+    assert name not in _phases(_fsdp2(), after)[0]
+
+
 def test_a_blocks_backward_holds_the_activations_until_the_blocks_are_done() -> None:
     """Per block, the block moment holds what backward holds until every block has its
     gradients, not the peak after them (the root's own backward, its own moment); as one

@@ -401,3 +401,33 @@ def test_the_tie_rounds_go_to_the_simpler_contender_not_yet_within_the_loss_boun
     )
     verdict.decide()
     assert verdict.winner == 1 and verdict.closest() == [1, 3]
+
+
+def test_a_contender_whose_re_probe_failed_leaves_the_race_and_does_not_win() -> None:
+    """A contender leads on its one search probe, and its re-probe fails (out of memory,
+    say): it gets no more probes and the winner is the best of those whose re-probes
+    measured, not it on its one lucky probe."""
+    rates = {0: [90.0, 91.0, 89.0] * 10, 1: [88.0, 87.0, 89.0] * 10}
+    verdict = confirm.Confirmation(
+        contenders=[
+            confirm.Contender(trial=2, label="lucky", samples_per_s=[120.0]),
+            confirm.Contender(trial=0, label="a", samples_per_s=[90.0]),
+            confirm.Contender(trial=1, label="b", samples_per_s=[88.0]),
+        ]
+    )
+    by_trial = {c.trial: c for c in verdict.contenders}
+    calls: list[list[int]] = []
+
+    def one_round(trials: list[int]) -> bool:
+        calls.append(trials)
+        for trial in trials:
+            if trial == 2:
+                by_trial[2].failed_probes += 1
+            else:
+                by_trial[trial].samples_per_s.append(rates[trial].pop(0))
+        return len(calls) < 30
+
+    confirm.run_rounds(verdict, one_round)
+    assert calls[0] == [2, 0, 1] and all(2 not in call for call in calls[1:])
+    assert verdict.winner == 0 and verdict.contenders[-1].trial == 2
+    assert "1 re-probe(s) failed" in verdict.describe()

@@ -124,6 +124,10 @@ def fsdp_transient_phases(
             activations=act.in_blocks_backward_peak_bytes,  # the root's after: its own moment
         )
         phases["root backward"] = _root_backward(candidate, facts, act)
+        if unsharded:
+            phases["root backward, earlier micro-batch"] = _earlier_root_backward(
+                candidate, facts, act
+            )
     else:  # one unit: gathered from the start of backward to its end
         phases["backward"] = Breakdown(
             params=root, grads=earlier, activations=act.backward_peak_bytes
@@ -189,6 +193,27 @@ def _root_backward(candidate: Candidate, facts: ModelFacts, act: ActivationProfi
         params=width * (facts.params - facts.block_params),
         grads=_after_blocks_gradients(candidate, facts, width, reduce_width)
         + reduce_width * facts.largest_block_params,
+        activations=act.after_blocks_backward_peak_bytes,
+    )
+
+
+def _earlier_root_backward(
+    candidate: Candidate, facts: ModelFacts, act: ActivationProfile
+) -> Breakdown:
+    """The device in the root's own backward in a micro-batch before the last where
+    gradients are accumulated unsharded (none reduced yet): the root gathered, every
+    block's unsharded gradients (in the reduce dtype where it is wider,
+    ``FSDPParam.to_accumulated_grad_if_needed``), the root's own of the micro-batches
+    before this one (from the third on), and what backward holds after the blocks (this
+    micro-batch's root gradients with it). No reduce-scatter input: nothing is reduced."""
+    width, reduce_width = _widths(candidate)
+    accumulated_width = max(reduce_width, width)
+    root_params = float(facts.params - facts.block_params)
+    third_on = candidate.gradient_accumulation_steps > 2
+    earlier_root = accumulated_width * root_params if third_on else 0.0
+    return Breakdown(
+        params=width * root_params,
+        grads=accumulated_width * facts.block_params + earlier_root,
         activations=act.after_blocks_backward_peak_bytes,
     )
 
