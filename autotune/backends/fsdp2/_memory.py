@@ -123,11 +123,7 @@ def fsdp_transient_phases(
             grads=max(running + width * unit, reducing * unit) + earlier,
             activations=act.in_blocks_backward_peak_bytes,  # the root's after: its own moment
         )
-        phases["root backward"] = _root_backward(candidate, facts, act)
-        if unsharded:
-            phases["root backward, earlier micro-batch"] = _earlier_root_backward(
-                candidate, facts, act
-            )
+        phases.update(_root_moments(candidate, facts, act))
     else:  # one unit: gathered from the start of backward to its end
         phases["backward"] = Breakdown(
             params=root, grads=earlier, activations=act.backward_peak_bytes
@@ -181,6 +177,20 @@ def _widths(candidate: Candidate) -> tuple[float, float]:
     assert candidate.fsdp is not None
     width = _WIDTH[candidate.precision]
     return width, 4.0 if candidate.precision == "fp32" else _WIDTH[candidate.fsdp.reduce_dtype]
+
+
+def _root_moments(
+    candidate: Candidate, facts: ModelFacts, act: ActivationProfile
+) -> dict[str, Breakdown]:
+    """The root's own backward, after every block's: in the last micro-batch
+    (:func:`_root_backward`) and, where gradients accumulate unreduced, in one before it
+    (:func:`_earlier_root_backward`)."""
+    moments = {"root backward": _root_backward(candidate, facts, act)}
+    if candidate.gradient_accumulation_steps > 1 and not _reduced_each(candidate):
+        moments["root backward, earlier micro-batch"] = _earlier_root_backward(
+            candidate, facts, act
+        )
+    return moments
 
 
 def _root_backward(candidate: Candidate, facts: ModelFacts, act: ActivationProfile) -> Breakdown:
