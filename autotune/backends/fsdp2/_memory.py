@@ -87,7 +87,7 @@ def fsdp_transient_phases(
     unit, last_unit = _unit_params(candidate, facts)
     root, kept = _gathered_bytes(candidate, facts, width)
     reduced_each = _reduced_each(candidate)
-    unsharded = candidate.gradient_accumulation_steps > 1 and not reduced_each
+    unsharded = _unreduced_accumulation(candidate)
     grad_shards = 4.0 * p / n
     on_device = 0.0 if candidate.fsdp_cpu_offload else grad_shards
     # What earlier micro-batches leave: every gradient unreduced, in the reduce dtype where
@@ -172,6 +172,17 @@ def _reduced_each(candidate: Candidate) -> bool:
     return candidate.gradient_accumulation_steps > 1 and candidate.fsdp.sync_each_micro_batch
 
 
+def _unreduced_accumulation(candidate: Candidate) -> bool:
+    """Whether earlier micro-batches of a step leave every gradient unsharded (none
+    reduced before the last)."""
+    return candidate.gradient_accumulation_steps > 1 and not _reduced_each(candidate)
+
+
+def _root_params(facts: ModelFacts) -> float:
+    """Parameters of the root unit: those outside the blocks."""
+    return float(facts.params - facts.block_params)
+
+
 def _widths(candidate: Candidate) -> tuple[float, float]:
     """Bytes of a gathered parameter and of a gradient in the reduce-scatter."""
     assert candidate.fsdp is not None
@@ -186,7 +197,7 @@ def _root_moments(
     (:func:`_root_backward`) and, where gradients accumulate unreduced, in one before it
     (:func:`_earlier_root_backward`)."""
     moments = {"root backward": _root_backward(candidate, facts, act)}
-    if candidate.gradient_accumulation_steps > 1 and not _reduced_each(candidate):
+    if _unreduced_accumulation(candidate):
         moments["root backward, earlier micro-batch"] = _earlier_root_backward(
             candidate, facts, act
         )
@@ -200,7 +211,7 @@ def _root_backward(candidate: Candidate, facts: ModelFacts, act: ActivationProfi
     gradients with it)."""
     width, reduce_width = _widths(candidate)
     return Breakdown(
-        params=width * (facts.params - facts.block_params),
+        params=width * _root_params(facts),
         grads=_after_blocks_gradients(candidate, facts, width, reduce_width)
         + reduce_width * facts.largest_block_params,
         activations=act.after_blocks_backward_peak_bytes,
@@ -218,7 +229,7 @@ def _earlier_root_backward(
     micro-batch's root gradients with it). No reduce-scatter input: nothing is reduced."""
     width, reduce_width = _widths(candidate)
     accumulated_width = max(reduce_width, width)
-    root_params = float(facts.params - facts.block_params)
+    root_params = _root_params(facts)
     third_on = candidate.gradient_accumulation_steps > 2
     earlier_root = accumulated_width * root_params if third_on else 0.0
     return Breakdown(
@@ -242,9 +253,8 @@ def _after_blocks_gradients(
         shards = 4.0 * facts.params / n
     else:
         shards = 4.0 * facts.block_params / n
-    unsharded = candidate.gradient_accumulation_steps > 1 and not _reduced_each(candidate)
-    root_params = float(facts.params - facts.block_params)
-    return shards + (max(reduce_width, width) * root_params if unsharded else 0.0)
+    unsharded = _unreduced_accumulation(candidate)
+    return shards + (max(reduce_width, width) * _root_params(facts) if unsharded else 0.0)
 
 
 def _kept_share(candidate: Candidate, gathered: float) -> float:
