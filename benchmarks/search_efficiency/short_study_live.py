@@ -72,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", default="4m", help="each study's --budget")
     parser.add_argument("--grid-passes", type=int, default=2, help="before, and again after")
     parser.add_argument(
+        "--grid-passes-after",
+        type=int,
+        help="grid passes after the studies (default: --grid-passes); 0 where the "
+        "re-measurement (--recheck) is the judge and one pass only names the fastest",
+    )
+    parser.add_argument(
         "--root",
         type=Path,
         help="the folder of the studies' storage and trials (default: a new temporary one); "
@@ -169,7 +175,8 @@ def live(args: argparse.Namespace, run_args: list[str], script_args: list[str]) 
             }
         )
         print(f"{name}: {studies[-1]}", flush=True)
-    for _ in range(args.grid_passes):
+    after = args.grid_passes if args.grid_passes_after is None else args.grid_passes_after
+    for _ in range(after):
         grid_pass()
     report = score(storage, grids, studies, args, run_args, script_args)
     report["root"] = str(root)  # where --recheck finds the studies
