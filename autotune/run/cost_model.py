@@ -14,8 +14,9 @@ times a weight that calibration fits (prior 1):
   small models and makes micro-batch 1 with 16 accumulation steps slow;
 - communication of ZeRO (Rajbhandari et al. 2020, "ZeRO", sec. 7): stages 0-1 all-reduce
   the gradients once per step (2 (d-1)/d Ψ elements), stage 1-2 all-gather the updated
-  parameters once per step, stage 2 reduce-scatters every micro-step, stage 3 all-gathers
-  parameters twice and reduce-scatters gradients every micro-step (3 (d-1)/d Ψ);
+  parameters once per step (on gloo, a large all-gather at its own lower rate), stage 2
+  reduce-scatters every micro-step, stage 3 all-gathers parameters twice and
+  reduce-scatters gradients every micro-step (3 (d-1)/d Ψ);
 - the optimizer step: on the device, proportional to the parameters this rank updates;
   with CPU offload, DeepSpeed's CPU Adam over them plus gradients to and parameters from
   the host (ZeRO-Offload, Ren et al. 2021); NVMe adds the swap volume at disk speed;
@@ -54,6 +55,10 @@ _FLOPS = {  # per rank per second
 }
 _TF32_FLOPS = 75e12  # fp32 matmuls on TF32 tensor cores (--tf32), about half of bf16's
 _LINK_BYTES_S = {"cuda": 50e9, "cpu": 1e9}  # collective bandwidth per rank (NVLink / gloo)
+# gloo's all-gather keeps the link's rate up to messages of tens of MB per rank and falls
+# several times below it beyond (benchmarks/RESULTS.md, "gloo's collectives"), where NCCL's
+# ring all-gather keeps it: (bytes per rank above which, the rate there).
+_LARGE_ALL_GATHER = {"cpu": (8 * 2**20, 0.25e9)}
 # A probe spanning nodes: a ring collective runs at its slowest link (Patarasuk and Yuan,
 # "Bandwidth optimal all-reduce algorithms for clusters of workstations", 2009), the network
 # between nodes (e.g. 200 Gb/s InfiniBand per GPU; on CPU nodes what gloo gets over TCP).
@@ -213,7 +218,10 @@ def _communication_s(
     candidate: Candidate, psi: float, accelerator: str, *, nodes: int, width: float
 ) -> float:
     """Seconds per optimizer step moving gradients and parameters between the data-parallel
-    ranks, by ZeRO stage, over the slowest link they use."""
+    ranks, by ZeRO stage, over the slowest link they use. Parameters are all-gathered at
+    :data:`_LARGE_ALL_GATHER`'s rate where a rank's partition of them is large: ZeRO-1/2
+    gather it in one message a step; ZeRO-3 a module's at a time, whose largest (an
+    embedding, a wide block) grow with the model, the partition standing in for them."""
     gas, dp, stage = (
         candidate.gradient_accumulation_steps,
         candidate.data_parallel_size,
@@ -223,15 +231,21 @@ def _communication_s(
     link = _LINK_BYTES_S[accelerator]
     if nodes > 1:
         link = min(link, _INTER_NODE_BYTES_S[accelerator])
+    gather_link = link
+    large = _LARGE_ALL_GATHER.get(accelerator)
+    if large is not None and psi / dp * width > large[0]:
+        gather_link = min(link, large[1])
     if stage == 0:
-        elements = 2 * share * psi
+        reduced, gathered = 2 * share * psi, 0.0
     elif stage == 1:
-        elements = 2 * share * psi + share * psi
+        reduced, gathered = 2 * share * psi, share * psi
     elif stage == 2:
-        elements = gas * share * psi + share * psi
+        reduced, gathered = gas * share * psi, share * psi
     else:
-        elements = gas * 3 * share * psi
-    return elements * width / link
+        reduced, gathered = gas * share * psi, gas * 2 * share * psi
+    if gather_link == link:
+        return (reduced + gathered) * width / link
+    return reduced * width / link + gathered * width / gather_link
 
 
 def machine_cost_model(

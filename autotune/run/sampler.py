@@ -19,8 +19,8 @@ Policies:
   every ZeRO stage that may fit is probed once (its
   best-predicted candidate, stages in predicted order): the cost model's stage terms
   (collectives, partitioning, optimizer share) are its crudest, so a stage it misjudges
-  would be probed last: on GPT-2 on a CPU it ranks ZeRO-0, the fastest there
-  (benchmarks/RESULTS.md, "Search efficiency"), below every ZeRO-1/2 candidate.
+  would be probed last (benchmarks/RESULTS.md, "Why every ZeRO stage that may fit is
+  probed once first").
 - ``grid`` (``--sampler grid``): every valid candidate once, in the space's order, for
   exhaustive tables.
 """

@@ -31,6 +31,7 @@ PUBLISHED = [
 FAMILIES = (
     "activation_dial_",
     "backends_side_by_side",
+    "gloo_collectives",
     "ideal_search_",
     "memory_accuracy",
     "op_build_cost",

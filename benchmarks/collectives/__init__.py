@@ -1,0 +1,2 @@
+"""What the collectives of CPU ranks (gloo) cost per byte: the cost model's rates
+(benchmarks/README.md)."""
