@@ -99,7 +99,8 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """This machine's CPU model, as /proc/cpuinfo names it ("CPU" where it does not)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             for line in cpuinfo:
@@ -136,7 +137,7 @@ def detect() -> Hardware:
     return Hardware(
         accelerator="cpu",
         device_count=_cpu_count(),
-        device_name=_cpu_name(),
+        device_name=cpu_name(),
         device_memory_bytes=host_memory_bytes,
         host_memory_bytes=host_memory_bytes,
         cpu_count=_cpu_count(),

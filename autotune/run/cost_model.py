@@ -55,10 +55,12 @@ _FLOPS = {  # per rank per second
 }
 _TF32_FLOPS = 75e12  # fp32 matmuls on TF32 tensor cores (--tf32), about half of bf16's
 _LINK_BYTES_S = {"cuda": 50e9, "cpu": 1e9}  # collective bandwidth per rank (NVLink / gloo)
-# gloo's all-gather keeps the link's rate up to messages of tens of MB per rank and falls
-# several times below it beyond (benchmarks/RESULTS.md, "gloo's collectives"), where NCCL's
-# ring all-gather keeps it: (bytes per rank above which, the rate there).
-_LARGE_ALL_GATHER = {"cpu": (8 * 2**20, 0.25e9)}
+# gloo's all-gather keeps the all-reduce's pace up to about 16 MB per rank and falls to a
+# third of it beyond (benchmarks/RESULTS.md, "gloo's collectives"), where NCCL's ring
+# all-gather keeps it. Above that size the parameters' all-gathers on CPU ranks are priced
+# below even gloo's rate, which leaves room for the rest of ZeRO-1/2's per-step work.
+_LARGE_ALL_GATHER_ABOVE_BYTES = 16 * 2**20  # a rank's share of one all-gather
+_LARGE_ALL_GATHER_BYTES_S = {"cpu": 0.25e9}
 # A probe spanning nodes: a ring collective runs at its slowest link (Patarasuk and Yuan,
 # "Bandwidth optimal all-reduce algorithms for clusters of workstations", 2009), the network
 # between nodes (e.g. 200 Gb/s InfiniBand per GPU; on CPU nodes what gloo gets over TCP).
@@ -219,9 +221,12 @@ def _communication_s(
 ) -> float:
     """Seconds per optimizer step moving gradients and parameters between the data-parallel
     ranks, by ZeRO stage, over the slowest link they use. Parameters are all-gathered at
-    :data:`_LARGE_ALL_GATHER`'s rate where a rank's partition of them is large: ZeRO-1/2
-    gather it in one message a step; ZeRO-3 a module's at a time, whose largest (an
-    embedding, a wide block) grow with the model, the partition standing in for them."""
+    :data:`_LARGE_ALL_GATHER_BYTES_S` where a rank's partition of them exceeds
+    :data:`_LARGE_ALL_GATHER_ABOVE_BYTES`: ZeRO-1/2 gather it whole once a step
+    (DeepSpeed's ``all_gather_dp_groups`` sends it in one message wherever the backend has
+    ``all_gather_into_tensor``, whatever ``allgather_bucket_size``); ZeRO-3 gathers a
+    module at a time, its largest (an embedding, a wide block) growing with the model, for
+    which the partition stands in."""
     gas, dp, stage = (
         candidate.gradient_accumulation_steps,
         candidate.data_parallel_size,
@@ -231,21 +236,19 @@ def _communication_s(
     link = _LINK_BYTES_S[accelerator]
     if nodes > 1:
         link = min(link, _INTER_NODE_BYTES_S[accelerator])
-    gather_link = link
-    large = _LARGE_ALL_GATHER.get(accelerator)
-    if large is not None and psi / dp * width > large[0]:
-        gather_link = min(link, large[1])
     if stage == 0:
-        reduced, gathered = 2 * share * psi, 0.0
+        elements, gathered = 2 * share * psi, 0.0
     elif stage == 1:
-        reduced, gathered = 2 * share * psi, share * psi
+        elements, gathered = 2 * share * psi + share * psi, share * psi
     elif stage == 2:
-        reduced, gathered = gas * share * psi, share * psi
+        elements, gathered = gas * share * psi + share * psi, share * psi
     else:
-        reduced, gathered = gas * share * psi, gas * 2 * share * psi
-    if gather_link == link:
-        return (reduced + gathered) * width / link
-    return reduced * width / link + gathered * width / gather_link
+        elements, gathered = gas * 3 * share * psi, gas * 2 * share * psi
+    seconds = elements * width / link
+    gather_link = _LARGE_ALL_GATHER_BYTES_S.get(accelerator, link)
+    if psi / dp * width > _LARGE_ALL_GATHER_ABOVE_BYTES and gather_link < link:
+        seconds += gathered * width * (1 / gather_link - 1 / link)  # at its own rate
+    return seconds
 
 
 def machine_cost_model(

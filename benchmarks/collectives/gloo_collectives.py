@@ -10,7 +10,7 @@ warm (one untimed call first, the same buffers reused, as a training loop reuses
 ``--rounds`` rounds interleaved. A rate is in the cost model's units: the elements its
 formula counts (all-reduce 2 (d-1)/d Psi, all-gather (d-1)/d Psi) times 4 bytes, per second.
 
-Reproduce (about 2 minutes on 2 idle cores)::
+Reproduce (about 2 minutes on 2 idle cores; the default sizes are the published ones)::
 
     python benchmarks/collectives/gloo_collectives.py --rounds 3 \\
         --out benchmarks/collectives/data/gloo_collectives.json
@@ -27,16 +27,30 @@ import sys
 import time
 from pathlib import Path
 
-SIZES = (1_000_000, 4_000_000, 16_000_000, 32_000_000, 64_000_000, 96_000_000, 124_000_000)
+SIZES = (
+    1_000_000,
+    2_000_000,
+    4_000_000,
+    6_000_000,
+    8_000_000,
+    10_000_000,
+    12_000_000,
+    16_000_000,
+    32_000_000,
+    64_000_000,
+    124_000_000,
+)
 
 
 def _rank(rank: int, port: int, sizes: list[int], rounds: int, out: str) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
     seconds: dict[str, dict[str, list[float]]] = {}
     for _ in range(rounds):
         for psi in sizes:
@@ -76,14 +90,44 @@ def main() -> int:
 
     import torch.multiprocessing as mp
 
-    scratch = tempfile.mktemp(suffix=".json")
+    handle, scratch = tempfile.mkstemp(suffix=".json")
+    os.close(handle)
     mp.spawn(_rank, args=(args.port, args.sizes, args.rounds, scratch), nprocs=2)
     seconds = json.loads(Path(scratch).read_text())
     os.unlink(scratch)
+    rows = _rows(seconds, args.sizes)
+    if args.out:
+        import torch
+
+        from autotune.hardware import cpu_name
+
+        report = {
+            "command": " ".join(["python", *sys.argv]),
+            "date": time.strftime("%Y-%m-%d"),
+            "commit": _commit(),
+            "machine": {
+                "cpu": cpu_name(),
+                "flags": _cpu_flags(),
+                "cores": os.cpu_count(),
+                "platform": platform.platform(),
+            },
+            "torch": torch.__version__,
+            "ranks": 2,
+            "threads_per_rank": 1,
+            "rounds": args.rounds,
+            "rows": rows,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def _rows(seconds: dict[str, dict[str, list[float]]], sizes: list[int]) -> list[dict]:
+    """Each size's seconds and rates in the cost model's units, printed as a table."""
     rows = []
     print("| Psi (elements) | all-reduce s | model GB/s | all-gather s | model GB/s | ratio |")
     print("|---|---|---|---|---|---|")
-    for psi in args.sizes:
+    for psi in sizes:
         reduce_s = statistics.median(seconds[str(psi)]["all_reduce"])
         gather_s = statistics.median(seconds[str(psi)]["all_gather"])
         share = 0.5  # (d-1)/d at d = 2
@@ -100,36 +144,21 @@ def main() -> int:
             f"| {gather_s:.3f} | {row['all_gather_model_bytes_s'] / 1e9:.2f} "
             f"| {row['all_reduce_model_bytes_s'] / row['all_gather_model_bytes_s']:.2f} |"
         )
-    if args.out:
-        import torch
-
-        report = {
-            "command": " ".join(["python", *sys.argv]),
-            "machine": {
-                "cpu": _cpu_model(),
-                "flags": _cpu_flags(),
-                "cores": os.cpu_count(),
-                "platform": platform.platform(),
-            },
-            "torch": torch.__version__,
-            "ranks": 2,
-            "threads_per_rank": 1,
-            "rounds": args.rounds,
-            "rows": rows,
-        }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return rows
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+def _commit() -> str | None:
+    """The checkout's commit, where this runs in one."""
+    import subprocess
+
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+        check=False,
+    )
+    return done.stdout.strip() or None
 
 
 def _cpu_flags() -> list[str]:

@@ -77,26 +77,37 @@ def test_cost_terms_follow_the_zero_formulas() -> None:
 
 
 def test_a_large_all_gather_over_gloo_is_priced_at_its_own_rate() -> None:
-    """ZeRO-1/2 all-gather each rank's partition in one message: on CPU ranks (gloo) a
-    partition of hundreds of MB moves several times slower than an all-reduce, so a GPT-2
-    124M's ZeRO-0 ranks above its ZeRO-1 and ZeRO-2 before any probe; a small model's
-    partition and NCCL's gather keep the link's rate (the ZeRO formula as it stands)."""
-    from autotune.run.cost_model import _LARGE_ALL_GATHER, _LINK_BYTES_S
+    """On CPU ranks the parameters' all-gathers of a model whose partition per rank is large
+    (ZeRO-1/2 once a step, ZeRO-3 twice a micro-step) take gloo's large-message rate, so a
+    GPT-2 124M's ZeRO-0 ranks above its ZeRO-1 and ZeRO-2 before any probe; a small
+    model's partition, and every gather on GPUs, keep the link's rate (the ZeRO formula
+    unchanged); across nodes the slower of the two rates holds."""
+    from autotune.run.cost_model import (
+        _INTER_NODE_BYTES_S,
+        _LARGE_ALL_GATHER_BYTES_S,
+        _LINK_BYTES_S,
+    )
 
     gpt2 = WorkloadFacts(params=124_000_000, tokens_per_sample=32)
     on_cpu = CostModel(gpt2, "cpu")
     z0, z1, z2 = (cand(stage, mb=2) for stage in (0, 1, 2))
     assert on_cpu.samples_per_s(z0) > max(on_cpu.samples_per_s(z1), on_cpu.samples_per_s(z2))
-    reduce_s = 124e6 * 4 / _LINK_BYTES_S["cpu"]  # 2 (d-1)/d Psi at d = 2, fp32
-    gather_s = 62e6 * 4 / _LARGE_ALL_GATHER["cpu"][1]
-    assert on_cpu.terms(z1)["communication"] == pytest.approx(reduce_s + gather_s)
-    small = CostModel(FACTS, "cpu")  # 4M parameters: 8 MB a rank
-    assert small.terms(cand(1))["communication"] == pytest.approx(
-        3 * 0.5 * 4e6 * 4 / _LINK_BYTES_S["cpu"]
+    link, gather = _LINK_BYTES_S["cpu"], _LARGE_ALL_GATHER_BYTES_S["cpu"]
+    reduce_s = 124e6 * 4 / link  # 2 (d-1)/d Psi at d = 2, fp32
+    assert on_cpu.terms(z1)["communication"] == pytest.approx(reduce_s + 62e6 * 4 / gather)
+    z3 = cand(3, mb=2)  # 4 micro-steps: one reduce-scatter and two all-gathers each
+    assert on_cpu.terms(z3)["communication"] == pytest.approx(
+        4 * (62e6 * 4 / link + 2 * 62e6 * 4 / gather)
     )
+    small = CostModel(FACTS, "cpu")  # 4M parameters: 8 MB a rank
+    assert small.terms(cand(1))["communication"] == 3 * 0.5 * 4e6 * 4 / link
+    assert small.terms(cand(3))["communication"] == 2 * 3 * 0.5 * 4e6 * 4 / link
     on_gpu = CostModel(gpt2, "cuda")
-    assert on_gpu.terms(z1)["communication"] == pytest.approx(
-        3 * 0.5 * 124e6 * 4 / _LINK_BYTES_S["cuda"]
+    assert on_gpu.terms(z1)["communication"] == 3 * 0.5 * 124e6 * 4 / _LINK_BYTES_S["cuda"]
+    across = CostModel(gpt2, "cpu", nodes=2)
+    network = _INTER_NODE_BYTES_S["cpu"]
+    assert across.terms(z1)["communication"] == pytest.approx(
+        124e6 * 4 / network + 62e6 * 4 / min(gather, network)
     )
 
 
