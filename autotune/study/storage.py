@@ -268,13 +268,19 @@ def load_existing_study(url: str, name: str | None) -> optuna.Study:
 
 def stored_run_flags(url: str, name: str) -> dict[str, Any]:
     """The flags study ``name`` was started with, or {} if there is no such study yet (an
-    SQLite file that does not exist yet is not created by asking)."""
+    SQLite file that does not exist yet is not created by asking). A memory limit the study
+    took from its host (``vram: auto``) comes back as the limit it was measured under, so
+    that it continues on a host whose memory differs by a page."""
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///") :]).exists():
         return {}
     storage = open_storage(url)
     for summary in storage.get_all_studies():
         if summary.study_name == name:
-            return dict(summary.user_attrs.get(FLAGS_ATTR) or {})
+            flags = dict(summary.user_attrs.get(FLAGS_ATTR) or {})
+            limit = (summary.user_attrs.get(CONFIG_ATTR) or {}).get("vram_limit_bytes")
+            if flags.get("vram") == "auto" and limit:
+                flags["vram"] = str(limit)
+            return flags
     return {}
 
 
