@@ -39,11 +39,8 @@ Reproduce (about 2 and 4 minutes on 2 idle cores):
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,18 +57,9 @@ COST_CASES = (("gpt2", 4, 2), ("dit-s-2", 4, 8))
 
 
 def _machine() -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    return {"cpu": cpu, "commit": commit, "date": datetime.date.today().isoformat()}
+    from benchmarks import machine
+
+    return {"cpu": machine.cpu_name(), "commit": machine.commit(), "date": machine.today()}
 
 
 def order() -> list[dict[str, Any]]:

@@ -27,6 +27,10 @@ import sys
 import time
 from pathlib import Path
 
+# run by path, this folder is first on sys.path; the repository root makes the
+# benchmarks importable as the package ``benchmarks`` (as the tests import them)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 SIZES = (
     1_000_000,
     2_000_000,
@@ -99,15 +103,15 @@ def main() -> int:
     if args.out:
         import torch
 
-        from autotune.hardware import cpu_name
+        from benchmarks import machine
 
         report = {
             "command": " ".join(["python", *sys.argv]),
-            "date": time.strftime("%Y-%m-%d"),
-            "commit": _commit(),
+            "date": machine.today(),
+            "commit": machine.commit(),
             "machine": {
-                "cpu": cpu_name(),
-                "flags": _cpu_flags(),
+                "cpu": machine.cpu_name(),
+                "flags": machine.cpu_flags(),
                 "cores": os.cpu_count(),
                 "platform": platform.platform(),
             },
@@ -145,32 +149,6 @@ def _rows(seconds: dict[str, dict[str, list[float]]], sizes: list[int]) -> list[
             f"| {row['all_reduce_model_bytes_s'] / row['all_gather_model_bytes_s']:.2f} |"
         )
     return rows
-
-
-def _commit() -> str | None:
-    """The checkout's commit, where this runs in one."""
-    import subprocess
-
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).parent,
-        check=False,
-    )
-    return done.stdout.strip() or None
-
-
-def _cpu_flags() -> list[str]:
-    """The vector extensions that set a CPU's matmul rates (bf16 emulated without them)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
-    except OSError:
-        pass
-    return []
 
 
 if __name__ == "__main__":
